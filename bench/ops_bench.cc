@@ -1,0 +1,216 @@
+// Op kernel benchmarks (Google Benchmark), single-threaded. Every tessel kernel is timed in
+// alternation with its reference inside the same benchmark — matmul against a direct
+// cblas_sgemm of the same shape, memory-bound kernels against a memcpy of the same bytes —
+// and the medians of both are reported with their ratio, so machine noise that drifts
+// affects both sides alike. The single-core sgemm peak (best cblas_sgemm median over a few
+// large shapes) is printed too. Bandwidth counts bytes read plus bytes written.
+//
+//   build/release/bench/ops_bench [--benchmark_filter=REGEX] [--benchmark_min_time=SECONDS]
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "tessel/core/context.h"
+#include "tessel/core/philox.h"
+#include "tessel/core/view.h"
+#include "tessel/ops/ops.h"
+
+using namespace tessel;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Tensor random(const Shape& shape) {
+  Tensor t = Tensor::empty(shape);
+  rng_fill(t, Distribution::normal, 0, 1, 1, stream_key("bench"));
+  return t;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double seconds(const std::function<void()>& f) {
+  auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Times `ours` and `reference` alternately each iteration; reports both medians as rates of
+// `work` units per second (`unit`) and their ratio.
+void paired(benchmark::State& state, double work, const char* unit, const std::function<void()>& ours,
+            const std::function<void()>& reference) {
+  std::vector<double> a, b;
+  ours();  // warm up allocations and caches
+  reference();
+  for (auto _ : state) {
+    double ta = seconds(ours), tb = seconds(reference);
+    a.push_back(ta);
+    b.push_back(tb);
+    state.SetIterationTime(ta + tb);
+  }
+  double ra = work / median(a), rb = work / median(b);
+  state.counters[std::string("tessel_") + unit] = ra;
+  state.counters[std::string("ref_") + unit] = rb;
+  state.counters["ratio_%"] = 100.0 * ra / rb;
+}
+
+void sgemm(int64_t m, int64_t n, int64_t k, const Tensor& a, const Tensor& b, const Tensor& c) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+              1.0f, a.data<float>(), static_cast<int>(k), b.data<float>(), static_cast<int>(n), 0.0f, c.data<float>(),
+              static_cast<int>(n));
+}
+
+// ---- the reference peak: direct cblas_sgemm on large square-ish shapes ----
+void BM_sgemm_peak(benchmark::State& state) {
+  int64_t n = state.range(0);
+  Tensor a = random({n, n}), b = random({n, n}), c = Tensor::empty({n, n});
+  std::vector<double> t;
+  for (auto _ : state) {
+    double s = seconds([&] { sgemm(n, n, n, a, b, c); });
+    t.push_back(s);
+    state.SetIterationTime(s);
+  }
+  state.counters["GFLOP/s"] = 2.0 * static_cast<double>(n * n * n) / median(t) / 1e9;
+}
+BENCHMARK(BM_sgemm_peak)->Name("ref/sgemm_peak")->Arg(1200)->Arg(1536)->Arg(2000)->UseManualTime();
+
+// ---- matmul and linear against cblas_sgemm of the same shape ----
+void BM_matmul(benchmark::State& state) {
+  int64_t m = state.range(0), k = state.range(1), n = state.range(2);
+  Tensor a = random({m, k}), b = random({k, n}), c = Tensor::empty({m, n});
+  paired(state, 2.0 * static_cast<double>(m * n * k) / 1e9, "GFLOP/s",
+         [&] { benchmark::DoNotOptimize(matmul(a, b)); }, [&] { sgemm(m, n, k, a, b, c); });
+}
+BENCHMARK(BM_matmul)->Name("matmul_MxKxN")->Args({1024, 1024, 1024})->Args({1024, 768, 3072})
+    ->Args({1024, 3072, 768})->Args({1024, 768, 768})->Args({2048, 1024, 4096})->UseManualTime();
+
+// A transformer projection as a model runs it: x[8, 128, 768] @ w[3072, 768]^T + bias.
+void BM_linear(benchmark::State& state) {
+  Tensor x = random({8, 128, 768}), w = random({3072, 768}), bias = random({3072});
+  Tensor wt = view::contiguous(view::transpose(w, 0, 1)), c = Tensor::empty({1024, 3072});
+  paired(state, 2.0 * 1024.0 * 768.0 * 3072.0 / 1e9, "GFLOP/s", [&] { benchmark::DoNotOptimize(linear(x, w, bias)); },
+         [&] { sgemm(1024, 3072, 768, view::reshape(x, {1024, 768}), wt, c); });
+}
+BENCHMARK(BM_linear)->Name("linear_1024x768x3072")->UseManualTime();
+
+// ---- memory-bound kernels against memcpy of the same bytes ----
+const Shape kRows{4096, 1024};
+constexpr double kBytes = 4096.0 * 1024.0 * 4.0;
+
+// `tensors` = how many [4096, 1024] f32 tensors the kernel reads or writes.
+void memory_bound(benchmark::State& state, int tensors, const std::function<Tensor()>& f) {
+  size_t half = static_cast<size_t>(tensors * kBytes / 2);
+  std::vector<char> src(half, 1), dst(half, 2);
+  paired(state, tensors * kBytes / 1e9, "GB/s", [&] { benchmark::DoNotOptimize(f()); },
+         [&] {
+           std::memcpy(dst.data(), src.data(), half);
+           benchmark::ClobberMemory();
+         });
+}
+
+void BM_add(benchmark::State& s) {
+  Tensor a = random(kRows), b = random(kRows);
+  memory_bound(s, 3, [&] { return add(a, b); });
+}
+void BM_mul_bcast(benchmark::State& s) {
+  Tensor a = random(kRows), b = random({1024});
+  memory_bound(s, 2, [&] { return mul(a, b); });
+}
+void BM_scale(benchmark::State& s) {
+  Tensor a = random(kRows);
+  memory_bound(s, 2, [&] { return scale(a, 0.5, 1.0); });
+}
+void BM_exp(benchmark::State& s) {
+  Tensor a = random(kRows);
+  memory_bound(s, 2, [&] { return exp(a); });
+}
+void BM_gelu(benchmark::State& s) {
+  Tensor a = random(kRows);
+  memory_bound(s, 2, [&] { return gelu(a, true); });
+}
+void BM_silu(benchmark::State& s) {
+  Tensor a = random(kRows);
+  memory_bound(s, 2, [&] { return silu(a); });
+}
+void BM_layer_norm(benchmark::State& s) {
+  Tensor a = random(kRows), w = random({1024}), b = random({1024});
+  memory_bound(s, 2, [&] { return layer_norm(a, w, b); });
+}
+void BM_rms_norm(benchmark::State& s) {
+  Tensor a = random(kRows), w = random({1024});
+  memory_bound(s, 2, [&] { return rms_norm(a, w); });
+}
+void BM_softmax(benchmark::State& s) {
+  Tensor a = random(kRows);
+  memory_bound(s, 2, [&] { return softmax(a, -1); });
+}
+void BM_log_softmax(benchmark::State& s) {
+  Tensor a = random(kRows);
+  memory_bound(s, 2, [&] { return log_softmax(a, -1); });
+}
+BENCHMARK(BM_add)->Name("elementwise/add")->UseManualTime();
+BENCHMARK(BM_mul_bcast)->Name("elementwise/mul_broadcast_row")->UseManualTime();
+BENCHMARK(BM_scale)->Name("elementwise/scale")->UseManualTime();
+BENCHMARK(BM_exp)->Name("elementwise/exp")->UseManualTime();
+BENCHMARK(BM_gelu)->Name("elementwise/gelu_tanh")->UseManualTime();
+BENCHMARK(BM_silu)->Name("elementwise/silu")->UseManualTime();
+BENCHMARK(BM_layer_norm)->Name("norm/layer_norm")->UseManualTime();
+BENCHMARK(BM_rms_norm)->Name("norm/rms_norm")->UseManualTime();
+BENCHMARK(BM_softmax)->Name("softmax/softmax")->UseManualTime();
+BENCHMARK(BM_log_softmax)->Name("softmax/log_softmax")->UseManualTime();
+
+// Prints a summary table after the usual console output.
+class SummaryReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& r : runs) rows_.push_back({r.run_name.str(), r.counters});
+  }
+  void Summary() const {
+    double peak = 0;
+    for (const auto& [name, c] : rows_)
+      if (name.rfind("ref/sgemm_peak", 0) == 0) peak = std::max(peak, c.at("GFLOP/s").value);
+    std::printf("\nsummary, 1 thread (medians; each kernel timed in alternation with its reference)\n");
+    std::printf("single-core sgemm peak (best cblas_sgemm): %.1f GFLOP/s\n\n", peak);
+    std::printf("%-36s %14s %14s %8s\n", "kernel", "tessel", "reference", "ratio");
+    for (const auto& [name, c] : rows_) {
+      if (name.rfind("ref/", 0) == 0) continue;
+      bool flops = c.count("tessel_GFLOP/s") != 0;
+      const char* unit = flops ? "GFLOP/s" : "GB/s";
+      double ours = c.at(std::string("tessel_") + unit).value, ref = c.at(std::string("ref_") + unit).value;
+      std::string short_name = name.substr(0, name.find("/manual_time"));
+      std::printf("%-36s %7.2f %-6s %7.2f %-6s %6.1f%%  of %s%s\n", short_name.c_str(), ours, unit, ref, unit,
+                  100.0 * ours / ref, flops ? "cblas_sgemm, same shape" : "memcpy, same bytes",
+                  flops && peak > 0 ? fmt::format(" ({:.0f}% of peak)", 100.0 * ours / peak).c_str() : "");
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, benchmark::UserCounters>> rows_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  set_default_num_threads(1);
+  std::vector<char*> args{argv[0]};
+  std::string defaults[] = {"--benchmark_min_time=0.5"};  // flags given on the command line win
+  for (std::string& d : defaults) args.push_back(d.data());
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+  SummaryReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  reporter.Summary();
+  benchmark::Shutdown();
+  return 0;
+}

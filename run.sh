@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The entry point for newcomers and CI. Every mode first installs what it needs from
+# Debian's archive (scripts/install-deps.sh, idempotent) and builds with CMake + Ninja.
+#
+#   ./run.sh demo    the main job: build, then run the demo
+#   ./run.sh test    the whole test suite: release build + ctest, then the sanitizer build
+#                    (AddressSanitizer + UBSan) of the core, ops and autograd tests
+#   ./run.sh bench   benchmarks (installs PyTorch 1.13 too, for side-by-side figures)
+#   ./run.sh build   just build (release)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+mode=${1:-}
+shift || true
+jobs=${TESSEL_JOBS:-$(nproc)}
+
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+
+build() {  # build PRESET [TARGET...]
+  local preset=$1
+  shift
+  if [ ! -f "build/$preset/build.ninja" ]; then
+    cmake --preset "$preset" >/dev/null
+  fi
+  echo "== building ($preset, $jobs jobs)"
+  if [ $# -gt 0 ]; then
+    cmake --build --preset "$preset" -j "$jobs" --target "$@"
+  else
+    cmake --build --preset "$preset" -j "$jobs"
+  fi
+}
+
+case "$mode" in
+  demo)
+    scripts/install-deps.sh
+    build release
+    echo "== demo: tiny MLP forward, backward and gradient check"
+    build/release/examples/tiny_mlp "$@"
+    ;;
+  test)
+    scripts/install-deps.sh
+    build release
+    echo "== tests (release)"
+    ctest --preset release -j "$jobs" "$@"
+    build asan core_test ops_test autograd_test
+    echo "== tests (AddressSanitizer + UndefinedBehaviorSanitizer: core, ops, autograd)"
+    ctest --preset asan -j "$jobs" -L 'core|ops|autograd' "$@"
+    ;;
+  bench)
+    scripts/install-deps.sh --bench
+    build release
+    build/release/bench/ops_bench "$@"
+    ;;
+  build)
+    scripts/install-deps.sh
+    build release
+    ;;
+  -h|--help|help)
+    usage
+    ;;
+  *)
+    usage >&2
+    echo "error: unknown mode '${mode}'" >&2
+    exit 2
+    ;;
+esac

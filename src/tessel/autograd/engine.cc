@@ -1,0 +1,233 @@
+// Backward engine and custom functions.
+#include "tessel/autograd/engine.h"
+
+#include <queue>
+#include <unordered_map>
+
+#include "tessel/autograd/function.h"
+#include "tessel/core/context.h"
+#include "tessel/core/grad_node.h"
+#include "tessel/core/view.h"
+#include "tessel/ops/elementwise.h"
+#include "tessel/ops/inplace.h"
+
+namespace tessel {
+
+namespace {
+
+// Adds `g` into a gradient slot; takes ownership of g's storage when nobody else holds it.
+void add_into(Tensor& slot, Tensor&& g) {
+  if (!slot.defined()) {
+    slot = std::move(g);
+    return;
+  }
+  if (slot.use_count() == 1 && slot.storage().use_count() == 1 && slot.is_contiguous()) {
+    add_(slot, g);
+  } else {
+    slot = add(slot, g);
+  }
+}
+
+void check_grad_shape(const Tensor& g, const TensorMeta& expected, const std::string& node, size_t input) {
+  TESSEL_CHECK(g.shape() == expected.shape,
+               "backward: '{}' produced a gradient of shape {} for its input {}, which has shape {}", node,
+               shape_str(g.shape()), input, shape_str(expected.shape));
+}
+
+struct Capture {
+  std::unordered_map<const AutogradMeta*, size_t> leaves;                  // leaf meta -> result slot
+  std::unordered_map<const GradNode*, std::vector<std::pair<int, size_t>>> outputs;  // (output_nr, slot)
+  std::vector<Tensor> results;
+  bool active = false;
+};
+
+void accumulate_leaf(const std::shared_ptr<AutogradMeta>& leaf, const TensorMeta& meta, Tensor&& g, Capture& cap) {
+  if (g.dtype() != meta.dtype) g = view::to_dtype(g, meta.dtype);
+  if (cap.active) {
+    auto it = cap.leaves.find(leaf.get());
+    if (it != cap.leaves.end()) add_into(cap.results[it->second], std::move(g));
+    return;
+  }
+  if (!leaf->grad.defined()) {
+    // Keep the incoming tensor when nobody else can see it; otherwise copy, so later
+    // in-place accumulation never writes into someone else's tensor.
+    bool owned = g.use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous() && g.offset() == 0;
+    leaf->grad = owned ? std::move(g) : view::clone(g);
+  } else {
+    add_(leaf->grad, g);
+  }
+  for (const auto& hook : leaf->post_accumulate_hooks) hook(leaf->grad);
+}
+
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads, bool retain_graph,
+                  Capture& cap) {
+  TESSEL_CHECK(root_grads.empty() || root_grads.size() == roots.size(),
+               "backward: {} roots but {} gradients", roots.size(), root_grads.size());
+  GradModeGuard no_grad(false);
+
+  // Seed gradients.
+  std::unordered_map<GradNode*, std::vector<Tensor>> buffers;
+  std::vector<GradNode*> starts;
+  for (size_t r = 0; r < roots.size(); ++r) {
+    const Tensor& root = roots[r];
+    TESSEL_CHECK(root.defined(), "backward: root {} is undefined", r);
+    TESSEL_CHECK(root.requires_grad(), "backward: root {} ({}) does not require grad and has no grad_fn", r, root.str());
+    Tensor g = root_grads.empty() ? Tensor() : root_grads[r];
+    if (!g.defined()) {
+      TESSEL_CHECK(root.numel() == 1,
+                   "backward: a gradient can be implied only for a one-element root; root {} is {} — pass its gradient",
+                   r, root.str());
+      g = Tensor::ones(root.shape(), root.dtype());
+    } else {
+      TESSEL_CHECK(g.shape() == root.shape(), "backward: gradient of shape {} given for root {} of shape {}",
+                   shape_str(g.shape()), r, shape_str(root.shape()));
+      if (g.dtype() != root.dtype()) g = view::to_dtype(g, root.dtype());
+    }
+    GradEdge e = gradient_edge(root);
+    if (e.leaf) {
+      accumulate_leaf(e.leaf, root.meta(), std::move(g), cap);
+      continue;
+    }
+    std::vector<Tensor>& buf = buffers[e.node.get()];
+    buf.resize(e.node->output_metas.size());
+    add_into(buf[static_cast<size_t>(e.output_nr)], std::move(g));
+    starts.push_back(e.node.get());
+  }
+
+  // Dependency counts over the reachable graph.
+  std::unordered_map<GradNode*, int> deps;
+  std::vector<GradNode*> stack = starts;
+  std::unordered_map<GradNode*, bool> seen;
+  for (GradNode* n : starts) seen[n] = true;
+  while (!stack.empty()) {
+    GradNode* n = stack.back();
+    stack.pop_back();
+    for (const GradEdge& e : n->next_edges) {
+      if (!e.node) continue;
+      ++deps[e.node.get()];
+      if (!seen[e.node.get()]) {
+        seen[e.node.get()] = true;
+        stack.push_back(e.node.get());
+      }
+    }
+  }
+
+  auto later = [](GradNode* a, GradNode* b) { return a->seq_nr < b->seq_nr; };
+  std::priority_queue<GradNode*, std::vector<GradNode*>, decltype(later)> ready(later);
+  // Each start node is queued once, when it has no pending producers.
+  std::unordered_map<GradNode*, bool> queued;
+  for (GradNode* n : starts)
+    if (deps[n] == 0 && !queued[n]) {
+      queued[n] = true;
+      ready.push(n);
+    }
+
+  while (!ready.empty()) {
+    GradNode* node = ready.top();
+    ready.pop();
+    std::vector<Tensor> grads_out = std::move(buffers[node]);
+    buffers.erase(node);
+    grads_out.resize(node->output_metas.size());
+
+    if (cap.active) {
+      auto it = cap.outputs.find(node);
+      if (it != cap.outputs.end())
+        for (auto [nr, slot] : it->second)
+          if (grads_out[static_cast<size_t>(nr)].defined()) add_into(cap.results[slot], Tensor(grads_out[static_cast<size_t>(nr)]));
+    }
+
+    bool any = false;
+    for (const Tensor& g : grads_out) any = any || g.defined();
+    std::vector<Tensor> grads_in;
+    if (any) {
+      TESSEL_CHECK(!node->released,
+                   "backward: trying to go through '{}' a second time, but its saved tensors were freed by the first "
+                   "backward; pass retain_graph=true to the first backward",
+                   node->name());
+      grads_in = node->apply(std::move(grads_out));
+      if (!retain_graph) {
+        node->release_saved();
+        node->released = true;
+      }
+    }
+    grads_in.resize(node->next_edges.size());
+    for (size_t i = 0; i < node->next_edges.size(); ++i) {
+      const GradEdge& e = node->next_edges[i];
+      Tensor& g = grads_in[i];
+      if (g.defined() && e.active()) check_grad_shape(g, node->input_metas[i], node->name(), i);
+      if (e.leaf) {
+        if (g.defined()) accumulate_leaf(e.leaf, node->input_metas[i], std::move(g), cap);
+      } else if (e.node) {
+        GradNode* next = e.node.get();
+        if (g.defined()) {
+          std::vector<Tensor>& buf = buffers[next];
+          buf.resize(next->output_metas.size());
+          add_into(buf[static_cast<size_t>(e.output_nr)], std::move(g));
+        }
+        if (--deps[next] == 0 && !queued[next]) {
+          queued[next] = true;
+          ready.push(next);
+        }
+      }
+    }
+  }
+}
+
+// A node whose backward is a lambda (see function.h).
+class FunctionNode final : public GradNode {
+ public:
+  FunctionNode(std::string name, CustomBackward fn) : name_(std::move(name)), fn_(std::move(fn)) {}
+  std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override { return fn_(std::move(grad_outputs)); }
+  std::string name() const override { return name_; }
+  void release_saved() override { fn_ = nullptr; }
+
+ private:
+  std::string name_;
+  CustomBackward fn_;
+};
+
+}  // namespace
+
+void backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
+  backward(std::vector<Tensor>{root}, std::vector<Tensor>{grad}, retain_graph);
+}
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
+  Capture none;
+  run_backward(roots, grads, retain_graph, none);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, bool retain_graph) {
+  Capture cap;
+  cap.active = true;
+  cap.results.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TESSEL_CHECK(inputs[i].defined() && inputs[i].requires_grad(), "grad: input {} ({}) does not require grad", i,
+                 inputs[i].str());
+    GradEdge e = gradient_edge(inputs[i]);
+    if (e.leaf) cap.leaves[e.leaf.get()] = i;
+    else cap.outputs[e.node.get()].emplace_back(e.output_nr, i);
+  }
+  run_backward(outputs, grad_outputs, retain_graph, cap);
+  return cap.results;
+}
+
+bool record_function(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                     CustomBackward fn) {
+  if (!grad_enabled()) return false;
+  bool any = false;
+  for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
+  if (!any) return false;
+  auto node = std::make_shared<FunctionNode>(std::move(name), std::move(fn));
+  node->seq_nr = next_sequence_nr();
+  for (const Tensor& t : inputs) {
+    node->next_edges.push_back(t.defined() && is_floating(t.dtype()) ? gradient_edge(t) : GradEdge{});
+    node->input_metas.push_back(t.defined() ? t.meta() : TensorMeta{});
+  }
+  for (const Tensor& t : outputs) node->output_metas.push_back(t.defined() ? t.meta() : TensorMeta{});
+  set_history(outputs, node);
+  return true;
+}
+
+}  // namespace tessel

@@ -1,0 +1,92 @@
+// The rank context: everything that is per rank rather than per process. Ranks may be
+// threads of one process (the thread backend), so grad mode, the autograd sequence counter,
+// intra-op threads, memory counters and the state of higher layers (communication world,
+// current mesh) hang off a context installed for the rank's thread — never off a global.
+//
+// A thread with no installed context gets a private default context of its own (sharing the
+// process-wide thread pool and memory counters), so helper threads never race on grad mode.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <typeindex>
+#include <unordered_map>
+
+#include "tessel/core/storage.h"
+
+namespace tessel {
+
+class ThreadPool;
+
+struct RankContext {
+  int rank = 0;
+  int world_size = 1;
+  bool grad_enabled = true;
+  uint64_t next_seq_nr = 0;                // autograd tape position of the next recorded op
+  std::shared_ptr<ThreadPool> pool;        // intra-op threads owned by this rank (null: process pool)
+  std::shared_ptr<MemoryStats> memory;     // bytes allocated by this rank
+
+  // State owned by higher layers, keyed by its type (comm world, dist state, ...).
+  template <typename T>
+  std::shared_ptr<T> get_ext() const {
+    auto it = ext_.find(std::type_index(typeid(T)));
+    return it == ext_.end() ? nullptr : std::static_pointer_cast<T>(it->second);
+  }
+  template <typename T>
+  void set_ext(std::shared_ptr<T> value) {
+    ext_[std::type_index(typeid(T))] = std::move(value);
+  }
+
+ private:
+  std::unordered_map<std::type_index, std::shared_ptr<void>> ext_;
+};
+
+// The calling thread's context.
+RankContext& rank_context();
+
+// A fresh context for one rank with `num_threads` intra-op threads (0: the process default).
+std::shared_ptr<RankContext> make_rank_context(int rank, int world_size, int num_threads = 0);
+
+// Installs `context` as the calling thread's context for the scope's lifetime.
+class RankContextScope {
+ public:
+  explicit RankContextScope(std::shared_ptr<RankContext> context);
+  ~RankContextScope();
+  RankContextScope(const RankContextScope&) = delete;
+  RankContextScope& operator=(const RankContextScope&) = delete;
+
+ private:
+  std::shared_ptr<RankContext> context_;
+  RankContext* previous_;
+};
+
+// Disables (or enables) gradient recording on this rank for the scope's lifetime.
+class GradModeGuard {
+ public:
+  explicit GradModeGuard(bool enabled) : previous_(rank_context().grad_enabled) {
+    rank_context().grad_enabled = enabled;
+  }
+  ~GradModeGuard() { rank_context().grad_enabled = previous_; }
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+class NoGradGuard : public GradModeGuard {
+ public:
+  NoGradGuard() : GradModeGuard(false) {}
+};
+
+inline bool grad_enabled() { return rank_context().grad_enabled; }
+
+// Process defaults: TESSEL_NUM_THREADS, else OMP_NUM_THREADS, else the online cores.
+int default_num_threads();
+// Sets the process default thread count (the default context's pool and OpenBLAS).
+void set_default_num_threads(int num_threads);
+MemoryStats& process_memory();
+// The pool the calling thread's parallel loops use.
+std::shared_ptr<ThreadPool> current_pool();
+
+}  // namespace tessel

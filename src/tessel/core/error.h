@@ -1,0 +1,75 @@
+// Errors of the library. Every failure a user can cause is a tessel::Error (or subclass)
+// whose message names the op, tensor, key or rank involved and both sides of a mismatch.
+// The library never aborts or exits: elastic recovery must be able to catch everything.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace tessel {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Communication failed: a peer died, never arrived, or a transport broke.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A collective, store call or other wait exceeded its deadline.
+class TimeoutError : public CommError {
+ public:
+  using CommError::CommError;
+};
+
+// A checkpoint is missing, malformed or incompatible with what is being loaded.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
+// An internal invariant did not hold: a bug in tessel, not in the caller's input.
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+template <typename E>
+[[noreturn]] void throw_error(std::string message) {
+  throw E(std::move(message));
+}
+[[noreturn]] void throw_internal(const char* cond, const char* file, int line, std::string message);
+}  // namespace detail
+
+}  // namespace tessel
+
+// TESSEL_CHECK(cond, "fmt {}", args...): validates user input; throws tessel::Error.
+#define TESSEL_CHECK(cond, ...)                                                   \
+  do {                                                                            \
+    if (!(cond)) [[unlikely]]                                                     \
+      ::tessel::detail::throw_error<::tessel::Error>(::fmt::format(__VA_ARGS__)); \
+  } while (0)
+
+// TESSEL_CHECK_AS(ErrorType, cond, "fmt {}", args...): as TESSEL_CHECK with a subclass.
+#define TESSEL_CHECK_AS(type, cond, ...)                                 \
+  do {                                                                   \
+    if (!(cond)) [[unlikely]]                                            \
+      ::tessel::detail::throw_error<type>(::fmt::format(__VA_ARGS__));   \
+  } while (0)
+
+// TESSEL_THROW("fmt {}", args...): unconditionally throws tessel::Error.
+#define TESSEL_THROW(...) ::tessel::detail::throw_error<::tessel::Error>(::fmt::format(__VA_ARGS__))
+
+// TESSEL_ASSERT(cond, "fmt {}", args...): internal invariant; throws InternalError.
+#define TESSEL_ASSERT(cond, ...)                                                              \
+  do {                                                                                        \
+    if (!(cond)) [[unlikely]]                                                                 \
+      ::tessel::detail::throw_internal(#cond, __FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
+  } while (0)

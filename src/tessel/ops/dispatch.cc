@@ -1,0 +1,156 @@
+// Op dispatch and the OpNode that records a call on the autograd tape.
+#include "tessel/ops/dispatch.h"
+
+#include <atomic>
+
+#include "tessel/core/context.h"
+#include "tessel/core/grad_node.h"
+#include "tessel/core/view.h"
+#include "tessel/ops/registry.h"
+
+namespace tessel {
+
+namespace {
+
+std::atomic<DistDispatchFn> g_dist_dispatch{nullptr};
+
+// A recorded op: keeps the attrs and the saved tensors its backward needs.
+class OpNode final : public GradNode {
+ public:
+  OpNode(const OpDef& op, const Attrs& attrs) : op_(op), attrs_(attrs) {}
+
+  std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override {
+    grad_outputs.resize(outputs_.size());
+    std::vector<bool> needs(next_edges.size());
+    for (size_t i = 0; i < next_edges.size(); ++i) needs[i] = next_edges[i].active();
+    GradCall call{op_, attrs_, inputs_, outputs_, input_metas, grad_outputs, needs};
+    std::vector<Tensor> grads = op_.backward(call);
+    TESSEL_ASSERT(grads.size() == next_edges.size(), "{} backward returned {} gradients for {} inputs", op_.name,
+                  grads.size(), next_edges.size());
+    return grads;
+  }
+  std::string name() const override { return std::string(op_.name); }
+  void release_saved() override {
+    inputs_.assign(inputs_.size(), Tensor());
+    outputs_.assign(outputs_.size(), Tensor());
+  }
+
+  std::vector<Tensor> inputs_;   // saved (detached) or undefined
+  std::vector<Tensor> outputs_;  // saved (detached) or undefined; visible then hidden
+
+ private:
+  const OpDef& op_;
+  Attrs attrs_;
+};
+
+bool any_dist(const std::vector<Tensor>& inputs) {
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.impl_ptr()->dist != nullptr) return true;
+  return false;
+}
+
+std::vector<TensorMeta> metas_of(std::span<const Tensor> inputs) {
+  std::vector<TensorMeta> m;
+  m.reserve(inputs.size());
+  for (const Tensor& t : inputs) m.push_back(t.meta());
+  return m;
+}
+
+void check_arity(const OpDef& op, size_t n) {
+  TESSEL_CHECK(op.num_inputs < 0 || static_cast<size_t>(op.num_inputs) == n, "{}: expected {} inputs, got {}", op.name,
+               op.num_inputs, n);
+}
+
+const OpDef& cast_op() { return *find_op("cast"); }
+
+}  // namespace
+
+std::vector<TensorMeta> infer_op(const OpDef& op, std::span<const TensorMeta> metas, const Attrs& attrs) {
+  check_arity(op, metas.size());
+  return op.infer(MetaCall{op, metas, attrs});
+}
+
+Cost op_cost(const OpDef& op, std::span<const TensorMeta> metas, const Attrs& attrs) {
+  std::vector<TensorMeta> out = infer_op(op, metas, attrs);
+  return op.cost ? op.cost(MetaCall{op, metas, attrs}, out) : Cost{};
+}
+
+std::vector<Tensor> run_kernel(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs) {
+  for (size_t i = 0; i < inputs.size(); ++i)
+    TESSEL_CHECK(inputs[i].defined(), "{}: input {} is an undefined tensor", op.name, i);
+  std::vector<TensorMeta> metas = metas_of(inputs);
+  std::vector<TensorMeta> out_metas = infer_op(op, metas, attrs);
+  std::vector<Tensor> outs = op.forward(OpCall{op, inputs, attrs, out_metas});
+  TESSEL_ASSERT(outs.size() == out_metas.size(), "{} forward made {} outputs, infer said {}", op.name, outs.size(),
+                out_metas.size());
+  for (const Tensor& o : outs) {
+    TESSEL_ASSERT(o.defined(), "{} forward returned an undefined output", op.name);
+    for (const Tensor& in : inputs)
+      TESSEL_ASSERT(!o.is_same(in), "{} forward returned its input's handle; return a view or detach()", op.name);
+  }
+  return outs;
+}
+
+std::vector<Tensor> call_op(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs) {
+  if (any_dist(inputs)) {
+    DistDispatchFn fn = g_dist_dispatch.load();
+    TESSEL_CHECK(fn != nullptr, "{}: distributed input but no distributed dispatch is installed", op.name);
+    return fn(op, inputs, attrs);
+  }
+  // bf16 computes in f32: cast in (recorded, so gradients flow back as bf16), cast out.
+  // Only when every floating input is bf16: a bf16/f32 mix is left for infer to reject.
+  bool has_bf16 = false, other_float = false;
+  if (op.bf16_via_f32 && op.name != "cast") {
+    for (const Tensor& t : inputs) {
+      if (!t.defined() || !is_floating(t.dtype())) continue;
+      (t.dtype() == DType::bf16 ? has_bf16 : other_float) = true;
+    }
+    if (has_bf16 && !other_float) {
+      for (Tensor& t : inputs)
+        if (t.defined() && t.dtype() == DType::bf16) t = call_op1(cast_op(), {t}, Attrs{{"dtype", DType::f32}});
+    } else {
+      has_bf16 = false;
+    }
+  }
+  std::vector<Tensor> outs = run_kernel(op, inputs, attrs);
+  size_t visible = outs.size() - static_cast<size_t>(op.num_hidden);
+
+  bool record = false;
+  if (op.backward != nullptr && grad_enabled())
+    for (const Tensor& t : inputs) record = record || (t.defined() && t.requires_grad());
+  if (record) {
+    auto node = std::make_shared<OpNode>(op, attrs);
+    node->seq_nr = next_sequence_nr();
+    node->next_edges.reserve(inputs.size());
+    node->inputs_.resize(inputs.size());
+    node->outputs_.resize(outs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      node->next_edges.push_back(is_floating(inputs[i].dtype()) ? gradient_edge(inputs[i]) : GradEdge{});
+      node->input_metas.push_back(inputs[i].meta());
+      if (i < 32 && (op.save.inputs >> i) & 1u) node->inputs_[i] = inputs[i].detach();
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      node->output_metas.push_back(outs[i].meta());
+      if (i < 32 && (op.save.outputs >> i) & 1u) node->outputs_[i] = outs[i].detach();
+    }
+    std::vector<Tensor> differentiable;
+    for (size_t i = 0; i < visible; ++i)
+      differentiable.push_back(is_floating(outs[i].dtype()) ? outs[i] : Tensor());
+    set_history(differentiable, node);
+  }
+  outs.resize(visible);
+  if (has_bf16)
+    for (Tensor& t : outs)
+      if (t.dtype() == DType::f32) t = call_op1(cast_op(), {t}, Attrs{{"dtype", DType::bf16}});
+  return outs;
+}
+
+Tensor call_op1(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs) {
+  std::vector<Tensor> outs = call_op(op, std::move(inputs), attrs);
+  TESSEL_ASSERT(outs.size() == 1, "{} has {} outputs, expected one", op.name, outs.size());
+  return std::move(outs[0]);
+}
+
+void set_dist_dispatch(DistDispatchFn fn) { g_dist_dispatch.store(fn); }
+
+}  // namespace tessel

@@ -1,0 +1,92 @@
+// Helpers shared by the op families' kernels: input checks, elementwise maps over contiguous
+// tensors, undoing broadcasting in backward, and the common cost shapes.
+#pragma once
+
+#include <cblas.h>
+
+#include <span>
+#include <string_view>
+
+#include "tessel/core/thread_pool.h"
+#include "tessel/core/view.h"
+#include "tessel/ops/op.h"
+
+namespace tessel::kernels {
+
+inline constexpr int64_t kElementGrain = 1 << 15;
+
+// Throws unless input `i` of `call` is floating (f32, f64 or bf16).
+void check_floating(const MetaCall& call, size_t i);
+// Throws unless inputs `i` and `j` share a dtype.
+void check_same_dtype(const MetaCall& call, size_t i, size_t j);
+// Throws unless input `i` has `ndim` dims (or at least `ndim` when `at_least`).
+void check_ndim(const MetaCall& call, size_t i, int64_t ndim, bool at_least = false);
+// Throws unless input `i` is i32 or i64.
+void check_index(const MetaCall& call, size_t i);
+// "f32[2, 3], f32[3]" — the inputs, for error messages.
+std::string inputs_str(const MetaCall& call);
+
+// Contiguous view of `t` (the tensor itself when already contiguous).
+inline Tensor contig(const Tensor& t) { return view::contiguous(t); }
+
+// out[i] = f(a[i]) over contiguous copies; the output has dtype of T.
+template <typename T, typename F>
+Tensor map1(const Tensor& a, F f) {
+  Tensor ac = contig(a);
+  Tensor out = Tensor::empty(a.shape(), dtype_of<T>);
+  const T* __restrict x = ac.data<T>();
+  T* __restrict y = out.data<T>();
+  parallel_for(0, a.numel(), kElementGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) y[i] = f(x[i]);
+  });
+  return out;
+}
+
+// out[i] = f(a[i], b[i]); a and b have one shape.
+template <typename T, typename F>
+Tensor map2(const Tensor& a, const Tensor& b, F f) {
+  TESSEL_ASSERT(a.shape() == b.shape(), "map2 shapes {} vs {}", shape_str(a.shape()), shape_str(b.shape()));
+  Tensor ac = contig(a), bc = contig(b);
+  Tensor out = Tensor::empty(a.shape(), dtype_of<T>);
+  const T* __restrict x = ac.data<T>();
+  const T* __restrict z = bc.data<T>();
+  T* __restrict y = out.data<T>();
+  parallel_for(0, a.numel(), kElementGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) y[i] = f(x[i], z[i]);
+  });
+  return out;
+}
+
+// C[M, N] = alpha · op(A) @ op(B) + beta · C, all row-major with leading dims.
+template <typename T>
+inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+          T beta, T* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
+    return;
+  }
+  auto tA = ta ? CblasTrans : CblasNoTrans;
+  auto tB = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    cblas_dgemm(CblasRowMajor, tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// Sums `grad` down to `shape`, undoing the broadcast that produced it.
+Tensor sum_to(const Tensor& grad, const Shape& shape);
+
+// A tensor viewed as [outer, size, inner] around `dim`.
+struct DimSplit {
+  int64_t outer = 1, size = 1, inner = 1;
+};
+DimSplit split_at(const Shape& shape, int64_t dim);
+
+// Cost of an op touching every input and output once with `flops_per_element` per output.
+Cost elementwise_cost(const MetaCall& call, std::span<const TensorMeta> outputs, double flops_per_element);
+// Bytes of the inputs and outputs.
+double io_bytes(const MetaCall& call, std::span<const TensorMeta> outputs);
+
+}  // namespace tessel::kernels

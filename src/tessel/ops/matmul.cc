@@ -1,0 +1,266 @@
+// Matrix products on OpenBLAS: matmul (batched, broadcasting, transposed operands) and
+// linear (the fused x @ W + bias of every projection). Strided operands whose last two dims
+// are row- or column-major go to BLAS as they are; only other layouts are copied.
+//
+// Shapes: matmul out[..., M, N] = A[..., M, K] @ B[..., K, N]
+//         linear y[R, O] = x[R, I] @ W[I, O] + bias[O]   (R = rows of x flattened)
+#include "tessel/core/strided.h"
+#include "tessel/ops/dispatch.h"
+#include "tessel/ops/kernel_util.h"
+#include "tessel/ops/matmul.h"
+#include "tessel/ops/op_list.h"
+#include "tessel/ops/reduce.h"
+#include "tessel/ops/shape.h"
+
+namespace tessel {
+
+using kernels::gemm;
+
+namespace {
+
+// How BLAS can read an R×C matrix with strides (sr, sc): row-major with leading dim `ld`, or
+// (transposed) column-major. False when neither holds and a copy is needed.
+bool blas_layout(int64_t R, int64_t C, int64_t sr, int64_t sc, int64_t& ld, bool& transposed) {
+  if (sc == 1 || C <= 1) {
+    ld = R <= 1 ? std::max<int64_t>(C, 1) : sr;
+    if (ld >= std::max<int64_t>(C, 1)) {
+      transposed = false;
+      return true;
+    }
+  }
+  if (sr == 1 || R <= 1) {
+    ld = C <= 1 ? std::max<int64_t>(R, 1) : sc;
+    if (ld >= std::max<int64_t>(R, 1)) {
+      transposed = true;
+      return true;
+    }
+  }
+  return false;
+}
+
+// An operand's last two dims as BLAS sees them.
+struct Operand {
+  Tensor t;  // possibly a contiguous copy
+  int64_t ld = 0;
+  bool transposed = false;
+};
+
+Operand blas_operand(const Tensor& x) {
+  int64_t nd = x.dim();
+  Operand o{x};
+  if (!blas_layout(x.size(nd - 2), x.size(nd - 1), x.stride(nd - 2), x.stride(nd - 1), o.ld, o.transposed)) {
+    o.t = view::contiguous(x);
+    o.ld = std::max<int64_t>(x.size(nd - 1), 1);
+    o.transposed = false;
+  }
+  return o;
+}
+
+Shape batch_of(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
+
+std::vector<TensorMeta> matmul_infer(const MetaCall& c) {
+  kernels::check_floating(c, 0);
+  kernels::check_floating(c, 1);
+  kernels::check_same_dtype(c, 0, 1);
+  kernels::check_ndim(c, 0, 2, true);
+  kernels::check_ndim(c, 1, 2, true);
+  const Shape& a = c.inputs[0].shape;
+  const Shape& b = c.inputs[1].shape;
+  bool ta = c.attrs.b("trans_a"), tb = c.attrs.b("trans_b");
+  int64_t M = ta ? a[a.size() - 1] : a[a.size() - 2];
+  int64_t Ka = ta ? a[a.size() - 2] : a[a.size() - 1];
+  int64_t Kb = tb ? b[b.size() - 1] : b[b.size() - 2];
+  int64_t N = tb ? b[b.size() - 2] : b[b.size() - 1];
+  TESSEL_CHECK(Ka == Kb, "matmul: inner dims differ: {}{} has K={} but {}{} has K={}", shape_str(a),
+               ta ? "^T" : "", Ka, shape_str(b), tb ? "^T" : "", Kb);
+  Shape out = broadcast_shapes(batch_of(a), batch_of(b), "matmul (batch dims)");
+  out.push_back(M);
+  out.push_back(N);
+  return {TensorMeta{out, c.inputs[0].dtype, {}}};
+}
+
+template <typename T>
+void matmul_kernel(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor& out) {
+  const int64_t nd = out.dim();
+  const int64_t M = out.size(nd - 2), N = out.size(nd - 1);
+  const int64_t K = ta ? a.size(-2) : a.size(-1);
+  T* C = out.data<T>();
+  Operand oa = blas_operand(a), ob = blas_operand(b);
+  const bool eff_ta = ta != oa.transposed, eff_tb = tb != ob.transposed;
+  Shape out_batch = batch_of(out.shape());
+  int64_t batches = shape_numel(out_batch);
+
+  // One tall gemm when B has no batch and A's batch·M rows are evenly strided.
+  if (batches > 1 && shape_numel(batch_of(b.shape())) == 1 && !ta && !oa.transposed) {
+    Tensor a2 = oa.t;
+    if (auto v = view::try_view(a2, {batches * M, K})) {
+      if (v->stride(1) == 1 || K <= 1) {
+        int64_t lda = batches * M <= 1 ? std::max<int64_t>(K, 1) : v->stride(0);
+        if (lda >= std::max<int64_t>(K, 1)) {
+          gemm<T>(false, eff_tb, batches * M, N, K, T(1), v->template data<T>(), lda, ob.t.template data<T>(), ob.ld, T(0),
+                  C, std::max<int64_t>(N, 1));
+          return;
+        }
+      }
+    }
+  }
+  Tensor ae = view::expand(view::as_strided(oa.t, batch_of(oa.t.shape()), batch_of(oa.t.strides()), oa.t.offset()),
+                           out_batch);
+  Tensor be = view::expand(view::as_strided(ob.t, batch_of(ob.t.shape()), batch_of(ob.t.strides()), ob.t.offset()),
+                           out_batch);
+  Shape out_bstrides = batch_of(out.strides());
+  const T* A = static_cast<const T*>(oa.t.storage()->data());
+  const T* B = static_cast<const T*>(ob.t.storage()->data());
+  StridedLoop<3> loop(out_batch, {&out_bstrides, &ae.strides(), &be.strides()});
+  loop.run([&](const auto& off, int64_t n, const auto& st) {
+    for (int64_t i = 0; i < n; ++i)
+      gemm<T>(eff_ta, eff_tb, M, N, K, T(1), A + ae.offset() + off[1] + i * st[1], oa.ld,
+              B + be.offset() + off[2] + i * st[2], ob.ld, T(0), C + off[0] + i * st[0], std::max<int64_t>(N, 1));
+  });
+}
+
+std::vector<Tensor> matmul_forward(const OpCall& c) {
+  Tensor out = Tensor::empty(c.outputs[0]);
+  bool ta = c.attrs.b("trans_a"), tb = c.attrs.b("trans_b");
+  TESSEL_DISPATCH_FLOAT(out.dtype(), "matmul", [&]<typename T>() { matmul_kernel<T>(c.inputs[0], c.inputs[1], ta, tb, out); });
+  return {out};
+}
+
+// out = op(A) @ op(B): d op(A) = g @ op(B)^T and d op(B) = op(A)^T @ g, written without
+// materialising transposes, then summed over broadcast batch dims.
+std::vector<Tensor> matmul_backward(const GradCall& g) {
+  const Tensor& go = g.grad_outputs[0];
+  const Tensor& a = g.inputs[0];
+  const Tensor& b = g.inputs[1];
+  bool ta = g.attrs.b("trans_a"), tb = g.attrs.b("trans_b");
+  Tensor da, db;
+  if (g.needs_grad[0]) da = kernels::sum_to(ta ? matmul(b, go, tb, true) : matmul(go, b, false, !tb), g.input_metas[0].shape);
+  if (g.needs_grad[1]) db = kernels::sum_to(tb ? matmul(go, a, true, ta) : matmul(a, go, !ta, false), g.input_metas[1].shape);
+  return {da, db};
+}
+
+Cost matmul_cost(const MetaCall& c, std::span<const TensorMeta> out) {
+  const Shape& o = out[0].shape;
+  int64_t K = c.attrs.b("trans_a") ? c.inputs[0].shape[c.inputs[0].shape.size() - 2] : c.inputs[0].shape.back();
+  return Cost{2.0 * static_cast<double>(shape_numel(o)) * static_cast<double>(K), kernels::io_bytes(c, out)};
+}
+
+// ---------------------------------------------------------------- linear
+
+std::vector<TensorMeta> linear_infer(const MetaCall& c) {
+  TESSEL_CHECK(c.inputs.size() == 2 || c.inputs.size() == 3, "linear: expected x, w and an optional bias; got {} inputs",
+               c.inputs.size());
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    kernels::check_floating(c, i);
+    kernels::check_same_dtype(c, 0, i);
+  }
+  kernels::check_ndim(c, 0, 1, true);
+  kernels::check_ndim(c, 1, 2);
+  const Shape& x = c.inputs[0].shape;
+  const Shape& w = c.inputs[1].shape;
+  bool in_out = c.attrs.b("weight_in_out");
+  int64_t in = in_out ? w[0] : w[1], outf = in_out ? w[1] : w[0];
+  TESSEL_CHECK(x.back() == in, "linear: x {} has {} features but weight {} ({}) takes {}", shape_str(x), x.back(),
+               shape_str(w), in_out ? "[in, out]" : "[out, in]", in);
+  if (c.inputs.size() == 3)
+    TESSEL_CHECK(c.inputs[2].shape == Shape{outf}, "linear: bias {} does not match {} output features",
+                 shape_str(c.inputs[2].shape), outf);
+  Shape out = x;
+  out.back() = outf;
+  return {TensorMeta{out, c.inputs[0].dtype, {}}};
+}
+
+template <typename T>
+void linear_kernel(const Tensor& x, const Tensor& w, const Tensor* bias, bool in_out, const Tensor& out) {
+  const int64_t I = x.size(-1), O = out.size(-1), R = x.numel() / std::max<int64_t>(I, 1);
+  Tensor xc = kernels::contig(x), wc = kernels::contig(w);
+  T* y = out.data<T>();
+  T beta = T(0);
+  if (bias != nullptr) {
+    Tensor bc = kernels::contig(*bias);
+    const T* pb = bc.data<T>();
+    for (int64_t r = 0; r < R; ++r) std::copy(pb, pb + O, y + r * O);
+    beta = T(1);
+  }
+  // y[R, O] = x[R, I] @ W: W is w[I, O] (in_out) or w[O, I]^T.
+  gemm<T>(false, !in_out, R, O, I, T(1), xc.data<T>(), std::max<int64_t>(I, 1), wc.data<T>(),
+          in_out ? std::max<int64_t>(O, 1) : std::max<int64_t>(I, 1), beta, y, std::max<int64_t>(O, 1));
+}
+
+std::vector<Tensor> linear_forward(const OpCall& c) {
+  Tensor out = Tensor::empty(c.outputs[0]);
+  const Tensor* bias = c.inputs.size() == 3 ? &c.inputs[2] : nullptr;
+  bool in_out = c.attrs.b("weight_in_out");
+  TESSEL_DISPATCH_FLOAT(out.dtype(), "linear", [&]<typename T>() { linear_kernel<T>(c.inputs[0], c.inputs[1], bias, in_out, out); });
+  return {out};
+}
+
+// dx[R, I] = g[R, O] @ W^T;  dW = x^T @ g stored as w is;  dbias[O] = Σ_rows g.
+template <typename T>
+std::vector<Tensor> linear_backward_t(const GradCall& g) {
+  const Tensor& x = g.inputs[0];
+  const Tensor& w = g.inputs[1];
+  bool in_out = g.attrs.b("weight_in_out");
+  const int64_t I = x.size(-1), O = g.grad_outputs[0].size(-1), R = x.numel() / std::max<int64_t>(I, 1);
+  Tensor go = kernels::contig(g.grad_outputs[0]);
+  const T* pg = go.data<T>();
+  std::vector<Tensor> grads(g.input_metas.size());
+  if (g.needs_grad[0]) {
+    Tensor wc = kernels::contig(w);
+    Tensor dx = Tensor::empty(x.shape(), x.dtype());
+    gemm<T>(false, in_out, R, I, O, T(1), pg, std::max<int64_t>(O, 1), wc.data<T>(),
+            in_out ? std::max<int64_t>(O, 1) : std::max<int64_t>(I, 1), T(0), dx.data<T>(), std::max<int64_t>(I, 1));
+    grads[0] = dx;
+  }
+  if (g.needs_grad[1]) {
+    Tensor xc = kernels::contig(x);
+    Tensor dw = Tensor::empty(w.shape(), w.dtype());
+    if (in_out)  // dW[I, O] = x^T[I, R] @ g[R, O]
+      gemm<T>(true, false, I, O, R, T(1), xc.data<T>(), std::max<int64_t>(I, 1), pg, std::max<int64_t>(O, 1), T(0),
+              dw.data<T>(), std::max<int64_t>(O, 1));
+    else  // dW[O, I] = g^T[O, R] @ x[R, I]
+      gemm<T>(true, false, O, I, R, T(1), pg, std::max<int64_t>(O, 1), xc.data<T>(), std::max<int64_t>(I, 1), T(0),
+              dw.data<T>(), std::max<int64_t>(I, 1));
+    grads[1] = dw;
+  }
+  if (grads.size() == 3 && g.needs_grad[2]) {
+    Tensor db = Tensor::zeros({O}, go.dtype());
+    T* pb = db.data<T>();
+    // Columns split over threads; each column sums its rows in order (deterministic).
+    parallel_for(0, O, 256, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t o = lo; o < hi; ++o) pb[o] += pg[r * O + o];
+    });
+    grads[2] = db;
+  }
+  return grads;
+}
+
+std::vector<Tensor> linear_backward(const GradCall& g) {
+  return TESSEL_DISPATCH_FLOAT(g.grad_outputs[0].dtype(), "linear", [&]<typename T>() { return linear_backward_t<T>(g); });
+}
+
+Cost linear_cost(const MetaCall& c, std::span<const TensorMeta> out) {
+  double rows_x_out = static_cast<double>(out[0].numel());
+  double in = static_cast<double>(c.inputs[0].shape.back());
+  return Cost{2.0 * rows_x_out * in + (c.inputs.size() == 3 ? rows_x_out : 0.0), kernels::io_bytes(c, out)};
+}
+
+}  // namespace
+
+const OpDef op_matmul{.name = "matmul", .num_inputs = 2, .infer = matmul_infer, .forward = matmul_forward,
+                      .backward = matmul_backward, .cost = matmul_cost, .save = {0b11, 0}};
+const OpDef op_linear{.name = "linear", .num_inputs = -1, .infer = linear_infer, .forward = linear_forward,
+                      .backward = linear_backward, .cost = linear_cost, .save = {0b11, 0}};
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  return call_op1(op_matmul, {a, b}, Attrs{{"trans_a", trans_a}, {"trans_b", trans_b}});
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool weight_in_out) {
+  std::vector<Tensor> in{x, w};
+  if (bias.defined()) in.push_back(bias);
+  return call_op1(op_linear, std::move(in), Attrs{{"weight_in_out", weight_in_out}});
+}
+
+}  // namespace tessel

@@ -1,0 +1,52 @@
+// ProcessMesh: an N-D array of process ids with named dims, e.g. mesh(dp=2,tp=2)[[0,1],[2,3]].
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessel/core/shape.h"
+
+namespace tessel {
+
+class ProcessMesh {
+ public:
+  ProcessMesh() = default;
+  // `ids` row-major over `shape`; names default to d0, d1, ...
+  ProcessMesh(Shape shape, std::vector<int64_t> ids, std::vector<std::string> dim_names = {});
+  // Ranks 0..prod(shape)-1 in row-major order.
+  static ProcessMesh iota(Shape shape, std::vector<std::string> dim_names = {});
+  // Parses "mesh(dp=2,tp=2)[[0,1],[2,3]]", "mesh(dp=2,tp=2)" (iota) or "2x2" (iota, d0, d1).
+  static ProcessMesh parse(std::string_view text);
+
+  int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t size() const { return static_cast<int64_t>(ids_.size()); }
+  const Shape& shape() const { return shape_; }
+  int64_t dim_size(int64_t dim) const { return shape_.at(static_cast<size_t>(dim)); }
+  const std::vector<std::string>& dim_names() const { return names_; }
+  // Index of the dim called `name`; throws listing the names when absent.
+  int64_t dim_index(std::string_view name) const;
+  const std::vector<int64_t>& process_ids() const { return ids_; }
+
+  bool contains(int64_t rank) const;
+  // Coordinates of `rank` in the mesh; throws when absent.
+  std::vector<int64_t> coord(int64_t rank) const;
+  int64_t rank_at(const std::vector<int64_t>& coord) const;
+  // The ranks along `dim` that share every other coordinate with `rank` (a group of the dim).
+  std::vector<int64_t> group_along(int64_t dim, int64_t rank) const;
+  // Every group along `dim`, each in coordinate order.
+  std::vector<std::vector<int64_t>> groups_along(int64_t dim) const;
+  // The (ndim-1)-D mesh at `index` along `dim`.
+  ProcessMesh sub_mesh(int64_t dim, int64_t index) const;
+
+  std::string str() const;  // "mesh(dp=2,tp=2)[[0,1],[2,3]]"
+  bool operator==(const ProcessMesh& o) const { return shape_ == o.shape_ && ids_ == o.ids_; }
+
+ private:
+  Shape shape_;
+  std::vector<int64_t> ids_;
+  std::vector<std::string> names_;
+};
+
+}  // namespace tessel

@@ -1,0 +1,48 @@
+// JSON: round trips, integer preservation, escapes, and rejection of malformed text.
+#include <gtest/gtest.h>
+
+#include "tessel/core/error.h"
+#include "tessel/core/json.h"
+
+namespace tessel {
+namespace {
+
+TEST(Json, ParsesAndDumpsRoundTrip) {
+  Json j = Json::parse(R"( {"b": [1, 2.5, "x", true, null], "a": {"n": -7}, "big": 9007199254740993} )");
+  EXPECT_EQ(j.at("a").at("n").as_int(), -7);
+  EXPECT_EQ(j.at("b").as_array().size(), 5u);
+  EXPECT_EQ(j.at("b").as_array()[1].as_double(), 2.5);
+  EXPECT_EQ(j.at("big").as_int(), 9007199254740993);  // beyond 2^53 survives as an integer
+  EXPECT_EQ(j.dump(), R"({"a":{"n":-7},"b":[1,2.5,"x",true,null],"big":9007199254740993})");
+  EXPECT_EQ(Json::parse(j.dump()).dump(), j.dump());
+}
+
+TEST(Json, Escapes) {
+  Json j = Json::parse(R"("a\"b\\c\n\u00e9\ud83d\ude00")");
+  EXPECT_EQ(j.as_string(), "a\"b\\c\n\xc3\xa9\xf0\x9f\x98\x80");
+  EXPECT_EQ(json_quote("q\"\n\x01"), "\"q\\\"\\n\\u0001\"");
+}
+
+TEST(Json, RejectsMalformedText) {
+  for (const char* bad : {"", "{", "[1,", "{\"a\" 1}", "{\"a\":1,}", "tru", "\"abc", "01x", "{\"a\":1}{",
+                          "[\"\x01\"]", "{\"k\":1,\"k\":2}", "\"\\q\""}) {
+    EXPECT_THROW(Json::parse(bad), Error) << bad;
+  }
+  std::string deep(300, '[');
+  EXPECT_THROW(Json::parse(deep), Error);
+  try {
+    Json::parse("{\"a\": [1, 2,, 3]}");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("offset 12"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Json, TypeErrorsNameTheType) {
+  Json j = Json::parse("{\"a\": \"s\"}");
+  EXPECT_THROW(j.at("a").as_int(), Error);
+  EXPECT_THROW(j.at("missing"), Error);
+  EXPECT_THROW(Json::parse("1.5").as_int(), Error);
+}
+
+}  // namespace
+}  // namespace tessel

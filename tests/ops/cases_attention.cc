@@ -1,0 +1,122 @@
+// Cases for attention.cc: scaled_dot_product_attention non-causal and causal with T == S,
+// T < S (causal offset S - T) and T > S (queries that see no key), grouped-query heads, an
+// explicit scale, and a non-contiguous q made by permuting [B, T, H, D].
+#include <cmath>
+
+#include "op_cases.h"
+
+namespace tessel::testing {
+
+namespace {
+
+// out[b, h, t, :] = Σ_j p_j v[b, h / (H / Hkv), j, :] with p = softmax over visible keys j of
+// scale · q[b, h, t, :] · k[b, kvh, j, :]; a query with no visible key gives 0.
+Tensor ref_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+  Nd qn(q), kn(k), vn(v);
+  int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], D = q.shape()[3];
+  int64_t Hkv = k.shape()[1], S = k.shape()[2];
+  if (scale == 0) scale = 1.0 / std::sqrt(static_cast<double>(D));
+  Nd out(q.shape());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        int64_t kvh = h / (H / Hkv);
+        std::vector<double> s(static_cast<size_t>(S), -INFINITY);
+        double m = -INFINITY;
+        for (int64_t j = 0; j < S; ++j) {
+          if (causal && j > t + (S - T)) continue;
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += qn({b, h, t, d}) * kn({b, kvh, j, d});
+          s[j] = dot * scale;
+          m = std::max(m, s[j]);
+        }
+        if (m == -INFINITY) continue;  // no visible key
+        double z = 0;
+        for (int64_t j = 0; j < S; ++j) z += std::exp(s[j] - m);
+        for (int64_t d = 0; d < D; ++d) {
+          double acc = 0;
+          for (int64_t j = 0; j < S; ++j) acc += std::exp(s[j] - m) / z * vn({b, kvh, j, d});
+          out({b, h, t, d}) = acc;
+        }
+      }
+  return out.tensor();
+}
+
+struct SdpaCase {
+  const char* tag;
+  Shape q, kv;
+  bool causal;
+  double scale = 0.0;
+};
+const SdpaCase kSdpaCases[] = {
+    {"plain", {1, 2, 3, 4}, {1, 2, 3, 4}, false},
+    {"causal", {1, 2, 3, 4}, {1, 2, 3, 4}, true},
+    {"t_lt_s", {2, 1, 2, 3}, {2, 1, 4, 3}, false},
+    {"causal_t_lt_s", {1, 2, 2, 4}, {1, 2, 4, 4}, true},
+    {"causal_t_gt_s", {1, 1, 4, 3}, {1, 1, 2, 3}, true},
+    {"gqa", {1, 4, 2, 3}, {1, 2, 3, 3}, false},
+    {"gqa_causal", {1, 4, 3, 2}, {1, 2, 3, 2}, true},
+    {"scale", {1, 1, 3, 4}, {1, 1, 5, 4}, false, 0.7},
+};
+
+}  // namespace
+
+std::vector<OpCase> attention_cases() {
+  std::vector<OpCase> out;
+  for (const SdpaCase& s : kSdpaCases) {
+    out.push_back(OpCase{
+        .name = fmt::format("sdpa/{}", s.tag),
+        .op = "sdpa",
+        .make_inputs =
+            [s](DType d) {
+              return Tensors{rand_tensor(s.q, d, 51, -1.5, 1.5), rand_tensor(s.kv, d, 52, -1.5, 1.5),
+                             rand_tensor(s.kv, d, 53)};
+            },
+        .run =
+            [s](const Tensors& in) {
+              return Tensors{scaled_dot_product_attention(in[0], in[1], in[2], s.causal, s.scale)};
+            },
+        .reference = [s](const Tensors& in) { return Tensors{ref_sdpa(in[0], in[1], in[2], s.causal, s.scale)}; },
+        .f32_rtol = 1e-4,
+        .f32_atol = 1e-5});
+  }
+  // q arrives as [B, T, H, D] and is permuted to [B, H, T, D]: a strided view, not a copy.
+  out.push_back(OpCase{
+      .name = "sdpa/permuted_q",
+      .op = "sdpa",
+      .make_inputs =
+          [](DType d) {
+            return Tensors{rand_tensor({1, 3, 2, 4}, d, 54, -1.5, 1.5), rand_tensor({1, 2, 3, 4}, d, 55, -1.5, 1.5),
+                           rand_tensor({1, 2, 3, 4}, d, 56)};
+          },
+      .run = TESSEL_RUN1(scaled_dot_product_attention(permute(in[0], {0, 2, 1, 3}), in[1], in[2], true)),
+      .reference =
+          [](const Tensors& in) {
+            Tensor q = contiguous(permute(in[0], {0, 2, 1, 3}));
+            return Tensors{ref_sdpa(q, in[1], in[2], true, 0.0)};
+          },
+      .f32_rtol = 1e-4,
+      .f32_atol = 1e-5});
+  return out;
+}
+
+std::vector<ErrorCase> attention_errors() {
+  auto z = [](Shape s) { return Tensor::zeros(s); };
+  return {
+      {"sdpa_gqa_heads", [z] { scaled_dot_product_attention(z({1, 3, 2, 4}), z({1, 2, 2, 4}), z({1, 2, 2, 4})); },
+       {"sdpa", "H=3", "Hkv=2", "[1, 3, 2, 4]", "[1, 2, 2, 4]"}},
+      {"sdpa_batch", [z] { scaled_dot_product_attention(z({2, 2, 2, 4}), z({1, 2, 2, 4}), z({1, 2, 2, 4})); },
+       {"sdpa", "B=2", "B=1", "[2, 2, 2, 4]", "[1, 2, 2, 4]"}},
+      {"sdpa_head_dim", [z] { scaled_dot_product_attention(z({1, 2, 2, 4}), z({1, 2, 2, 3}), z({1, 2, 2, 3})); },
+       {"sdpa", "D=4", "D=3"}},
+      {"sdpa_kv_len", [z] { scaled_dot_product_attention(z({1, 2, 2, 4}), z({1, 2, 5, 4}), z({1, 2, 3, 4})); },
+       {"sdpa", "[1, 2, 5, 4]", "[1, 2, 3, 4]"}},
+      {"sdpa_ndim", [z] { scaled_dot_product_attention(z({2, 2, 4}), z({1, 2, 2, 4}), z({1, 2, 2, 4})); },
+       {"sdpa", "4 dims", "[2, 2, 4]"}},
+      {"sdpa_dtype",
+       [z] { scaled_dot_product_attention(z({1, 2, 2, 4}), Tensor::zeros({1, 2, 2, 4}, DType::f64), z({1, 2, 2, 4})); },
+       {"sdpa", "f32", "f64"}},
+  };
+}
+
+}  // namespace tessel::testing

@@ -1,0 +1,135 @@
+// Cases for matmul.cc: plain, transposed, batched, broadcast batches, empty and thin shapes;
+// linear with both weight layouts, with and without bias.
+#include "op_cases.h"
+
+namespace tessel::testing {
+
+namespace {
+
+// out[..., m, n] = Σ_k A[..., m, k] B[..., k, n] with A = a or a^T (last two dims), batch
+// dims broadcast.
+Tensor ref_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  Nd x(a), y(b);
+  size_t na = a.shape().size(), nb = b.shape().size();
+  int64_t M = ta ? a.shape()[na - 1] : a.shape()[na - 2];
+  int64_t K = ta ? a.shape()[na - 2] : a.shape()[na - 1];
+  int64_t N = tb ? b.shape()[nb - 2] : b.shape()[nb - 1];
+  Shape ba(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
+  Shape out = broadcast_shapes(ba, bb, "ref");
+  out.push_back(M);
+  out.push_back(N);
+  Nd r(out);
+  Nd::for_each(out, [&](const std::vector<int64_t>& idx) {
+    size_t nd = idx.size();
+    auto batch_index = [&](const Shape& bs, size_t n_total) {
+      std::vector<int64_t> j(n_total);
+      size_t lead = (nd - 2) - bs.size();
+      for (size_t d = 0; d < bs.size(); ++d) j[d] = bs[d] == 1 ? 0 : idx[lead + d];
+      return j;
+    };
+    std::vector<int64_t> ia = batch_index(ba, na), ib = batch_index(bb, nb);
+    double s = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      ia[na - 2] = ta ? k : idx[nd - 2];
+      ia[na - 1] = ta ? idx[nd - 2] : k;
+      ib[nb - 2] = tb ? idx[nd - 1] : k;
+      ib[nb - 1] = tb ? k : idx[nd - 1];
+      s += x(ia) * y(ib);
+    }
+    r(idx) = s;
+  });
+  return r.tensor();
+}
+
+// y[..., o] = Σ_i x[..., i] W[i, o] + bias[o].
+Tensor ref_linear(const Tensor& x, const Tensor& w, const Tensor* bias, bool in_out) {
+  Nd xn(x), wn(w);
+  int64_t I = x.shape().back(), O = in_out ? w.shape()[1] : w.shape()[0];
+  Shape out = x.shape();
+  out.back() = O;
+  Nd r(out);
+  Nd b = bias ? Nd(*bias) : Nd(Shape{O}, 0.0);
+  int64_t rows = xn.numel() / I;
+  for (int64_t row = 0; row < rows; ++row)
+    for (int64_t o = 0; o < O; ++o) {
+      double s = b.v[o];
+      for (int64_t i = 0; i < I; ++i) s += xn.v[row * I + i] * (in_out ? wn.v[i * O + o] : wn.v[o * I + i]);
+      r.v[row * O + o] = s;
+    }
+  return r.tensor();
+}
+
+struct MatmulShape {
+  const char* tag;
+  Shape a, b;
+  bool ta, tb;
+};
+const MatmulShape kMatmulShapes[] = {
+    {"plain", {3, 4}, {4, 5}, false, false},
+    {"trans_a", {4, 3}, {4, 5}, true, false},
+    {"trans_b", {3, 4}, {5, 4}, false, true},
+    {"trans_ab", {4, 3}, {5, 4}, true, true},
+    {"batched", {2, 3, 4}, {2, 4, 5}, false, false},
+    {"batched_trans_b", {2, 3, 4}, {2, 5, 4}, false, true},
+    {"broadcast_batch", {2, 1, 3, 4}, {3, 4, 2}, false, false},
+    {"batched_by_matrix", {2, 3, 4}, {4, 5}, false, false},
+    {"matrix_by_batched", {3, 4}, {2, 4, 5}, false, false},
+    {"empty_k", {3, 0}, {0, 2}, false, false},
+    {"empty_m", {0, 4}, {4, 2}, false, false},
+    {"thin", {1, 4}, {4, 1}, false, false},
+};
+
+}  // namespace
+
+std::vector<OpCase> matmul_cases() {
+  std::vector<OpCase> out;
+  for (const MatmulShape& s : kMatmulShapes) {
+    Shape sa = s.a, sb = s.b;
+    bool ta = s.ta, tb = s.tb;
+    out.push_back(OpCase{
+        .name = fmt::format("matmul/{}", s.tag),
+        .op = "matmul",
+        .make_inputs = [sa, sb](DType d) { return Tensors{rand_tensor(sa, d, 11), rand_tensor(sb, d, 12)}; },
+        .run = [ta, tb](const Tensors& in) { return Tensors{matmul(in[0], in[1], ta, tb)}; },
+        .reference = [ta, tb](const Tensors& in) { return Tensors{ref_matmul(in[0], in[1], ta, tb)}; },
+        .f32_rtol = 1e-4,
+        .f32_atol = 1e-5});
+  }
+  struct LinearCase {
+    const char* tag;
+    Shape x, w;
+    bool bias, in_out;
+  };
+  for (LinearCase l : {LinearCase{"out_in_bias", {2, 3, 4}, {5, 4}, true, false},
+                       LinearCase{"in_out_bias", {2, 3, 4}, {4, 5}, true, true},
+                       LinearCase{"no_bias", {3, 4}, {5, 4}, false, false},
+                       LinearCase{"vector", {4}, {5, 4}, true, false},
+                       LinearCase{"empty_rows", {0, 4}, {5, 4}, true, false}}) {
+    out.push_back(OpCase{
+        .name = fmt::format("linear/{}", l.tag),
+        .op = "linear",
+        .make_inputs =
+            [l](DType d) {
+              Tensors in{rand_tensor(l.x, d, 13), rand_tensor(l.w, d, 14)};
+              if (l.bias) in.push_back(rand_tensor({l.in_out ? l.w[1] : l.w[0]}, d, 15));
+              return in;
+            },
+        .run = [l](const Tensors& in) { return Tensors{linear(in[0], in[1], l.bias ? in[2] : Tensor(), l.in_out)}; },
+        .reference = [l](const Tensors& in) { return Tensors{ref_linear(in[0], in[1], l.bias ? &in[2] : nullptr, l.in_out)}; },
+        .f32_rtol = 1e-4,
+        .f32_atol = 1e-5});
+  }
+  return out;
+}
+
+std::vector<ErrorCase> matmul_errors() {
+  return {
+      {"matmul_inner", [] { matmul(Tensor::zeros({2, 3}), Tensor::zeros({4, 5})); }, {"matmul", "[2, 3]", "[4, 5]"}},
+      {"matmul_vector", [] { matmul(Tensor::zeros({3}), Tensor::zeros({3, 5})); }, {"matmul", "at least 2", "[3]"}},
+      {"matmul_batch", [] { matmul(Tensor::zeros({2, 3, 4}), Tensor::zeros({3, 4, 5})); }, {"matmul", "[2]", "[3]"}},
+      {"linear_features", [] { linear(Tensor::zeros({2, 3}), Tensor::zeros({5, 4})); }, {"linear", "[2, 3]", "[5, 4]"}},
+      {"linear_bias", [] { linear(Tensor::zeros({2, 4}), Tensor::zeros({5, 4}), Tensor::zeros({4})); }, {"linear", "bias", "[4]"}},
+  };
+}
+
+}  // namespace tessel::testing
