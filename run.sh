@@ -2,7 +2,7 @@
 # The entry point for newcomers and CI. Every mode first installs what it needs from
 # Debian's archive (scripts/install-deps.sh, idempotent) and builds with CMake + Ninja.
 #
-#   ./run.sh demo    the main job: build, then run the demo
+#   ./run.sh demo    the main job: build, then train the demo GPT-2 (a few minutes)
 #   ./run.sh test    the whole test suite: release build + ctest, then the sanitizer build
 #                    (AddressSanitizer + UBSan) of the core, ops and autograd tests
 #   ./run.sh bench   benchmarks (installs PyTorch 1.13 too, for side-by-side figures)
@@ -34,8 +34,9 @@ case "$mode" in
   demo)
     scripts/install-deps.sh
     build release
-    echo "== demo: tiny MLP forward, backward and gradient check"
-    build/release/examples/tiny_mlp "$@"
+    echo "== demo: GPT-2 (4 layers, 3.3M parameters) trained on the shipped King James corpus"
+    mkdir -p runs/demo
+    build/release/tessel train configs/gpt2-tiny.yaml --metrics runs/demo/metrics.jsonl --save runs/demo "$@"
     ;;
   test)
     scripts/install-deps.sh
@@ -50,6 +51,7 @@ case "$mode" in
     scripts/install-deps.sh --bench
     build release
     build/release/bench/ops_bench "$@"
+    bench/train_vs_pytorch.py
     ;;
   build)
     scripts/install-deps.sh

@@ -2,9 +2,12 @@
 #include "tessel/ops/dispatch.h"
 
 #include <atomic>
+#include <map>
+#include <mutex>
 
 #include "tessel/core/context.h"
 #include "tessel/core/grad_node.h"
+#include "tessel/core/profile.h"
 #include "tessel/core/view.h"
 #include "tessel/ops/registry.h"
 
@@ -14,12 +17,23 @@ namespace {
 
 std::atomic<DistDispatchFn> g_dist_dispatch{nullptr};
 
+// "<op>.backward", interned per op for the profiler.
+std::string_view backward_name(const OpDef& op) {
+  static std::mutex mutex;
+  static auto* names = new std::map<const OpDef*, std::string>();  // outlives the at-exit profile report
+  std::lock_guard lock(mutex);
+  auto it = names->find(&op);
+  if (it == names->end()) it = names->emplace(&op, std::string(op.name) + ".backward").first;
+  return it->second;
+}
+
 // A recorded op: keeps the attrs and the saved tensors its backward needs.
 class OpNode final : public GradNode {
  public:
-  OpNode(const OpDef& op, const Attrs& attrs) : op_(op), attrs_(attrs) {}
+  OpNode(const OpDef& op, const Attrs& attrs) : op_(op), attrs_(attrs), backward_name_(backward_name(op)) {}
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override {
+    ProfileScope profile_scope(backward_name_);
     grad_outputs.resize(outputs_.size());
     std::vector<bool> needs(next_edges.size());
     for (size_t i = 0; i < next_edges.size(); ++i) needs[i] = next_edges[i].active();
@@ -41,6 +55,7 @@ class OpNode final : public GradNode {
  private:
   const OpDef& op_;
   Attrs attrs_;
+  std::string_view backward_name_;
 };
 
 bool any_dist(const std::vector<Tensor>& inputs) {
@@ -78,6 +93,7 @@ Cost op_cost(const OpDef& op, std::span<const TensorMeta> metas, const Attrs& at
 std::vector<Tensor> run_kernel(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs) {
   for (size_t i = 0; i < inputs.size(); ++i)
     TESSEL_CHECK(inputs[i].defined(), "{}: input {} is an undefined tensor", op.name, i);
+  ProfileScope profile_scope(op.name);
   std::vector<TensorMeta> metas = metas_of(inputs);
   std::vector<TensorMeta> out_metas = infer_op(op, metas, attrs);
   std::vector<Tensor> outs = op.forward(OpCall{op, inputs, attrs, out_metas});

@@ -213,38 +213,42 @@ constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kInvSqrt2 = 0.7071067811865476;
 constexpr double kInvSqrt2Pi = 0.3989422804014327;
 
-// ½x(1 + tanh(u)) = x·σ(2u): one exp and one division, no tanh.
-template <typename T>
-T gelu_value(T x, bool approx) {
-  if (approx) {
+// Exact: x·Φ(x). Tanh approximation: ½x(1 + tanh(u)) = x·σ(2u), u = √(2/π)(x + 0.044715x³) —
+// one exp and one division, no tanh. The form is a template parameter so the element loops
+// inline and vectorise.
+template <typename T, bool kApprox>
+T gelu_value(T x) {
+  if constexpr (kApprox) {
     T u = T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x);
     return x / (T(1) + fast::exp_t<T>(T(-2) * u));
+  } else {
+    return T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2)));
   }
-  return T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2)));
 }
-template <typename T>
-T gelu_grad(T x, bool approx) {
-  if (approx) {  // d/dx x·σ(2u) = σ + 2x·σ(1-σ)·u'
+template <typename T, bool kApprox>
+T gelu_grad(T x) {
+  if constexpr (kApprox) {  // d/dx x·σ(2u) = σ + 2x·σ(1-σ)·u'
     T u = T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x);
     T s = T(1) / (T(1) + fast::exp_t<T>(T(-2) * u));
     T du = T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * x * x);
     return s + T(2) * x * s * (T(1) - s) * du;
+  } else {
+    return T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2))) + x * std::exp(T(-0.5) * x * x) * T(kInvSqrt2Pi);
   }
-  return T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2))) + x * std::exp(T(-0.5) * x * x) * T(kInvSqrt2Pi);
 }
 
 std::vector<Tensor> gelu_forward(const OpCall& c) {
   bool approx = c.attrs.b("tanh");
   return {TESSEL_DISPATCH_FLOAT(c.inputs[0].dtype(), "gelu", [&]<typename T>() {
-    if (approx) return map1<T>(c.inputs[0], [](T x) { return gelu_value<T>(x, true); });
-    return map1<T>(c.inputs[0], [](T x) { return gelu_value<T>(x, false); });
+    if (approx) return map1<T>(c.inputs[0], [](T x) { return gelu_value<T, true>(x); });
+    return map1<T>(c.inputs[0], [](T x) { return gelu_value<T, false>(x); });
   })};
 }
 std::vector<Tensor> gelu_backward(const GradCall& g) {
   bool approx = g.attrs.b("tanh");
   return {TESSEL_DISPATCH_FLOAT(g.grad_outputs[0].dtype(), "gelu", [&]<typename T>() {
-    if (approx) return map2<T>(g.grad_outputs[0], g.inputs[0], [](T v, T x) { return v * gelu_grad<T>(x, true); });
-    return map2<T>(g.grad_outputs[0], g.inputs[0], [](T v, T x) { return v * gelu_grad<T>(x, false); });
+    if (approx) return map2<T>(g.grad_outputs[0], g.inputs[0], [](T v, T x) { return v * gelu_grad<T, true>(x); });
+    return map2<T>(g.grad_outputs[0], g.inputs[0], [](T v, T x) { return v * gelu_grad<T, false>(x); });
   })};
 }
 Cost gelu_cost(const MetaCall& c, std::span<const TensorMeta> out) { return kernels::elementwise_cost(c, out, 8); }

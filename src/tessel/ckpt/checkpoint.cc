@@ -1,0 +1,127 @@
+// Training checkpoint folders.
+#include "tessel/ckpt/checkpoint.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "tessel/ckpt/safetensors.h"
+#include "tessel/core/view.h"
+#include "tessel/ops/inplace.h"
+
+namespace tessel {
+
+namespace fs = std::filesystem;
+
+std::map<std::string, Tensor> model_state(nn::Module& model) {
+  std::map<std::string, Tensor> out;
+  for (nn::Parameter* p : model.parameters()) {
+    TESSEL_CHECK_AS(CheckpointError, p->value.defined(), "save: parameter '{}' is not materialised", p->name);
+    out[p->name] = p->value;
+  }
+  return out;
+}
+
+void save_model(const std::string& path, nn::Module& model, const std::map<std::string, std::string>& metadata) {
+  std::map<std::string, std::string> meta = metadata;
+  meta.emplace("format", "pt");  // what transformers expects of a PyTorch-style safetensors file
+  save_safetensors(path, model_state(model), meta);
+}
+
+void load_model(const std::string& path, nn::LanguageModel& model) {
+  SafetensorsFile f = SafetensorsFile::open(path);
+  std::map<std::string, bool> used;
+  for (const SafetensorsEntry& e : f.entries()) used[e.name] = false;
+  for (nn::Parameter* p : model.parameters()) {
+    std::string key = p->name;
+    if (!f.contains(key) && key.rfind("transformer.", 0) == 0 && f.contains(key.substr(12))) key = key.substr(12);
+    TESSEL_CHECK_AS(CheckpointError, f.contains(key), "checkpoint '{}' has no tensor for parameter '{}'", path, p->name);
+    Tensor t = f.load(key);
+    TESSEL_CHECK_AS(CheckpointError, t.shape() == p->shape,
+                    "checkpoint '{}': tensor \"{}\" has shape {} but parameter '{}' has {}", path, key, shape_str(t.shape()),
+                    p->name, shape_str(p->shape));
+    TESSEL_CHECK_AS(CheckpointError, p->value.defined(), "load: parameter '{}' is not materialised", p->name);
+    copy_(p->value, t);
+    used[key] = true;
+  }
+  for (const auto& [name, u] : used)
+    TESSEL_CHECK_AS(CheckpointError, u || model.ignorable_checkpoint_key(name),
+                    "checkpoint '{}' holds \"{}\", which is not a parameter of this {} model", path, name, model.arch());
+}
+
+std::string save_checkpoint(const std::string& dir, nn::LanguageModel& model, const optim::Optimizer* optimizer,
+                            const TrainerState& state) {
+  fs::path final_dir = fs::path(dir) / fmt::format("step-{:06d}", state.step);
+  fs::path tmp = fs::path(dir) / fmt::format(".step-{:06d}.tmp{}", state.step, ::getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  TESSEL_CHECK_AS(CheckpointError, !ec, "checkpoint: cannot create '{}': {}", tmp.string(), ec.message());
+  save_model((tmp / "model.safetensors").string(), model, {{"step", std::to_string(state.step)}});
+  if (optimizer != nullptr) save_safetensors((tmp / "optimizer.safetensors").string(), optimizer->state_dict());
+  Json meta = Json::Object{};
+  meta["step"] = state.step;
+  meta["seed"] = static_cast<int64_t>(state.seed);
+  meta["arch"] = model.arch();
+  meta["config"] = state.config;
+  {
+    std::ofstream out(tmp / "trainer.json");
+    out << meta.dump() << "\n";
+    TESSEL_CHECK_AS(CheckpointError, out.good(), "checkpoint: writing '{}' failed", (tmp / "trainer.json").string());
+  }
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp, final_dir, ec);
+  TESSEL_CHECK_AS(CheckpointError, !ec, "checkpoint: cannot move '{}' to '{}': {}", tmp.string(), final_dir.string(),
+                  ec.message());
+  return final_dir.string();
+}
+
+std::string resolve_checkpoint(const std::string& path) {
+  fs::path p(path);
+  TESSEL_CHECK_AS(CheckpointError, fs::exists(p), "checkpoint path '{}' does not exist", path);
+  if (fs::exists(p / "trainer.json")) return p.string();
+  std::string best;
+  for (const auto& entry : fs::directory_iterator(p)) {
+    std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("step-", 0) == 0 && fs::exists(entry.path() / "trainer.json") &&
+        name > fs::path(best).filename().string())
+      best = entry.path().string();
+  }
+  TESSEL_CHECK_AS(CheckpointError, !best.empty(), "no checkpoint (step-NNNNNN folder with trainer.json) under '{}'", path);
+  return best;
+}
+
+TrainerState load_checkpoint(const std::string& path, nn::LanguageModel& model, optim::Optimizer* optimizer) {
+  fs::path dir = resolve_checkpoint(path);
+  std::ifstream in(dir / "trainer.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  Json meta;
+  try {
+    meta = Json::parse(text.str());
+  } catch (const Error& e) {
+    throw CheckpointError(fmt::format("checkpoint '{}': bad trainer.json: {}", dir.string(), e.what()));
+  }
+  TrainerState state;
+  state.step = meta.at("step").as_int();
+  state.seed = static_cast<uint64_t>(meta.at("seed").as_int());
+  if (const Json* c = meta.find("config")) state.config = *c;
+  std::string arch = meta.at("arch").as_string();
+  TESSEL_CHECK_AS(CheckpointError, arch == model.arch(), "checkpoint '{}' holds a {} model but the config builds {}",
+                  dir.string(), arch, model.arch());
+  load_model((dir / "model.safetensors").string(), model);
+  if (optimizer != nullptr) {
+    fs::path opt = dir / "optimizer.safetensors";
+    TESSEL_CHECK_AS(CheckpointError, fs::exists(opt), "checkpoint '{}' has no optimizer.safetensors", dir.string());
+    std::map<std::string, Tensor> st = SafetensorsFile::open(opt.string()).load_all();
+    optimizer->load_state_dict(st);
+    TESSEL_CHECK_AS(CheckpointError, optimizer->steps() == state.step,
+                    "checkpoint '{}': optimizer is at step {} but trainer.json says {}", dir.string(), optimizer->steps(),
+                    state.step);
+  }
+  return state;
+}
+
+}  // namespace tessel

@@ -1,0 +1,304 @@
+// Strict YAML config reading.
+#include "tessel/cli/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "tessel/core/error.h"
+
+namespace tessel {
+
+namespace {
+
+std::string where(const YAML::Node& n, const std::string& source) {
+  YAML::Mark m = n.Mark();
+  if (m.line < 0) return source;
+  return fmt::format("{}:{}", source, m.line + 1);
+}
+
+// A mapping whose keys are consumed one by one; finish() rejects anything left over.
+class Section {
+ public:
+  Section(YAML::Node node, std::string path, std::string source)
+      : node_(std::move(node)), path_(std::move(path)), source_(std::move(source)) {
+    TESSEL_CHECK(!node_ || node_.IsNull() || node_.IsMap(), "{}: config section '{}' must be a mapping of keys",
+                 where(node_, source_), path_);
+  }
+
+  bool has(const std::string& key) const { return node_ && node_.IsMap() && node_[key]; }
+  // Marks `key` as known without reading it (sub-sections read on their own).
+  void mark(const std::string& key) { known_.insert(key); }
+
+  template <typename T>
+  T get(const std::string& key, T fallback) {
+    known_.insert(key);
+    if (!has(key)) return fallback;
+    return convert<T>(node_[key], key);
+  }
+
+  template <typename T>
+  T require(const std::string& key) {
+    known_.insert(key);
+    TESSEL_CHECK(has(key), "{}: config is missing '{}'", source_, full(key));
+    return convert<T>(node_[key], key);
+  }
+
+  void finish() {
+    if (!node_ || !node_.IsMap()) return;
+    for (const auto& kv : node_) {
+      std::string key = kv.first.as<std::string>();
+      if (!known_.count(key)) {
+        std::string list;
+        for (const std::string& k : known_) list += (list.empty() ? "" : ", ") + k;
+        TESSEL_THROW("{}: unknown config key '{}' (known keys of '{}': {})", where(kv.first, source_), full(key), path_,
+                     list);
+      }
+    }
+  }
+
+  std::string full(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+
+ private:
+  template <typename T>
+  T convert(const YAML::Node& v, const std::string& key) {
+    try {
+      if constexpr (std::is_same_v<T, std::vector<double>>) {
+        TESSEL_CHECK(v.IsSequence(), "{}: config '{}' must be a list", where(v, source_), full(key));
+      } else {
+        TESSEL_CHECK(v.IsScalar(), "{}: config '{}' must be a single value", where(v, source_), full(key));
+      }
+      return v.as<T>();
+    } catch (const YAML::Exception&) {
+      const char* expected = std::is_same_v<T, bool>          ? "true or false"
+                             : std::is_integral_v<T>          ? "an integer"
+                             : std::is_floating_point_v<T>    ? "a number"
+                             : std::is_same_v<T, std::string> ? "a string"
+                                                              : "a list of numbers";
+      TESSEL_THROW("{}: config '{}' must be {}, got '{}'", where(v, source_), full(key), expected,
+                   v.IsScalar() ? v.Scalar() : std::string("a non-scalar"));
+    }
+  }
+
+  YAML::Node node_;
+  std::string path_, source_;
+  std::set<std::string> known_;
+};
+
+void apply_override(YAML::Node& root, const std::string& text) {
+  size_t eq = text.find('=');
+  TESSEL_CHECK(eq != std::string::npos && eq > 0, "--set '{}': expected key.path=value", text);
+  std::string path = text.substr(0, eq), value = text.substr(eq + 1);
+  std::vector<std::string> keys;
+  std::stringstream ss(path);
+  for (std::string k; std::getline(ss, k, '.');) {
+    TESSEL_CHECK(!k.empty(), "--set '{}': empty key in '{}'", text, path);
+    keys.push_back(k);
+  }
+  // Walk by value-copies of handles: yaml-cpp nodes are references into the document.
+  std::vector<YAML::Node> chain{root};
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    YAML::Node next = chain.back()[keys[i]];
+    if (!next || next.IsNull()) {
+      chain.back()[keys[i]] = YAML::Node(YAML::NodeType::Map);
+      next = chain.back()[keys[i]];
+    }
+    TESSEL_CHECK(next.IsMap(), "--set '{}': '{}' is not a section", text, keys[i]);
+    chain.push_back(next);
+  }
+  YAML::Node parsed;
+  try {
+    parsed = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    TESSEL_THROW("--set '{}': cannot parse the value: {}", text, e.what());
+  }
+  chain.back()[keys.back()] = parsed;
+}
+
+Json to_json(const YAML::Node& n) {
+  if (!n || n.IsNull()) return Json();
+  if (n.IsMap()) {
+    Json o = Json::Object{};
+    for (const auto& kv : n) o[kv.first.as<std::string>()] = to_json(kv.second);
+    return o;
+  }
+  if (n.IsSequence()) {
+    Json a = Json::Array{};
+    for (const auto& e : n) a.push_back(to_json(e));
+    return a;
+  }
+  return Json(n.Scalar());
+}
+
+std::string resolve_path(const std::string& p, const std::string& base_dir) {
+  if (p.empty() || std::filesystem::path(p).is_absolute() || base_dir.empty()) return p;
+  std::filesystem::path joined = std::filesystem::path(base_dir) / p;
+  // Prefer the path relative to the config file; fall back to the working directory.
+  return std::filesystem::exists(joined) || !std::filesystem::exists(p) ? joined.lexically_normal().string() : p;
+}
+
+void read_model(Section& s, ModelSection& m, const std::string& base_dir, const std::string& source) {
+  m.arch = s.require<std::string>("arch");
+  TESSEL_CHECK(m.arch == "gpt2" || m.arch == "llama", "{}: config 'model.arch' must be gpt2 or llama, got '{}'", source,
+               m.arch);
+  m.init_from = resolve_path(s.get<std::string>("init_from", ""), base_dir);
+  s.mark("hf_config");  // merged into the section before reading
+  if (m.arch == "gpt2") {
+    nn::Gpt2Config& c = m.gpt2;
+    c.n_layer = s.get("n_layer", c.n_layer);
+    c.n_embd = s.get("n_embd", c.n_embd);
+    c.n_head = s.get("n_head", c.n_head);
+    c.vocab_size = s.get("vocab_size", c.vocab_size);
+    c.n_positions = s.get("n_positions", c.n_positions);
+    c.layer_norm_epsilon = s.get("layer_norm_epsilon", c.layer_norm_epsilon);
+    c.initializer_range = s.get("initializer_range", c.initializer_range);
+    c.dropout = s.get("resid_pdrop", c.dropout);
+  } else {
+    nn::LlamaConfig& c = m.llama;
+    c.num_hidden_layers = s.get("num_hidden_layers", c.num_hidden_layers);
+    c.hidden_size = s.get("hidden_size", c.hidden_size);
+    c.num_attention_heads = s.get("num_attention_heads", c.num_attention_heads);
+    c.num_key_value_heads = s.get("num_key_value_heads", c.num_attention_heads);
+    c.intermediate_size = s.get("intermediate_size", c.intermediate_size);
+    c.vocab_size = s.get("vocab_size", c.vocab_size);
+    c.max_position_embeddings = s.get("max_position_embeddings", c.max_position_embeddings);
+    c.rope_theta = s.get("rope_theta", c.rope_theta);
+    c.rms_norm_eps = s.get("rms_norm_eps", c.rms_norm_eps);
+    c.initializer_range = s.get("initializer_range", c.initializer_range);
+  }
+  s.finish();
+}
+
+// Keys of a Hugging Face config.json that tessel reads; everything else there is ignored.
+const std::set<std::string> kHfKeys = {"n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon",
+                                       "initializer_range", "resid_pdrop", "num_hidden_layers", "hidden_size",
+                                       "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                                       "max_position_embeddings", "rope_theta", "rms_norm_eps"};
+
+void merge_hf_config(YAML::Node model, const std::string& base_dir, const std::string& source) {
+  if (!model || !model.IsMap() || !model["hf_config"]) return;
+  std::string path = resolve_path(model["hf_config"].as<std::string>(), base_dir);
+  YAML::Node hf;
+  try {
+    hf = YAML::LoadFile(path);  // JSON is YAML
+  } catch (const YAML::Exception& e) {
+    TESSEL_THROW("{}: model.hf_config '{}': {}", source, path, e.what());
+  }
+  TESSEL_CHECK(hf.IsMap(), "{}: model.hf_config '{}' is not a JSON object", source, path);
+  if (!model["arch"] && hf["model_type"]) model["arch"] = hf["model_type"].as<std::string>();
+  for (const auto& kv : hf) {
+    std::string key = kv.first.as<std::string>();
+    if (kHfKeys.count(key) && !model[key]) model[key] = kv.second;
+  }
+}
+
+}  // namespace
+
+RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                           const std::string& base_dir, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    TESSEL_THROW("{}: not valid YAML: {}", source, e.what());
+  }
+  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  TESSEL_CHECK(root.IsMap(), "{}: a config is a mapping with sections model, data, train, log", source);
+  for (const std::string& o : overrides) apply_override(root, o);
+  merge_hf_config(root["model"], base_dir, source);
+
+  RunConfig c;
+  Section top(root, "", source);
+  TESSEL_CHECK(root["model"], "{}: config has no 'model' section", source);
+  TESSEL_CHECK(root["data"], "{}: config has no 'data' section", source);
+  Section model(root["model"], "model", source);
+  top.mark("model");
+  read_model(model, c.model, base_dir, source);
+
+  Section data(root["data"], "data", source);
+  top.mark("data");
+  c.data.path = resolve_path(data.require<std::string>("path"), base_dir);
+  c.data.format = parse_token_format(data.get<std::string>("format", "text"));
+  c.data.order = parse_sample_order(data.get<std::string>("order", "random"));
+  data.finish();
+
+  Section train(root["train"], "train", source);
+  top.mark("train");
+  TrainSection& t = c.train;
+  t.steps = train.get("steps", t.steps);
+  t.global_batch = train.get("global_batch", t.global_batch);
+  t.micro_batch = train.get("micro_batch", t.global_batch);
+  t.seq_len = train.get("seq_len", t.seq_len);
+  t.lr = train.get("lr", t.lr);
+  t.min_lr = train.get("min_lr", t.lr / 10);
+  t.schedule = train.get("schedule", t.schedule);
+  t.warmup = train.get("warmup", t.warmup);
+  t.weight_decay = train.get("weight_decay", t.weight_decay);
+  std::vector<double> betas = train.get("betas", std::vector<double>{t.beta1, t.beta2});
+  TESSEL_CHECK(betas.size() == 2 && betas[0] >= 0 && betas[0] < 1 && betas[1] >= 0 && betas[1] < 1,
+               "{}: config 'train.betas' must be two numbers in [0, 1), got {} values", source, betas.size());
+  t.beta1 = betas[0];
+  t.beta2 = betas[1];
+  t.eps = train.get("eps", t.eps);
+  t.grad_clip = train.get("grad_clip", t.grad_clip);
+  t.seed = static_cast<uint64_t>(train.get<int64_t>("seed", static_cast<int64_t>(t.seed)));
+  t.dropout = train.get("dropout", t.dropout);
+  t.optimizer = train.get("optimizer", t.optimizer);
+  t.momentum = train.get("momentum", t.momentum);
+  t.nesterov = train.get("nesterov", t.nesterov);
+  t.save_every = train.get("save_every", t.save_every);
+  t.save_init = train.get("save_init", t.save_init);
+  t.threads = train.get("threads", t.threads);
+  train.finish();
+
+  Section log(root["log"], "log", source);
+  top.mark("log");
+  c.log.every = log.get("every", c.log.every);
+  c.log.metrics = log.get<std::string>("metrics", "");
+  log.finish();
+  top.finish();
+
+  // Values that parse but make no sense.
+  auto positive = [&](const char* key, double v) {
+    TESSEL_CHECK(v > 0, "{}: config '{}' must be positive, got {}", source, key, v);
+  };
+  positive("train.steps", static_cast<double>(t.steps));
+  positive("train.global_batch", static_cast<double>(t.global_batch));
+  positive("train.micro_batch", static_cast<double>(t.micro_batch));
+  positive("train.seq_len", static_cast<double>(t.seq_len));
+  positive("train.lr", t.lr);
+  positive("log.every", static_cast<double>(c.log.every));
+  TESSEL_CHECK(t.global_batch % t.micro_batch == 0,
+               "{}: config 'train.global_batch' ({}) must be a multiple of 'train.micro_batch' ({})", source,
+               t.global_batch, t.micro_batch);
+  TESSEL_CHECK(t.optimizer == "adamw" || t.optimizer == "sgd", "{}: config 'train.optimizer' must be adamw or sgd, got '{}'",
+               source, t.optimizer);
+  optim::LrSchedule::parse_kind(t.schedule);
+  TESSEL_CHECK(t.dropout < 1.0, "{}: config 'train.dropout' must be below 1, got {}", source, t.dropout);
+  TESSEL_CHECK(t.warmup >= 0 && t.warmup <= t.steps, "{}: config 'train.warmup' ({}) must be in [0, train.steps={}]", source,
+               t.warmup, t.steps);
+  if (t.dropout >= 0) c.model.gpt2.dropout = t.dropout;
+  int64_t max_len = c.model.arch == "gpt2" ? c.model.gpt2.n_positions : c.model.llama.max_position_embeddings;
+  TESSEL_CHECK(t.seq_len <= max_len, "{}: config 'train.seq_len' ({}) exceeds the model's {} ({})", source, t.seq_len,
+               c.model.arch == "gpt2" ? "n_positions" : "max_position_embeddings", max_len);
+  c.resolved = to_json(root);
+  return c;
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  TESSEL_CHECK(in.good(), "cannot read config '{}'", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_run_config(text.str(), overrides, std::filesystem::path(path).parent_path().string(), path);
+}
+
+std::unique_ptr<nn::LanguageModel> build_model(const RunConfig& config) {
+  if (config.model.arch == "gpt2") return std::make_unique<nn::Gpt2>(config.model.gpt2);
+  return std::make_unique<nn::Llama>(config.model.llama);
+}
+
+}  // namespace tessel

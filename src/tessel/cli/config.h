@@ -1,0 +1,71 @@
+// Training configs: a YAML file with sections model, data, train, log (and parallel, once
+// parallel training lands), read strictly — an unknown key or a value of the wrong type is an
+// error naming its key path and line — with `--set key.path=value` overrides applied first.
+// Model sizes use Hugging Face's config names, and `model.hf_config: config.json` takes them
+// from a Hugging Face config file.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tessel/core/json.h"
+#include "tessel/data/dataset.h"
+#include "tessel/nn/models.h"
+#include "tessel/optim/optimizer.h"
+
+namespace tessel {
+
+struct ModelSection {
+  std::string arch;        // gpt2 | llama
+  nn::Gpt2Config gpt2;
+  nn::LlamaConfig llama;
+  std::string init_from;   // optional safetensors weights (Hugging Face names)
+};
+
+struct DataSection {
+  std::string path;
+  TokenFormat format = TokenFormat::text;
+  SampleOrder order = SampleOrder::random;
+};
+
+struct TrainSection {
+  int64_t steps = 100, global_batch = 8, micro_batch = 0, seq_len = 128;
+  double lr = 1e-3, min_lr = -1;  // -1: lr / 10
+  std::string schedule = "cosine";
+  int64_t warmup = 0;
+  double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
+  uint64_t seed = 1337;
+  double dropout = -1;  // -1: the model section's own
+  std::string optimizer = "adamw";  // adamw | sgd
+  double momentum = 0.9;
+  bool nesterov = false;
+  int64_t save_every = 0;  // 0: only at the end
+  bool save_init = false;
+  int64_t threads = 0;  // 0: TESSEL_NUM_THREADS / OMP_NUM_THREADS / all cores
+};
+
+struct LogSection {
+  int64_t every = 10;
+  std::string metrics;  // JSONL path (or --metrics)
+};
+
+struct RunConfig {
+  ModelSection model;
+  DataSection data;
+  TrainSection train;
+  LogSection log;
+  Json resolved;  // every setting after defaults and overrides, for the checkpoint's record
+
+  int64_t micro_batches() const { return train.global_batch / train.micro_batch; }
+};
+
+// Reads and validates a config file (paths in it are relative to the file's folder).
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same from YAML text; `base_dir` resolves relative paths.
+RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                           const std::string& base_dir, const std::string& source_name);
+
+// Builds the model the config describes (not materialised).
+std::unique_ptr<nn::LanguageModel> build_model(const RunConfig& config);
+
+}  // namespace tessel

@@ -1,0 +1,180 @@
+// The single-rank training loop.
+#include "tessel/cli/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "tessel/autograd/engine.h"
+#include "tessel/ckpt/checkpoint.h"
+#include "tessel/core/context.h"
+#include "tessel/core/log.h"
+#include "tessel/core/thread_pool.h"
+#include "tessel/core/view.h"
+#include "tessel/data/loader.h"
+#include "tessel/ops/ops.h"
+
+namespace tessel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string duration_str(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+std::string rate_str(double tokens_per_s) {
+  if (tokens_per_s >= 1e6) return fmt::format("{:.2f}M", tokens_per_s / 1e6);
+  if (tokens_per_s >= 1e3) return fmt::format("{:.1f}k", tokens_per_s / 1e3);
+  return fmt::format("{:.0f}", tokens_per_s);
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const RunConfig& c, std::vector<optim::ParamRef> params) {
+  const TrainSection& t = c.train;
+  if (t.optimizer == "sgd")
+    return std::make_unique<optim::Sgd>(std::move(params), optim::SgdOptions{.lr = t.lr,
+                                                                             .momentum = t.momentum,
+                                                                             .weight_decay = t.weight_decay,
+                                                                             .nesterov = t.nesterov});
+  return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = t.lr,
+                                                                                .beta1 = t.beta1,
+                                                                                .beta2 = t.beta2,
+                                                                                .eps = t.eps,
+                                                                                .weight_decay = t.weight_decay});
+}
+
+}  // namespace
+
+TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::function<void(const StepRecord&)>& on_step) {
+  const TrainSection& t = cfg.train;
+  if (t.threads > 0) set_default_num_threads(static_cast<int>(t.threads));
+  auto say = [&](const std::string& message) {
+    if (!options.quiet) log_info("{}", message);
+  };
+
+  auto data = std::make_shared<TokenDataset>(TokenDataset::open(cfg.data.path, cfg.data.format));
+  std::unique_ptr<nn::LanguageModel> model = build_model(cfg);
+  TESSEL_CHECK(data->max_token() < model->vocab_size(),
+               "data file '{}' holds token id {} but model.vocab_size is {}", cfg.data.path, data->max_token(),
+               model->vocab_size());
+  model->materialize(t.seed);
+  if (!cfg.model.init_from.empty()) {
+    load_model(cfg.model.init_from, *model);
+    say(fmt::format("loaded weights from {}", cfg.model.init_from));
+  }
+  std::vector<optim::ParamRef> refs;
+  std::vector<Tensor> params;
+  for (nn::Parameter* p : model->parameters()) {
+    refs.push_back({p->name, p->value});
+    params.push_back(p->value);
+  }
+  std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(cfg, refs);
+  optim::LrSchedule schedule{.kind = optim::LrSchedule::parse_kind(t.schedule),
+                             .lr = t.lr,
+                             .min_lr = t.min_lr,
+                             .warmup = t.warmup,
+                             .total = t.steps};
+
+  int64_t start = 0;
+  if (!options.resume_dir.empty()) {
+    TrainerState st = load_checkpoint(options.resume_dir, *model, optimizer.get());
+    start = st.step;
+    if (st.seed != t.seed) log_warn("resuming with seed {} but the checkpoint was trained with seed {}", t.seed, st.seed);
+    say(fmt::format("resumed from {} at step {}", resolve_checkpoint(options.resume_dir), start));
+  }
+  TESSEL_CHECK(start <= t.steps, "the checkpoint is at step {}, past train.steps = {}", start, t.steps);
+
+  Sampler sampler(data->size(), t.seq_len, t.global_batch, cfg.data.order, t.seed);
+  DataLoader loader(data, sampler, LoaderOptions{.start_step = start});
+  const int64_t M = cfg.micro_batches(), mb = t.micro_batch;
+  const double tokens_per_step = static_cast<double>(t.global_batch * t.seq_len);
+  say(fmt::format("{} model, {:.3f}M parameters; data {} ({} tokens); {} steps of {} x {} tokens ({} micro-batch{} of {}); {} "
+      "thread{}",
+      model->arch(), static_cast<double>(model->num_parameters()) / 1e6, cfg.data.path, data->size(), t.steps,
+      t.global_batch, t.seq_len, M, M == 1 ? "" : "es", mb, current_num_threads(), current_num_threads() == 1 ? "" : "s"));
+
+  std::string metrics_path = options.metrics_path.empty() ? cfg.log.metrics : options.metrics_path;
+  std::ofstream metrics;
+  if (!metrics_path.empty()) {
+    metrics.open(metrics_path, start > 0 ? std::ios::app : std::ios::trunc);
+    TESSEL_CHECK(metrics.good(), "cannot write metrics file '{}'", metrics_path);
+  }
+  const bool live = options.progress && !options.quiet && ::isatty(::fileno(stderr));
+
+  TrainResult result;
+  TrainerState state{.step = start, .seed = t.seed, .config = cfg.resolved};
+  auto save = [&](int64_t step) {
+    state.step = step;
+    result.last_checkpoint = save_checkpoint(options.save_dir, *model, optimizer.get(), state);
+    if (live) std::fputs("\r\033[K", stderr);
+    say(fmt::format("saved {}", result.last_checkpoint));
+  };
+  if (!options.save_dir.empty() && t.save_init && start == 0) save(0);
+
+  auto run_start = Clock::now();
+  double recent = 0;  // smoothed seconds per step for the ETA
+  for (int64_t step = start; step < t.steps; ++step) {
+    auto t0 = Clock::now();
+    Batch batch = loader.next();
+    double lr = schedule.at(step);
+    optimizer->set_lr(lr);
+    double loss_sum = 0;
+    for (int64_t m = 0; m < M; ++m) {
+      Tensor in = view::slice(batch.inputs, 0, m * mb, (m + 1) * mb);
+      Tensor tg = view::slice(batch.targets, 0, m * mb, (m + 1) * mb);
+      nn::dropout_state() = nn::DropoutState{.seed = t.seed, .step = static_cast<uint64_t>(step),
+                                             .global_rows = t.global_batch, .row_offset = m * mb};
+      Tensor loss = nn::lm_loss(*model, in, tg);
+      loss_sum += loss.item();
+      backward(M == 1 ? loss : scale(loss, 1.0 / static_cast<double>(M)));
+    }
+    double loss = loss_sum / static_cast<double>(M);
+    TESSEL_CHECK(std::isfinite(loss), "training diverged: the loss is {} at step {} (try a lower train.lr or train.grad_clip)",
+                 loss, step);
+    double norm = t.grad_clip > 0 ? optim::clip_grad_norm(params, t.grad_clip) : std::sqrt(optim::grad_sum_squares(params));
+    optimizer->step();
+    optimizer->zero_grad();
+    double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+
+    StepRecord rec{step, loss, lr, norm, tokens_per_step / secs, secs};
+    result.steps.push_back(rec);
+    if (on_step) on_step(rec);
+    if (metrics.is_open()) {
+      Json line = Json::Object{};
+      line["step"] = step;
+      line["loss"] = loss;
+      line["lr"] = lr;
+      line["grad_norm"] = norm;
+      line["tokens_per_s"] = rec.tokens_per_s;
+      line["step_time_s"] = secs;
+      line["elapsed_s"] = std::chrono::duration<double>(Clock::now() - run_start).count();
+      metrics << line.dump() << '\n';
+      metrics.flush();
+    }
+    recent = recent == 0 ? secs : 0.9 * recent + 0.1 * secs;
+    std::string line = fmt::format("step {}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  {} tok/s  ETA {}", step + 1,
+                                   t.steps, loss, lr, norm, rate_str(rec.tokens_per_s),
+                                   duration_str(recent * static_cast<double>(t.steps - step - 1)));
+    bool permanent = step == start || (step + 1) % cfg.log.every == 0 || step + 1 == t.steps;
+    if (live) {
+      std::fprintf(stderr, "\r\033[K%s%s", line.c_str(), permanent ? "\n" : "");
+      std::fflush(stderr);
+    } else if (permanent && !options.quiet) {
+      log_info("{}", line);
+    }
+    if (!options.save_dir.empty() && t.save_every > 0 && (step + 1) % t.save_every == 0 && step + 1 != t.steps) save(step + 1);
+  }
+  if (!options.save_dir.empty() && start < t.steps) save(t.steps);
+  result.seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
+  return result;
+}
+
+}  // namespace tessel

@@ -1,0 +1,37 @@
+// The single-rank training loop behind `tessel train`: model, data, AdamW/SGD, schedule,
+// gradient accumulation over micro-batches, clipping, JSONL metrics, a live progress line on
+// a terminal, and checkpoints that resume the exact trajectory.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tessel/cli/config.h"
+
+namespace tessel {
+
+struct TrainOptions {
+  std::string metrics_path;  // JSONL, one line per step (overrides log.metrics)
+  std::string save_dir;      // checkpoints go to save_dir/step-NNNNNN/
+  std::string resume_dir;    // a step folder or a folder of them (the newest is used)
+  bool progress = true;      // live line on a terminal, plain lines otherwise
+  bool quiet = false;        // no log lines (tests)
+};
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, seconds = 0;
+};
+
+struct TrainResult {
+  std::vector<StepRecord> steps;  // one per step run (not including resumed-over steps)
+  std::string last_checkpoint;
+  double seconds = 0;
+};
+
+// Runs the config; `on_step` (optional) sees every step's record.
+TrainResult train(const RunConfig& config, const TrainOptions& options,
+                  const std::function<void(const StepRecord&)>& on_step = {});
+
+}  // namespace tessel

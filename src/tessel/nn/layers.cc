@@ -1,0 +1,135 @@
+// Transformer building blocks.
+#include "tessel/nn/layers.h"
+
+#include <cmath>
+
+#include "tessel/core/context.h"
+#include "tessel/ops/ops.h"
+
+namespace tessel::nn {
+
+DropoutState& dropout_state() {
+  RankContext& ctx = rank_context();
+  auto s = ctx.get_ext<DropoutState>();
+  if (!s) {
+    s = std::make_shared<DropoutState>();
+    ctx.set_ext(s);
+  }
+  return *s;
+}
+
+Linear::Linear(int64_t in, int64_t out, bool bias, Layout layout, double init_std) : layout_(layout) {
+  Shape w = layout == Layout::out_in ? Shape{out, in} : Shape{in, out};
+  weight_ = &add_parameter("weight", w, Init::normal(init_std));
+  if (bias) bias_ = &add_parameter("bias", {out}, Init::zeros());
+}
+
+Tensor Linear::forward(const Tensor& x) const {
+  return linear(x, weight_->value, bias_ ? bias_->value : Tensor(), layout_ == Layout::in_out);
+}
+
+Embedding::Embedding(int64_t num, int64_t dim, double init_std) {
+  weight_ = &add_parameter("weight", {num, dim}, Init::normal(init_std));
+}
+
+Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight_->value, ids); }
+
+LayerNorm::LayerNorm(int64_t dim, double eps) : eps_(eps) {
+  weight_ = &add_parameter("weight", {dim}, Init::ones());
+  bias_ = &add_parameter("bias", {dim}, Init::zeros());
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, weight_->value, bias_->value, eps_); }
+
+RMSNorm::RMSNorm(int64_t dim, double eps) : eps_(eps) { weight_ = &add_parameter("weight", {dim}, Init::ones()); }
+
+Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight_->value, eps_); }
+
+Tensor Dropout::forward(const Tensor& x) const {
+  if (!training() || p_ == 0.0) return x;
+  const DropoutState& s = dropout_state();
+  GlobalBox box;
+  if (s.global_rows > 0 && x.dim() > 0) {
+    box.global_shape = x.shape();
+    box.global_shape[0] = s.global_rows;
+    box.offset.assign(x.shape().size(), 0);
+    box.offset[0] = s.row_offset;
+  }
+  return dropout(x, p_, s.seed, stream_combine(stream_key(path()), s.step), box);
+}
+
+Mlp::Mlp(int64_t dim, int64_t hidden, double init_std, double proj_std) {
+  c_fc_ = &add_module("c_fc", std::make_unique<Linear>(dim, hidden, true, Linear::Layout::in_out, init_std));
+  c_proj_ = &add_module("c_proj", std::make_unique<Linear>(hidden, dim, true, Linear::Layout::in_out, proj_std));
+}
+
+Tensor Mlp::forward(const Tensor& x) const { return c_proj_->forward(gelu(c_fc_->forward(x), true)); }
+
+SwiGlu::SwiGlu(int64_t dim, int64_t hidden, double init_std) {
+  gate_ = &add_module("gate_proj", std::make_unique<Linear>(dim, hidden, false, Linear::Layout::out_in, init_std));
+  up_ = &add_module("up_proj", std::make_unique<Linear>(dim, hidden, false, Linear::Layout::out_in, init_std));
+  down_ = &add_module("down_proj", std::make_unique<Linear>(hidden, dim, false, Linear::Layout::out_in, init_std));
+}
+
+Tensor SwiGlu::forward(const Tensor& x) const { return down_->forward(mul(silu(gate_->forward(x)), up_->forward(x))); }
+
+Rope Rope::make(int64_t seq_len, int64_t head_dim, double theta, DType dtype) {
+  TESSEL_CHECK(head_dim % 2 == 0, "rope: head dim {} must be even", head_dim);
+  std::vector<double> c(static_cast<size_t>(seq_len * head_dim)), s(c.size());
+  int64_t half = head_dim / 2;
+  for (int64_t t = 0; t < seq_len; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      double inv_freq = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+      double angle = static_cast<double>(t) * inv_freq;
+      for (int64_t k : {i, i + half}) {
+        c[static_cast<size_t>(t * head_dim + k)] = std::cos(angle);
+        s[static_cast<size_t>(t * head_dim + k)] = std::sin(angle);
+      }
+    }
+  return Rope{Tensor::from_doubles(c, {seq_len, head_dim}, dtype), Tensor::from_doubles(s, {seq_len, head_dim}, dtype)};
+}
+
+Tensor apply_rope(const Tensor& x, const Rope& rope) {
+  int64_t D = x.size(-1), T = x.size(-2);
+  Tensor cos = slice(rope.cos, 0, 0, T), sin = slice(rope.sin, 0, 0, T);
+  std::vector<Tensor> halves = split(x, {D / 2, D / 2}, -1);
+  Tensor rotated = cat({neg(halves[1]), halves[0]}, -1);
+  return add(mul(x, cos), mul(rotated, sin));
+}
+
+Gpt2Attention::Gpt2Attention(int64_t dim, int64_t heads, double init_std, double proj_std) : heads_(heads) {
+  TESSEL_CHECK(dim % heads == 0, "gpt2 attention: n_embd {} is not a multiple of n_head {}", dim, heads);
+  c_attn_ = &add_module("c_attn", std::make_unique<Linear>(dim, 3 * dim, true, Linear::Layout::in_out, init_std));
+  c_proj_ = &add_module("c_proj", std::make_unique<Linear>(dim, dim, true, Linear::Layout::in_out, proj_std));
+}
+
+Tensor Gpt2Attention::forward(const Tensor& x) const {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = heads_, D = C / H;
+  std::vector<Tensor> qkv = split(c_attn_->forward(x), {C, C, C}, -1);
+  auto heads = [&](const Tensor& t) { return permute(reshape(t, {B, T, H, D}), {0, 2, 1, 3}); };  // [B, H, T, D]
+  Tensor y = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*causal=*/true);
+  return c_proj_->forward(reshape(permute(y, {0, 2, 1, 3}), {B, T, C}));
+}
+
+LlamaAttention::LlamaAttention(int64_t dim, int64_t heads, int64_t kv_heads, double init_std)
+    : heads_(heads), kv_heads_(kv_heads), head_dim_(dim / heads) {
+  TESSEL_CHECK(dim % heads == 0, "llama attention: hidden_size {} is not a multiple of num_attention_heads {}", dim, heads);
+  TESSEL_CHECK(kv_heads > 0 && heads % kv_heads == 0,
+               "llama attention: num_attention_heads {} is not a multiple of num_key_value_heads {}", heads, kv_heads);
+  q_ = &add_module("q_proj", std::make_unique<Linear>(dim, heads * head_dim_, false, Linear::Layout::out_in, init_std));
+  k_ = &add_module("k_proj", std::make_unique<Linear>(dim, kv_heads * head_dim_, false, Linear::Layout::out_in, init_std));
+  v_ = &add_module("v_proj", std::make_unique<Linear>(dim, kv_heads * head_dim_, false, Linear::Layout::out_in, init_std));
+  o_ = &add_module("o_proj", std::make_unique<Linear>(heads * head_dim_, dim, false, Linear::Layout::out_in, init_std));
+}
+
+Tensor LlamaAttention::forward(const Tensor& x, const Rope& rope) const {
+  const int64_t B = x.size(0), T = x.size(1), D = head_dim_;
+  auto heads = [&](const Tensor& t, int64_t h) { return permute(reshape(t, {B, T, h, D}), {0, 2, 1, 3}); };
+  Tensor q = apply_rope(heads(q_->forward(x), heads_), rope);
+  Tensor k = apply_rope(heads(k_->forward(x), kv_heads_), rope);
+  Tensor v = heads(v_->forward(x), kv_heads_);
+  Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true);
+  return o_->forward(reshape(permute(y, {0, 2, 1, 3}), {B, T, heads_ * D}));
+}
+
+}  // namespace tessel::nn

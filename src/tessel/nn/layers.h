@@ -1,0 +1,137 @@
+// Building blocks of transformer language models, each a Module whose forward is written
+// with the differentiable ops of tessel/ops (so the same code runs on plain and, later,
+// distributed tensors).
+//
+// Dims: B batch, T sequence, C model width, H heads, Hkv key/value heads, D head width.
+#pragma once
+
+#include "tessel/nn/module.h"
+
+namespace tessel::nn {
+
+// Dropout randomness of the calling rank: the seed, the training step, and where the
+// current micro-batch's rows sit in the global batch — so a mask depends only on (seed,
+// step, module, global element), never on how the batch was split.
+struct DropoutState {
+  uint64_t seed = 0;
+  uint64_t step = 0;
+  int64_t global_rows = 0;  // rows of the global batch (0: the input is the whole batch)
+  int64_t row_offset = 0;   // first global row of the current input
+};
+DropoutState& dropout_state();
+
+// y = x @ W + b with W stored [out, in] (PyTorch/Llama) or [in, out] (GPT-2's Conv1D).
+class Linear : public Module {
+ public:
+  enum class Layout { out_in, in_out };
+  Linear(int64_t in, int64_t out, bool bias, Layout layout, double init_std);
+  Tensor forward(const Tensor& x) const;
+  Parameter& weight() { return *weight_; }
+  Parameter* bias() { return bias_; }
+
+ private:
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+  Layout layout_;
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num, int64_t dim, double init_std);
+  Tensor forward(const Tensor& ids) const;  // [...] -> [..., dim]
+  Parameter& weight() { return *weight_; }
+  const Parameter& weight() const { return *weight_; }
+
+ private:
+  Parameter* weight_;
+};
+
+class LayerNorm : public Module {
+ public:
+  LayerNorm(int64_t dim, double eps);
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  Parameter* weight_;
+  Parameter* bias_;
+  double eps_;
+};
+
+class RMSNorm : public Module {
+ public:
+  RMSNorm(int64_t dim, double eps);
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  Parameter* weight_;
+  double eps_;
+};
+
+// Drops elements with probability p in training mode (layout-invariant, see DropoutState).
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p) : p_(p) {}
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  double p_;
+};
+
+// GPT-2 MLP: c_proj(gelu_tanh(c_fc(x))), Conv1D layout, 4C hidden.
+class Mlp : public Module {
+ public:
+  Mlp(int64_t dim, int64_t hidden, double init_std, double proj_std);
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  Linear* c_fc_;
+  Linear* c_proj_;
+};
+
+// Llama MLP: down_proj(silu(gate_proj(x)) * up_proj(x)).
+class SwiGlu : public Module {
+ public:
+  SwiGlu(int64_t dim, int64_t hidden, double init_std);
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  Linear* gate_;
+  Linear* up_;
+  Linear* down_;
+};
+
+// Rotary position embedding tables (Hugging Face Llama's rotate-half convention).
+struct Rope {
+  Tensor cos, sin;  // [T, D]
+  static Rope make(int64_t seq_len, int64_t head_dim, double theta, DType dtype);
+};
+// x[B, H, T, D] -> x·cos + rotate_half(x)·sin, rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]).
+Tensor apply_rope(const Tensor& x, const Rope& rope);
+
+// GPT-2 attention: fused qkv projection (c_attn), causal multi-head attention, c_proj.
+class Gpt2Attention : public Module {
+ public:
+  Gpt2Attention(int64_t dim, int64_t heads, double init_std, double proj_std);
+  Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
+
+ private:
+  int64_t heads_;
+  Linear* c_attn_;
+  Linear* c_proj_;
+};
+
+// Llama attention: q/k/v/o projections, grouped-query heads, RoPE, causal.
+class LlamaAttention : public Module {
+ public:
+  LlamaAttention(int64_t dim, int64_t heads, int64_t kv_heads, double init_std);
+  Tensor forward(const Tensor& x, const Rope& rope) const;
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+  Linear* q_;
+  Linear* k_;
+  Linear* v_;
+  Linear* o_;
+};
+
+}  // namespace tessel::nn

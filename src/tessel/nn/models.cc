@@ -1,0 +1,140 @@
+// GPT-2 and Llama.
+#include "tessel/nn/models.h"
+
+#include <cmath>
+
+#include "tessel/ops/ops.h"
+
+namespace tessel::nn {
+
+namespace {
+// A module that only groups children under a name ("transformer", "model").
+class Group : public Module {
+ public:
+  template <typename M>
+  M& add(std::string name, std::unique_ptr<M> m) {
+    return add_module(std::move(name), std::move(m));
+  }
+};
+}  // namespace
+
+// ---------------------------------------------------------------- GPT-2
+
+Gpt2Block::Gpt2Block(const Gpt2Config& c) {
+  // Residual output projections start smaller: std / sqrt(2 · n_layer) (GPT-2 paper §2.3).
+  double proj_std = c.initializer_range / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+  ln_1_ = &add_module("ln_1", std::make_unique<LayerNorm>(c.n_embd, c.layer_norm_epsilon));
+  attn_ = &add_module("attn", std::make_unique<Gpt2Attention>(c.n_embd, c.n_head, c.initializer_range, proj_std));
+  ln_2_ = &add_module("ln_2", std::make_unique<LayerNorm>(c.n_embd, c.layer_norm_epsilon));
+  mlp_ = &add_module("mlp", std::make_unique<Mlp>(c.n_embd, 4 * c.n_embd, c.initializer_range, proj_std));
+  drop_ = &add_module("drop", std::make_unique<Dropout>(c.dropout));
+}
+
+// x + drop(attn(ln_1(x))), then + drop(mlp(ln_2(x))).
+Tensor Gpt2Block::forward(const Tensor& x) const {
+  Tensor h = add(x, drop_->forward(attn_->forward(ln_1_->forward(x))));
+  return add(h, drop_->forward(mlp_->forward(ln_2_->forward(h))));
+}
+
+Gpt2::Gpt2(const Gpt2Config& c) : config_(c) {
+  TESSEL_CHECK(c.n_layer > 0 && c.n_embd > 0 && c.n_head > 0 && c.vocab_size > 0 && c.n_positions > 0,
+               "gpt2 config: n_layer ({}), n_embd ({}), n_head ({}), vocab_size ({}) and n_positions ({}) must be positive",
+               c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.n_positions);
+  auto& t = add_module("transformer", std::make_unique<Group>());
+  wte_ = &t.add("wte", std::make_unique<Embedding>(c.vocab_size, c.n_embd, c.initializer_range));
+  wpe_ = &t.add("wpe", std::make_unique<Embedding>(c.n_positions, c.n_embd, c.initializer_range));
+  drop_ = &t.add("drop", std::make_unique<Dropout>(c.dropout));
+  h_ = &t.add("h", std::make_unique<ModuleList<Gpt2Block>>());
+  for (int64_t i = 0; i < c.n_layer; ++i) h_->append(std::make_unique<Gpt2Block>(c));
+  ln_f_ = &t.add("ln_f", std::make_unique<LayerNorm>(c.n_embd, c.layer_norm_epsilon));
+  finalize_names();
+}
+
+Tensor Gpt2::forward(const Tensor& ids) {
+  TESSEL_CHECK(ids.dim() == 2, "gpt2: token ids must be [B, T], got {}", ids.str());
+  const int64_t T = ids.size(1);
+  TESSEL_CHECK(T <= config_.n_positions, "gpt2: sequence length {} exceeds n_positions {}", T, config_.n_positions);
+  Tensor pos = slice(wpe_->weight().value, 0, 0, T);  // [T, C], broadcast over B
+  Tensor x = drop_->forward(add(wte_->forward(ids), pos));
+  for (Gpt2Block* block : *h_) x = block->forward(x);
+  // Tied head: logits = ln_f(x) @ wte^T (wte is [V, C], the [out, in] layout).
+  return linear(ln_f_->forward(x), wte_->weight().value);
+}
+
+double Gpt2::train_flops_per_token(int64_t seq_len) const {
+  return 6.0 * static_cast<double>(num_parameters()) +
+         12.0 * static_cast<double>(config_.n_layer * config_.n_embd * seq_len);
+}
+
+bool Gpt2::ignorable_checkpoint_key(const std::string& name) const {
+  // Hugging Face stores the causal-mask buffers of older versions and sometimes the tied head.
+  auto ends_with = [&](const char* s) { return name.size() >= std::strlen(s) && name.compare(name.size() - std::strlen(s), std::string::npos, s) == 0; };
+  return ends_with(".attn.bias") || ends_with(".attn.masked_bias") || name == "lm_head.weight";
+}
+
+// ---------------------------------------------------------------- Llama
+
+LlamaBlock::LlamaBlock(const LlamaConfig& c) {
+  input_layernorm_ = &add_module("input_layernorm", std::make_unique<RMSNorm>(c.hidden_size, c.rms_norm_eps));
+  self_attn_ = &add_module("self_attn", std::make_unique<LlamaAttention>(c.hidden_size, c.num_attention_heads,
+                                                                        c.num_key_value_heads, c.initializer_range));
+  post_attention_layernorm_ =
+      &add_module("post_attention_layernorm", std::make_unique<RMSNorm>(c.hidden_size, c.rms_norm_eps));
+  mlp_ = &add_module("mlp", std::make_unique<SwiGlu>(c.hidden_size, c.intermediate_size, c.initializer_range));
+}
+
+Tensor LlamaBlock::forward(const Tensor& x, const Rope& rope) const {
+  Tensor h = add(x, self_attn_->forward(input_layernorm_->forward(x), rope));
+  return add(h, mlp_->forward(post_attention_layernorm_->forward(h)));
+}
+
+Llama::Llama(const LlamaConfig& c) : config_(c) {
+  TESSEL_CHECK(c.num_hidden_layers > 0 && c.hidden_size > 0 && c.num_attention_heads > 0 && c.vocab_size > 0 &&
+                   c.intermediate_size > 0,
+               "llama config: num_hidden_layers ({}), hidden_size ({}), num_attention_heads ({}), intermediate_size "
+               "({}) and vocab_size ({}) must be positive",
+               c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size, c.vocab_size);
+  auto& m = add_module("model", std::make_unique<Group>());
+  model_ = &m;
+  embed_tokens_ = &m.add("embed_tokens", std::make_unique<Embedding>(c.vocab_size, c.hidden_size, c.initializer_range));
+  layers_ = &m.add("layers", std::make_unique<ModuleList<LlamaBlock>>());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers_->append(std::make_unique<LlamaBlock>(c));
+  norm_ = &m.add("norm", std::make_unique<RMSNorm>(c.hidden_size, c.rms_norm_eps));
+  lm_head_ = &add_module("lm_head", std::make_unique<Linear>(c.hidden_size, c.vocab_size, false, Linear::Layout::out_in,
+                                                             c.initializer_range));
+  finalize_names();
+}
+
+const Rope& Llama::rope(int64_t seq_len, DType dtype) {
+  if (!rope_ || rope_->cos.size(0) < seq_len || rope_->cos.dtype() != dtype)
+    rope_ = std::make_unique<Rope>(Rope::make(seq_len, config_.hidden_size / config_.num_attention_heads,
+                                              config_.rope_theta, dtype));
+  return *rope_;
+}
+
+Tensor Llama::forward(const Tensor& ids) {
+  TESSEL_CHECK(ids.dim() == 2, "llama: token ids must be [B, T], got {}", ids.str());
+  const int64_t T = ids.size(1);
+  TESSEL_CHECK(T <= config_.max_position_embeddings, "llama: sequence length {} exceeds max_position_embeddings {}", T,
+               config_.max_position_embeddings);
+  Tensor x = embed_tokens_->forward(ids);
+  const Rope& r = rope(T, x.dtype());
+  for (LlamaBlock* block : *layers_) x = block->forward(x, r);
+  return lm_head_->forward(norm_->forward(x));
+}
+
+double Llama::train_flops_per_token(int64_t seq_len) const {
+  return 6.0 * static_cast<double>(num_parameters()) +
+         12.0 * static_cast<double>(config_.num_hidden_layers * config_.hidden_size * seq_len);
+}
+
+bool Llama::ignorable_checkpoint_key(const std::string& name) const {
+  return name.find("rotary_emb.inv_freq") != std::string::npos;
+}
+
+Tensor lm_loss(LanguageModel& model, const Tensor& inputs, const Tensor& targets) {
+  Tensor logits = model.forward(inputs);
+  return cross_entropy(logits, targets);
+}
+
+}  // namespace tessel::nn

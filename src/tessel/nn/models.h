@@ -1,0 +1,114 @@
+// Language models: GPT-2 and Llama, sized by Hugging Face's config names, with Hugging
+// Face's parameter names and layouts so their safetensors checkpoints load as they are.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "tessel/nn/layers.h"
+
+namespace tessel::nn {
+
+struct Gpt2Config {
+  int64_t n_layer = 12, n_embd = 768, n_head = 12, vocab_size = 50257, n_positions = 1024;
+  double layer_norm_epsilon = 1e-5;
+  double dropout = 0.0;  // embd_pdrop = resid_pdrop
+  double initializer_range = 0.02;
+};
+
+struct LlamaConfig {
+  int64_t num_hidden_layers = 32, hidden_size = 4096, num_attention_heads = 32, num_key_value_heads = 32;
+  int64_t intermediate_size = 11008, vocab_size = 32000, max_position_embeddings = 4096;
+  double rope_theta = 10000.0, rms_norm_eps = 1e-6, initializer_range = 0.02;
+};
+
+// A causal language model: token ids [B, T] -> logits [B, T, V].
+class LanguageModel : public Module {
+ public:
+  virtual Tensor forward(const Tensor& ids) = 0;
+  virtual std::string arch() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t max_seq_len() const = 0;
+  // Model FLOPs per token for training at `seq_len`: 6·N plus attention 12·L·C·T (the
+  // PaLM convention, N counting every parameter once).
+  virtual double train_flops_per_token(int64_t seq_len) const = 0;
+  // Parameter names a checkpoint may hold that this model does not (buffers, tied heads).
+  virtual bool ignorable_checkpoint_key(const std::string& name) const = 0;
+};
+
+class Gpt2Block : public Module {
+ public:
+  explicit Gpt2Block(const Gpt2Config& c);
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  LayerNorm* ln_1_;
+  Gpt2Attention* attn_;
+  LayerNorm* ln_2_;
+  Mlp* mlp_;
+  Dropout* drop_;
+};
+
+// transformer.{wte, wpe, h.i.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj},
+// ln_f}; the LM head is tied to wte.
+class Gpt2 : public LanguageModel {
+ public:
+  explicit Gpt2(const Gpt2Config& c);
+  Tensor forward(const Tensor& ids) override;
+  std::string arch() const override { return "gpt2"; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t max_seq_len() const override { return config_.n_positions; }
+  double train_flops_per_token(int64_t seq_len) const override;
+  bool ignorable_checkpoint_key(const std::string& name) const override;
+  const Gpt2Config& config() const { return config_; }
+
+ private:
+  Gpt2Config config_;
+  Embedding* wte_;
+  Embedding* wpe_;
+  Dropout* drop_;
+  ModuleList<Gpt2Block>* h_;
+  LayerNorm* ln_f_;
+};
+
+class LlamaBlock : public Module {
+ public:
+  explicit LlamaBlock(const LlamaConfig& c);
+  Tensor forward(const Tensor& x, const Rope& rope) const;
+
+ private:
+  RMSNorm* input_layernorm_;
+  LlamaAttention* self_attn_;
+  RMSNorm* post_attention_layernorm_;
+  SwiGlu* mlp_;
+};
+
+// model.{embed_tokens, layers.i.{input_layernorm, self_attn.{q,k,v,o}_proj,
+// post_attention_layernorm, mlp.{gate,up,down}_proj}, norm}, lm_head (untied).
+class Llama : public LanguageModel {
+ public:
+  explicit Llama(const LlamaConfig& c);
+  Tensor forward(const Tensor& ids) override;
+  std::string arch() const override { return "llama"; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t max_seq_len() const override { return config_.max_position_embeddings; }
+  double train_flops_per_token(int64_t seq_len) const override;
+  bool ignorable_checkpoint_key(const std::string& name) const override;
+  const LlamaConfig& config() const { return config_; }
+
+ private:
+  const Rope& rope(int64_t seq_len, DType dtype);
+
+  LlamaConfig config_;
+  Module* model_;
+  Embedding* embed_tokens_;
+  ModuleList<LlamaBlock>* layers_;
+  RMSNorm* norm_;
+  Linear* lm_head_;
+  std::unique_ptr<Rope> rope_;
+};
+
+// The mean next-token cross-entropy of `model` on inputs/targets [B, T].
+Tensor lm_loss(LanguageModel& model, const Tensor& inputs, const Tensor& targets);
+
+}  // namespace tessel::nn

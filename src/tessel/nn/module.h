@@ -1,0 +1,104 @@
+// Modules: a tree of named parts holding parameters. A parameter is declared with its global
+// shape and an init rule and materialised later, so a model can be described without
+// allocating it and each rank can create only its own pieces. Full names are hierarchical
+// (transformer.h.0.attn.c_attn.weight) and are also the RNG streams of initialisation: a
+// parameter's value depends on the seed and its name alone.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessel/core/philox.h"
+#include "tessel/core/tensor.h"
+
+namespace tessel::nn {
+
+// How a parameter's initial value is drawn (at each element's global index).
+struct Init {
+  enum class Kind { zeros, ones, normal, uniform } kind = Kind::zeros;
+  double a = 0, b = 0;  // normal: mean a, std b; uniform: [a, b)
+  static Init zeros() { return {Kind::zeros}; }
+  static Init ones() { return {Kind::ones}; }
+  static Init normal(double std, double mean = 0) { return {Kind::normal, mean, std}; }
+  static Init uniform(double lo, double hi) { return {Kind::uniform, lo, hi}; }
+};
+
+// Fills `local` — the block of a parameter of `global_shape` at `offset` (empty: all of it) —
+// with its initial values.
+void init_fill(const Tensor& local, const Init& init, uint64_t seed, const std::string& name, const GlobalBox& box = {});
+
+struct Parameter {
+  std::string name;  // full name, set when the owning tree is finalised
+  Shape shape;       // global shape
+  DType dtype = DType::f32;
+  Init init;
+  Tensor value;  // this rank's tensor; undefined until materialised
+};
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Every parameter of the tree, depth first in registration order.
+  std::vector<Parameter*> parameters();
+  std::vector<const Parameter*> parameters() const;
+  // The parameter with full name `name`; throws listing a few names when absent.
+  Parameter& parameter(const std::string& name);
+  // Full name of this module ("" for the root).
+  const std::string& path() const { return path_; }
+  // Sets the full names of every module and parameter below, rooted at `prefix`.
+  void finalize_names(const std::string& prefix = "");
+
+  void train(bool on = true);
+  bool training() const { return training_; }
+
+  // Allocates and initialises every parameter on this rank from `seed` (the single-rank path;
+  // distributed layouts create their own local pieces instead), in `dtype` when given (f64 for
+  // gradient checks) or each parameter's own dtype.
+  void materialize(uint64_t seed, std::optional<DType> dtype = std::nullopt);
+  // Number of parameter elements (global).
+  int64_t num_parameters() const;
+
+ protected:
+  Parameter& add_parameter(std::string name, Shape shape, Init init, DType dtype = DType::f32);
+  template <typename M>
+  M& add_module(std::string name, std::unique_ptr<M> m) {
+    M& ref = *m;
+    children_.emplace_back(std::move(name), std::move(m));
+    return ref;
+  }
+
+ private:
+  std::string path_;
+  bool training_ = true;
+  std::vector<std::pair<std::string, std::unique_ptr<Parameter>>> params_;
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+};
+
+// A numbered list of modules ("h.0", "h.1", ...).
+template <typename M>
+class ModuleList : public Module {
+ public:
+  M& append(std::unique_ptr<M> m) {
+    M& ref = add_module(std::to_string(items_.size()), std::move(m));
+    items_.push_back(&ref);
+    return ref;
+  }
+  size_t size() const { return items_.size(); }
+  M& operator[](size_t i) const { return *items_[i]; }
+  auto begin() const { return items_.begin(); }
+  auto end() const { return items_.end(); }
+
+ private:
+  std::vector<M*> items_;
+};
+
+}  // namespace tessel::nn

@@ -1,0 +1,212 @@
+// Optimizer state, update kernels, clipping and schedules.
+#include "tessel/optim/optimizer.h"
+
+#include <cmath>
+
+#include "tessel/core/profile.h"
+#include "tessel/core/thread_pool.h"
+#include "tessel/core/view.h"
+#include "tessel/ops/inplace.h"
+
+namespace tessel::optim {
+
+namespace {
+
+struct AdamWScalars {
+  float decay, w1, b2, w2, step_size, bc2_sqrt, eps;
+};
+
+// The element loop on one chunk; restrict pointers let GCC vectorise it.
+void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v, int64_t n,
+                 AdamWScalars k) {
+  for (int64_t i = 0; i < n; ++i) {
+    float gi = g[i];
+    float mi = m[i] + k.w1 * (gi - m[i]);
+    float vi = v[i] * k.b2 + k.w2 * gi * gi;
+    float denom = std::sqrt(vi) / k.bc2_sqrt + k.eps;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * k.decay - k.step_size * (mi / denom);
+  }
+}
+
+void sgd_chunk(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n, bool first, float wd,
+               float mom, float damp, float lr, bool nesterov) {
+  for (int64_t i = 0; i < n; ++i) {
+    float d = g[i] + wd * p[i];
+    if (mom != 0.0f) {
+      float b = first ? d : mom * buf[i] + damp * d;
+      buf[i] = b;
+      d = nesterov ? d + mom * b : b;
+    }
+    p[i] -= lr * d;
+  }
+}
+
+}  // namespace
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step, const AdamWOptions& o, double lr,
+                  bool decay) {
+  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
+  AdamWScalars k{decay ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f,
+                 static_cast<float>(1.0 - o.beta1),
+                 static_cast<float>(o.beta2),
+                 static_cast<float>(1.0 - o.beta2),
+                 static_cast<float>(lr / bc1),
+                 static_cast<float>(std::sqrt(bc2)),
+                 static_cast<float>(o.eps)};
+  parallel_for(0, n, 1 << 14, [&](int64_t lo, int64_t hi) { adamw_chunk(p + lo, g + lo, m + lo, v + lo, hi - lo, k); });
+}
+
+void sgd_update(float* p, const float* g, float* buf, int64_t n, bool first_step, const SgdOptions& o, double lr) {
+  const float wd = static_cast<float>(o.weight_decay), mom = static_cast<float>(o.momentum);
+  const float damp = static_cast<float>(1.0 - o.dampening), lrf = static_cast<float>(lr);
+  parallel_for(0, n, 1 << 14, [&](int64_t lo, int64_t hi) {
+    sgd_chunk(p + lo, g + lo, buf ? buf + lo : nullptr, hi - lo, first_step, wd, mom, damp, lrf, o.nesterov);
+  });
+}
+
+Optimizer::Optimizer(std::vector<ParamRef> params, double lr, std::vector<std::string> slots)
+    : params_(std::move(params)), lr_(lr), slot_names_(std::move(slots)) {
+  for (const ParamRef& p : params_) {
+    TESSEL_CHECK(p.param.defined(), "optimizer: parameter '{}' is undefined", p.name);
+    TESSEL_CHECK(p.param.dtype() == DType::f32 && p.param.is_contiguous(),
+                 "optimizer: parameter '{}' must be a contiguous f32 tensor (got {})", p.name, p.param.str());
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (ParamRef& p : params_) p.param.set_grad(Tensor());
+}
+
+Tensor& Optimizer::slot(size_t i, const std::string& slot) {
+  Tensor& t = state_[params_[i].name + "." + slot];
+  if (!t.defined()) t = Tensor::zeros(params_[i].param.shape(), DType::f32);
+  return t;
+}
+
+std::map<std::string, Tensor> Optimizer::state_dict() const {
+  std::map<std::string, Tensor> out = state_;
+  out["step"] = Tensor::scalar(static_cast<double>(step_), DType::i64);
+  return out;
+}
+
+void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
+  auto it = state.find("step");
+  TESSEL_CHECK_AS(CheckpointError, it != state.end(), "optimizer state: missing \"step\"");
+  int64_t step = static_cast<int64_t>(it->second.item());
+  std::map<std::string, Tensor> loaded;
+  for (const ParamRef& p : params_)
+    for (const std::string& s : slot_names_) {
+      std::string key = p.name + "." + s;
+      auto e = state.find(key);
+      if (e == state.end()) {
+        TESSEL_CHECK_AS(CheckpointError, step == 0, "optimizer state: missing \"{}\" (saved at step {})", key, step);
+        continue;
+      }
+      TESSEL_CHECK_AS(CheckpointError, e->second.shape() == p.param.shape(),
+                      "optimizer state: \"{}\" has shape {} but the parameter has {}", key, shape_str(e->second.shape()),
+                      shape_str(p.param.shape()));
+      loaded[key] = view::clone(view::to_dtype(e->second, DType::f32));
+    }
+  for (const auto& [key, t] : state) {
+    (void)t;
+    TESSEL_CHECK_AS(CheckpointError, key == "step" || loaded.count(key), "optimizer state: unexpected entry \"{}\"", key);
+  }
+  state_ = std::move(loaded);
+  step_ = step;
+}
+
+AdamW::AdamW(std::vector<ParamRef> params, AdamWOptions options)
+    : Optimizer(std::move(params), options.lr, {"exp_avg", "exp_avg_sq"}), options_(options) {}
+
+void AdamW::step() {
+  ProfileScope profile_scope("optimizer.adamw");
+  ++step_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = params_[i].param.grad();
+    if (!g.defined()) continue;
+    g = view::contiguous(view::to_dtype(g, DType::f32));
+    Tensor& m = slot(i, "exp_avg");
+    Tensor& v = slot(i, "exp_avg_sq");
+    // Decoupled weight decay on matrices (embeddings, projections), not on biases and norms.
+    bool decay = params_[i].param.dim() >= 2;
+    adamw_update(params_[i].param.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(),
+                 params_[i].param.numel(), step_, options_, lr_, decay);
+  }
+}
+
+Sgd::Sgd(std::vector<ParamRef> params, SgdOptions options)
+    : Optimizer(std::move(params), options.lr, options.momentum != 0.0 ? std::vector<std::string>{"momentum_buffer"}
+                                                                       : std::vector<std::string>{}),
+      options_(options) {
+  TESSEL_CHECK(!options.nesterov || (options.momentum > 0 && options.dampening == 0),
+               "sgd: nesterov needs momentum > 0 and dampening 0 (got momentum {}, dampening {})", options.momentum,
+               options.dampening);
+}
+
+void Sgd::step() {
+  ++step_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = params_[i].param.grad();
+    if (!g.defined()) continue;
+    g = view::contiguous(view::to_dtype(g, DType::f32));
+    bool first = options_.momentum != 0.0 && !state_.count(params_[i].name + ".momentum_buffer");
+    float* buf = options_.momentum != 0.0 ? slot(i, "momentum_buffer").data<float>() : nullptr;
+    sgd_update(params_[i].param.data<float>(), g.data<float>(), buf, params_[i].param.numel(), first, options_, lr_);
+  }
+}
+
+namespace {
+// Σ x² in f64 with 8 independent partial sums (vectorisable; a fixed order).
+double sum_squares(const float* __restrict x, int64_t n) {
+  double acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(x[i + k]) * x[i + k];
+  double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+}
+}  // namespace
+
+double grad_sum_squares(const std::vector<Tensor>& params) {
+  ProfileScope profile_scope("optimizer.grad_norm");
+  double total = 0;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    Tensor c = view::contiguous(view::to_dtype(g, DType::f32));
+    total += sum_squares(c.data<float>(), c.numel());
+  }
+  return total;
+}
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double sum_squares) {
+  TESSEL_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be positive, got {}", max_norm);
+  double norm = std::sqrt(sum_squares);
+  double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0)
+    for (const Tensor& p : params)
+      if (p.grad().defined()) scale_(p.grad(), coef);
+  return norm;
+}
+
+double LrSchedule::at(int64_t step) const {
+  if (warmup > 0 && step < warmup) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  if (kind == Kind::constant) return lr;
+  double span = static_cast<double>(std::max<int64_t>(1, total - warmup));
+  double ratio = std::clamp(static_cast<double>(step - warmup) / span, 0.0, 1.0);
+  if (kind == Kind::linear) return lr - ratio * (lr - min_lr);
+  return min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (lr - min_lr);
+}
+
+LrSchedule::Kind LrSchedule::parse_kind(std::string_view text) {
+  if (text == "constant") return Kind::constant;
+  if (text == "cosine") return Kind::cosine;
+  if (text == "linear") return Kind::linear;
+  TESSEL_THROW("unknown lr schedule '{}' (expected constant, cosine or linear)", text);
+}
+
+}  // namespace tessel::optim

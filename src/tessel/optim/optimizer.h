@@ -1,0 +1,109 @@
+// Optimizers (SGD with momentum/Nesterov, AdamW with decoupled weight decay on matrices only),
+// gradient clipping with torch.nn.utils.clip_grad_norm_ semantics, and learning-rate
+// schedules. The update rules are also exposed as kernels over flat spans so a sharded
+// optimizer can run them on its shard alone. Optimizer state is a dict of named tensors
+// ("<parameter>.exp_avg", ...) that checkpoints save and load.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessel/core/tensor.h"
+
+namespace tessel::optim {
+
+struct ParamRef {
+  std::string name;
+  Tensor param;  // a leaf; its .grad() is read by step()
+};
+
+struct AdamWOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+};
+
+struct SgdOptions {
+  double lr = 1e-2, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
+  bool nesterov = false;
+};
+
+// One AdamW step on n contiguous f32 elements (PyTorch's single-tensor AdamW, in f32):
+// p *= 1 - lr·wd (if decay);  m += (1-β1)(g - m);  v = β2 v + (1-β2) g²;
+// p -= lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + eps).
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step, const AdamWOptions& o, double lr,
+                  bool decay);
+// One SGD step (PyTorch semantics; the first step seeds the momentum buffer with the gradient).
+void sgd_update(float* p, const float* g, float* buf, int64_t n, bool first_step, const SgdOptions& o, double lr);
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // Applies one update from each parameter's .grad() (parameters without one are skipped).
+  virtual void step() = 0;
+  // Drops every parameter's gradient.
+  void zero_grad();
+  double lr() const { return lr_; }
+  void set_lr(double lr) { lr_ = lr; }
+  int64_t steps() const { return step_; }
+  const std::vector<ParamRef>& params() const { return params_; }
+
+  // Named state tensors plus "step"; loading checks every name, shape and dtype.
+  std::map<std::string, Tensor> state_dict() const;
+  void load_state_dict(const std::map<std::string, Tensor>& state);
+
+ protected:
+  Optimizer(std::vector<ParamRef> params, double lr, std::vector<std::string> slots);
+  // The state slot `slot` of parameter i (zeros of the parameter's shape, f32, made on first use).
+  Tensor& slot(size_t i, const std::string& slot);
+
+  std::vector<ParamRef> params_;
+  double lr_;
+  int64_t step_ = 0;
+  std::vector<std::string> slot_names_;
+  std::map<std::string, Tensor> state_;
+};
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<ParamRef> params, AdamWOptions options);
+  void step() override;
+  const AdamWOptions& options() const { return options_; }
+
+ private:
+  AdamWOptions options_;
+};
+
+class Sgd : public Optimizer {
+ public:
+  Sgd(std::vector<ParamRef> params, SgdOptions options);
+  void step() override;
+
+ private:
+  SgdOptions options_;
+};
+
+// Σ over parameters of Σ grad² (in f64) — the square of the global gradient norm. Parameters
+// without a gradient count zero.
+double grad_sum_squares(const std::vector<Tensor>& params);
+// Scales every gradient by max_norm / (norm + 1e-6) when that is below 1, where norm is
+// sqrt(sum_squares); returns norm (torch.nn.utils.clip_grad_norm_).
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double sum_squares);
+inline double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  return clip_grad_norm(params, max_norm, grad_sum_squares(params));
+}
+
+// Learning rate by step: constant, or linear warmup over `warmup` steps (lr·(s+1)/warmup)
+// then cosine or linear decay from lr to min_lr at step `total`.
+struct LrSchedule {
+  enum class Kind { constant, cosine, linear };
+  Kind kind = Kind::constant;
+  double lr = 1e-3, min_lr = 0.0;
+  int64_t warmup = 0, total = 1;
+  double at(int64_t step) const;
+  // "constant", "cosine", "linear"; throws naming the text.
+  static Kind parse_kind(std::string_view text);
+};
+
+}  // namespace tessel::optim

@@ -1,0 +1,148 @@
+// tessel train: exact resume, metrics, checkpoint contents and strict config errors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tessel/ckpt/safetensors.h"
+#include "tessel/cli/trainer.h"
+#include "tessel/core/context.h"
+
+namespace tessel {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string corpus() { return std::string(TESSEL_SOURCE_DIR) + "/data/kjv.txt"; }
+
+std::string tiny_yaml(const std::string& arch) {
+  std::string model =
+      arch == "gpt2"
+          ? "model: {arch: gpt2, n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 256, n_positions: 32}\n"
+          : "model: {arch: llama, num_hidden_layers: 2, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2,"
+            " intermediate_size: 48, vocab_size: 256, max_position_embeddings: 32}\n";
+  return model + "data: {path: " + corpus() +
+         ", format: text, order: random}\n"
+         "train: {steps: 20, global_batch: 4, micro_batch: 2, seq_len: 16, lr: 3.0e-3, warmup: 3, schedule: cosine,"
+         " seed: 5, dropout: 0.1, threads: 1}\n"
+         "log: {every: 5}\n";
+}
+
+class TempDir {
+ public:
+  TempDir() : path_(fs::temp_directory_path() / fmt::format("tessel_train_{}_{}", ::getpid(), counter_++)) {
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string str() const { return path_.string(); }
+  fs::path path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path path_;
+};
+
+std::vector<double> losses(const TrainResult& r) {
+  std::vector<double> out;
+  for (const StepRecord& s : r.steps) out.push_back(s.loss);
+  return out;
+}
+
+class Resume : public ::testing::TestWithParam<std::string> {};
+
+// 20 steps straight, or 10 + save + resume + 10: identical losses, bit for bit (one thread).
+TEST_P(Resume, ContinuesTheExactTrajectory) {
+  RunConfig cfg = parse_run_config(tiny_yaml(GetParam()), {}, "", "test");
+  TrainResult straight = train(cfg, TrainOptions{.quiet = true});
+  ASSERT_EQ(straight.steps.size(), 20u);
+
+  TempDir dir;
+  RunConfig first = parse_run_config(tiny_yaml(GetParam()), {"train.save_every=10"}, "", "test");
+  // The first job saves at step 10 and then dies (an exception from the step callback).
+  EXPECT_THROW(train(first, TrainOptions{.save_dir = dir.str(), .quiet = true},
+                     [](const StepRecord& s) {
+                       if (s.step == 12) throw std::runtime_error("the job was killed");
+                     }),
+               std::runtime_error);
+  ASSERT_TRUE(fs::exists(dir.path() / "step-000010" / "model.safetensors"));
+  ASSERT_TRUE(fs::exists(dir.path() / "step-000010" / "optimizer.safetensors"));
+  ASSERT_TRUE(fs::exists(dir.path() / "step-000010" / "trainer.json"));
+  TrainResult resumed = train(first, TrainOptions{.resume_dir = dir.str(), .quiet = true});
+  ASSERT_EQ(resumed.steps.size(), 10u);
+  EXPECT_EQ(resumed.steps.front().step, 10);
+  std::vector<double> all = losses(straight);
+  std::vector<double> want(all.begin() + 10, all.end());
+  EXPECT_EQ(losses(resumed), want);  // exact equality, not approximate
+  EXPECT_LT(straight.steps.back().loss, straight.steps.front().loss);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Resume, ::testing::Values("gpt2", "llama"));
+
+TEST(Train, WritesMetricsAndHuggingFaceNamedCheckpoints) {
+  TempDir dir;
+  RunConfig cfg = parse_run_config(tiny_yaml("gpt2"), {"train.steps=4", "train.save_init=true"}, "", "test");
+  std::string metrics = (dir.path() / "m.jsonl").string();
+  TrainResult r = train(cfg, TrainOptions{.metrics_path = metrics, .save_dir = dir.str(), .quiet = true});
+  std::ifstream in(metrics);
+  int lines = 0;
+  for (std::string line; std::getline(in, line); ++lines) {
+    Json j = Json::parse(line);
+    EXPECT_EQ(j.at("step").as_int(), lines);
+    for (const char* key : {"loss", "lr", "grad_norm", "tokens_per_s"}) EXPECT_TRUE(j.find(key)) << key;
+  }
+  EXPECT_EQ(lines, 4);
+  EXPECT_TRUE(fs::exists(dir.path() / "step-000000" / "model.safetensors"));  // save_init
+  SafetensorsFile f = SafetensorsFile::open((dir.path() / "step-000004" / "model.safetensors").string());
+  EXPECT_TRUE(f.contains("transformer.h.1.attn.c_attn.weight"));
+  EXPECT_EQ(f.entry("transformer.h.1.attn.c_attn.weight").shape, (Shape{32, 96}));
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+}
+
+std::string config_error(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  try {
+    parse_run_config(yaml, sets, "", "cfg.yaml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(Config, RejectsUnknownKeysAndBadValuesNamingTheKeyPath) {
+  std::string ok = tiny_yaml("gpt2");
+  EXPECT_EQ(config_error(ok), "<no error>");
+  std::string e = config_error(ok + "optimiser: {lr: 1}\n");
+  EXPECT_NE(e.find("'optimiser'"), std::string::npos) << e;
+  e = config_error(ok, {"train.learning_rate=0.1"});
+  EXPECT_NE(e.find("'train.learning_rate'"), std::string::npos) << e;
+  EXPECT_NE(e.find("lr"), std::string::npos) << e;  // lists the known keys
+  e = config_error(ok, {"train.lr=fast"});
+  EXPECT_NE(e.find("'train.lr' must be a number"), std::string::npos) << e;
+  e = config_error(ok, {"train.micro_batch=3"});
+  EXPECT_NE(e.find("train.global_batch"), std::string::npos) << e;
+  e = config_error(ok, {"model.arch=rnn"});
+  EXPECT_NE(e.find("model.arch"), std::string::npos) << e;
+  e = config_error(ok, {"train.seq_len=64"});
+  EXPECT_NE(e.find("n_positions"), std::string::npos) << e;
+  e = config_error("model: {arch: gpt2}\n");
+  EXPECT_NE(e.find("'data'"), std::string::npos) << e;
+  e = config_error("model: {arch: gpt2\n");
+  EXPECT_NE(e.find("not valid YAML"), std::string::npos) << e;
+  e = config_error(ok, {"train.betas=[0.9]"});
+  EXPECT_NE(e.find("train.betas"), std::string::npos) << e;
+}
+
+TEST(Config, ReadsAHuggingFaceConfigJson) {
+  TempDir dir;
+  std::ofstream(dir.path() / "config.json") << R"({"model_type": "llama", "num_hidden_layers": 3, "hidden_size": 64,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 300,
+    "max_position_embeddings": 64, "rope_theta": 500000.0, "rms_norm_eps": 1e-05, "torch_dtype": "bfloat16",
+    "architectures": ["LlamaForCausalLM"], "hidden_act": "silu"})";
+  RunConfig c = parse_run_config("model: {hf_config: config.json}\ndata: {path: " + corpus() + "}\ntrain: {seq_len: 32}\n", {}, dir.str(), "t");
+  EXPECT_EQ(c.model.arch, "llama");
+  EXPECT_EQ(c.model.llama.num_hidden_layers, 3);
+  EXPECT_EQ(c.model.llama.num_key_value_heads, 2);
+  EXPECT_EQ(c.model.llama.rope_theta, 500000.0);
+}
+
+}  // namespace
+}  // namespace tessel

@@ -1,0 +1,131 @@
+// Optimizers against straightforward re-statements of PyTorch's update rules, clipping,
+// schedules and the state dict.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tessel/core/error.h"
+#include "tessel/optim/optimizer.h"
+
+namespace tessel::optim {
+namespace {
+
+Tensor param(std::vector<double> v, Shape s) {
+  Tensor t = Tensor::from_doubles(v, s, DType::f32);
+  t.set_requires_grad(true);
+  return t;
+}
+
+void set_grad(const Tensor& p, std::vector<double> g) { p.set_grad(Tensor::from_doubles(g, p.shape(), DType::f32)); }
+
+TEST(AdamW, MatchesTheReferenceRuleAndDecaysOnlyMatrices) {
+  Tensor w = param({0.5, -1.0, 2.0, 0.25}, {2, 2});
+  Tensor b = param({0.1, -0.2}, {2});
+  AdamWOptions o{.lr = 0.1, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.5};
+  AdamW opt({{"w", w}, {"b", b}}, o);
+  // Reference in double.
+  std::vector<double> pw = {0.5, -1.0, 2.0, 0.25}, pb = {0.1, -0.2}, mw(4), vw(4), mb(2), vb(2);
+  auto ref = [&](std::vector<double>& p, std::vector<double>& m, std::vector<double>& v, const std::vector<double>& g,
+                 int t, bool decay) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (decay) p[i] *= 1 - o.lr * o.weight_decay;
+      m[i] = o.beta1 * m[i] + (1 - o.beta1) * g[i];
+      v[i] = o.beta2 * v[i] + (1 - o.beta2) * g[i] * g[i];
+      double mh = m[i] / (1 - std::pow(o.beta1, t)), vh = v[i] / (1 - std::pow(o.beta2, t));
+      p[i] -= o.lr * mh / (std::sqrt(vh) + o.eps);
+    }
+  };
+  for (int t = 1; t <= 5; ++t) {
+    std::vector<double> gw = {0.1 * t, -0.3, 0.05, 1.0 / t}, gb = {0.2, -0.1 * t};
+    set_grad(w, gw);
+    set_grad(b, gb);
+    opt.step();
+    ref(pw, mw, vw, gw, t, true);
+    ref(pb, mb, vb, gb, t, false);
+  }
+  std::vector<double> gotw = w.to_doubles(), gotb = b.to_doubles();
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(gotw[i], pw[i], 2e-6) << i;
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(gotb[i], pb[i], 2e-6) << i;
+  EXPECT_EQ(opt.steps(), 5);
+}
+
+TEST(Sgd, MomentumAndNesterov) {
+  for (bool nesterov : {false, true}) {
+    Tensor p = param({1.0, 2.0}, {2});
+    Sgd opt({{"p", p}}, SgdOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = nesterov});
+    std::vector<double> ref = {1.0, 2.0}, buf(2);
+    for (int t = 0; t < 4; ++t) {
+      std::vector<double> g = {0.5 - t, 0.25 * t};
+      set_grad(p, g);
+      opt.step();
+      for (size_t i = 0; i < 2; ++i) {
+        double d = g[i] + 0.01 * ref[i];
+        buf[i] = t == 0 ? d : 0.9 * buf[i] + d;
+        ref[i] -= 0.1 * (nesterov ? d + 0.9 * buf[i] : buf[i]);
+      }
+    }
+    std::vector<double> got = p.to_doubles();
+    EXPECT_NEAR(got[0], ref[0], 1e-6);
+    EXPECT_NEAR(got[1], ref[1], 1e-6);
+  }
+  EXPECT_THROW(Sgd({}, SgdOptions{.momentum = 0.0, .nesterov = true}), Error);
+}
+
+TEST(Clip, GlobalNormAcrossParametersLikeTorch) {
+  Tensor a = param({0, 0, 0}, {3}), b = param({0, 0}, {2});
+  set_grad(a, {3, 0, 0});
+  set_grad(b, {0, 4});
+  double norm = clip_grad_norm({a, b}, 1.0);
+  EXPECT_DOUBLE_EQ(norm, 5.0);
+  double coef = 1.0 / (5.0 + 1e-6);
+  EXPECT_NEAR(a.grad().to_doubles()[0], 3 * coef, 1e-7);
+  EXPECT_NEAR(b.grad().to_doubles()[1], 4 * coef, 1e-7);
+  // Under the threshold: untouched.
+  set_grad(a, {0.3, 0, 0});
+  set_grad(b, {0, 0.4});
+  EXPECT_NEAR(clip_grad_norm({a, b}, 1.0), 0.5, 1e-7);
+  EXPECT_NEAR(a.grad().to_doubles()[0], 0.3, 1e-7);
+}
+
+TEST(Schedule, WarmupThenCosineOrLinear) {
+  LrSchedule s{.kind = LrSchedule::Kind::cosine, .lr = 1.0, .min_lr = 0.1, .warmup = 10, .total = 110};
+  EXPECT_DOUBLE_EQ(s.at(0), 0.1);
+  EXPECT_DOUBLE_EQ(s.at(9), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(10), 1.0);
+  EXPECT_NEAR(s.at(60), 0.55, 1e-12);
+  EXPECT_NEAR(s.at(110), 0.1, 1e-12);
+  EXPECT_NEAR(s.at(500), 0.1, 1e-12);
+  s.kind = LrSchedule::Kind::linear;
+  EXPECT_NEAR(s.at(60), 0.55, 1e-12);
+  EXPECT_NEAR(s.at(35), 1.0 - 0.25 * 0.9, 1e-12);
+  LrSchedule c{.kind = LrSchedule::Kind::constant, .lr = 0.3};
+  EXPECT_EQ(c.at(1000), 0.3);
+  EXPECT_THROW(LrSchedule::parse_kind("step"), Error);
+}
+
+TEST(StateDict, RoundTripsAndRejectsMismatches) {
+  Tensor w = param({1, 2, 3, 4}, {2, 2});
+  AdamW a({{"w", w}}, AdamWOptions{});
+  set_grad(w, {1, 1, 1, 1});
+  a.step();
+  auto state = a.state_dict();
+  EXPECT_EQ(state.size(), 3u);
+  EXPECT_EQ(state.at("step").item(), 1.0);
+  Tensor w2 = param({1, 2, 3, 4}, {2, 2});
+  AdamW b({{"w", w2}}, AdamWOptions{});
+  b.load_state_dict(state);
+  EXPECT_EQ(b.steps(), 1);
+  EXPECT_EQ(b.state_dict().at("w.exp_avg").to_doubles(), state.at("w.exp_avg").to_doubles());
+  auto bad = state;
+  bad["w.exp_avg"] = Tensor::zeros({3});
+  EXPECT_THROW(b.load_state_dict(bad), CheckpointError);
+  auto extra = state;
+  extra["v.exp_avg"] = Tensor::zeros({1});
+  EXPECT_THROW(b.load_state_dict(extra), CheckpointError);
+  auto missing = state;
+  missing.erase("w.exp_avg_sq");
+  EXPECT_THROW(b.load_state_dict(missing), CheckpointError);
+}
+
+}  // namespace
+}  // namespace tessel::optim
