@@ -7,6 +7,7 @@
 #include "tessel/autograd/function.h"
 #include "tessel/core/context.h"
 #include "tessel/core/grad_node.h"
+#include "tessel/core/profile.h"
 #include "tessel/core/view.h"
 #include "tessel/ops/elementwise.h"
 #include "tessel/ops/inplace.h"
@@ -42,6 +43,7 @@ struct Capture {
 };
 
 void accumulate_leaf(const std::shared_ptr<AutogradMeta>& leaf, const TensorMeta& meta, Tensor&& g, Capture& cap) {
+  ProfileScope profile_scope("(autograd accumulate)");
   if (g.dtype() != meta.dtype) g = view::to_dtype(g, meta.dtype);
   if (cap.active) {
     auto it = cap.leaves.find(leaf.get());
@@ -64,6 +66,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
   TESSEL_CHECK(root_grads.empty() || root_grads.size() == roots.size(),
                "backward: {} roots but {} gradients", roots.size(), root_grads.size());
   GradModeGuard no_grad(false);
+  ProfileScope profile_scope("(autograd backward)");
 
   // Seed gradients.
   std::unordered_map<GradNode*, std::vector<Tensor>> buffers;

@@ -12,6 +12,7 @@
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/core/context.h"
 #include "tessel/core/log.h"
+#include "tessel/core/profile.h"
 #include "tessel/core/thread_pool.h"
 #include "tessel/core/view.h"
 #include "tessel/data/loader.h"
@@ -122,8 +123,12 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
   auto run_start = Clock::now();
   double recent = 0;  // smoothed seconds per step for the ETA
   for (int64_t step = start; step < t.steps; ++step) {
+    ProfileScope profile_step("(train step)");
     auto t0 = Clock::now();
-    Batch batch = loader.next();
+    Batch batch = [&] {
+      ProfileScope scope("(data wait)");
+      return loader.next();
+    }();
     double lr = schedule.at(step);
     optimizer->set_lr(lr);
     double loss_sum = 0;
@@ -132,7 +137,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
       Tensor tg = view::slice(batch.targets, 0, m * mb, (m + 1) * mb);
       nn::dropout_state() = nn::DropoutState{.seed = t.seed, .step = static_cast<uint64_t>(step),
                                              .global_rows = t.global_batch, .row_offset = m * mb};
-      Tensor loss = nn::lm_loss(*model, in, tg);
+      Tensor loss;
+      {
+        ProfileScope scope("(forward)");
+        loss = nn::lm_loss(*model, in, tg);
+      }
       loss_sum += loss.item();
       backward(M == 1 ? loss : scale(loss, 1.0 / static_cast<double>(M)));
     }
@@ -140,8 +149,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
     TESSEL_CHECK(std::isfinite(loss), "training diverged: the loss is {} at step {} (try a lower train.lr or train.grad_clip)",
                  loss, step);
     double norm = t.grad_clip > 0 ? optim::clip_grad_norm(params, t.grad_clip) : std::sqrt(optim::grad_sum_squares(params));
-    optimizer->step();
-    optimizer->zero_grad();
+    {
+      ProfileScope scope("(optimizer step + zero_grad)");
+      optimizer->step();
+      optimizer->zero_grad();
+    }
     double secs = std::chrono::duration<double>(Clock::now() - t0).count();
 
     StepRecord rec{step, loss, lr, norm, tokens_per_step / secs, secs};

@@ -35,6 +35,10 @@ inline constexpr size_t kAlignment = 64;
 
 // The allocator of `type`; throws naming the device when none is registered.
 Allocator& device_allocator(DeviceType type);
+// Frees the CPU allocator's cache of free blocks; its current size in bytes.
+void release_cpu_cache();
+size_t cpu_cache_bytes();
+
 // Installs the allocator of a device kind (the CUDA backend does this when it loads).
 void register_allocator(DeviceType type, Allocator* allocator);
 

@@ -1,8 +1,11 @@
 // Scaled dot-product attention, the plain (non-flash) form: per (batch, head) two gemms
-// around a row softmax, with the probabilities P kept as a hidden output for backward. The
-// (b, h) loop is sequential because OpenBLAS threads each gemm itself; only the row softmax
-// runs on the intra-op pool. Grouped-query attention reads kv head h / (H / Hkv), and the
-// backward accumulates dK and dV over the query heads of a group in head order.
+// around a row softmax, with the probabilities P kept as a hidden output for backward. q, k
+// and v are read in place in any layout whose head dim is contiguous (heads permuted out of a
+// fused qkv projection cost no copy), and out, dq, dk, dv are written laid out [B, T, H, D]
+// in memory, so merging the heads afterwards is a view. The (b, h) loop is sequential because
+// OpenBLAS threads each gemm itself; only the row softmax runs on the intra-op pool.
+// Grouped-query attention reads kv head h / (H / Hkv), and the backward accumulates dK and dV
+// over the query heads of a group in head order.
 //
 // Shapes: q[B, H, T, D], k and v[B, Hkv, S, D], P[B, H, T, S], out[B, H, T, D]
 //   forward   P = softmax(q k^T · scale + causal mask),  out = P v
@@ -117,83 +120,109 @@ void softmax_grad_row(const T* __restrict p, T* __restrict dp, int64_t S) {
 
 int64_t row_grain(int64_t S) { return std::max<int64_t>(1, kernels::kElementGrain / std::max<int64_t>(1, S)); }
 
+// A [B, H, T, D] operand as BLAS reads it: head (b, h) starts at base + b·sb + h·sh and its
+// T rows are `ld` apart with D contiguous. Views such as a permuted [B, T, H, D] projection
+// are read in place; only layouts with a strided D are copied.
 template <typename T>
-void sdpa_forward_t(const Dims& d, bool causal, T scale, const T* q, const T* k, const T* v, T* out, T* P) {
-  const int64_t ld_d = std::max<int64_t>(d.D, 1), ld_s = std::max<int64_t>(d.S, 1);
+struct Heads {
+  T* base = nullptr;
+  int64_t sb = 0, sh = 0, ld = 0;
+  T* at(int64_t b, int64_t h) const { return base + b * sb + h * sh; }
+};
+
+template <typename T>
+Heads<T> heads_of(const Tensor& t, Tensor& keep) {
+  const int64_t D = t.size(3), rows = t.size(2);
+  bool direct = (t.stride(3) == 1 || D <= 1) && (rows <= 1 || t.stride(2) >= std::max<int64_t>(D, 1));
+  keep = direct ? t : view::contiguous(t);
+  int64_t ld = rows <= 1 ? std::max<int64_t>(D, 1) : keep.stride(2);
+  return Heads<T>{keep.data<T>(), keep.stride(0), keep.stride(1), ld};
+}
+
+// A new [B, H, T, D] tensor laid out as [B, T, H, D] in memory, so that the usual
+// permute-and-merge of heads after attention is a view, not a copy.
+Tensor heads_major(int64_t B, int64_t H, int64_t T, int64_t D, DType dtype, bool zero) {
+  Tensor buf = zero ? Tensor::zeros({B, T, H, D}, dtype) : Tensor::empty({B, T, H, D}, dtype);
+  return view::permute(buf, {0, 2, 1, 3});
+}
+
+template <typename T>
+void sdpa_forward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, const Heads<T>& k, const Heads<T>& v,
+                    const Heads<T>& out, T* P) {
+  const int64_t ld_s = std::max<int64_t>(d.S, 1);
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < d.H; ++h) {
-      const int64_t kvh = b * d.Hkv + h / d.group();
-      const T* qb = q + (b * d.H + h) * d.T * d.D;
-      const T* kb = k + kvh * d.S * d.D;
-      const T* vb = v + kvh * d.S * d.D;
+      const int64_t kvh = h / d.group();
       T* pb = P + (b * d.H + h) * d.T * d.S;
       // scores[T, S] = q[T, D] @ k[S, D]^T · scale
-      gemm<T>(false, true, d.T, d.S, d.D, scale, qb, ld_d, kb, ld_d, T(0), pb, ld_s);
+      gemm<T>(false, true, d.T, d.S, d.D, scale, q.at(b, h), q.ld, k.at(b, kvh), k.ld, T(0), pb, ld_s);
       parallel_for(0, d.T, row_grain(d.S), [&](int64_t lo, int64_t hi) {
         for (int64_t t = lo; t < hi; ++t) masked_softmax_row(pb + t * d.S, visible_keys(d, causal, t), d.S);
       });
       // out[T, D] = P[T, S] @ v[S, D]
-      gemm<T>(false, false, d.T, d.D, d.S, T(1), pb, ld_s, vb, ld_d, T(0), out + (b * d.H + h) * d.T * d.D, ld_d);
+      gemm<T>(false, false, d.T, d.D, d.S, T(1), pb, ld_s, v.at(b, kvh), v.ld, T(0), out.at(b, h), out.ld);
     }
 }
 
 std::vector<Tensor> sdpa_forward(const OpCall& c) {
-  Tensor q = kernels::contig(c.inputs[0]), k = kernels::contig(c.inputs[1]), v = kernels::contig(c.inputs[2]);
-  Dims d = dims_of(q.shape(), k.shape());
+  Dims d = dims_of(c.inputs[0].shape(), c.inputs[1].shape());
   bool causal = c.attrs.b("causal");
   double scale = scale_of(c.attrs, d.D);
-  Tensor out = Tensor::empty(c.outputs[0]);
+  Tensor out = heads_major(d.B, d.H, d.T, d.D, c.outputs[0].dtype, false);
   Tensor P = Tensor::empty(c.outputs[1]);
-  TESSEL_DISPATCH_FLOAT(q.dtype(), "sdpa", [&]<typename T>() {
-    sdpa_forward_t<T>(d, causal, static_cast<T>(scale), q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(),
-                      P.data<T>());
+  TESSEL_DISPATCH_FLOAT(c.inputs[0].dtype(), "sdpa", [&]<typename T>() {
+    Tensor kq, kk, kv, ko;
+    Heads<T> q = heads_of<T>(c.inputs[0], kq), k = heads_of<T>(c.inputs[1], kk), v = heads_of<T>(c.inputs[2], kv);
+    sdpa_forward_t<T>(d, causal, static_cast<T>(scale), q, k, v, heads_of<T>(out, ko), P.data<T>());
   });
   return {out, P};
 }
 
 template <typename T>
-void sdpa_backward_t(const Dims& d, T scale, const T* q, const T* k, const T* v, const T* P, const T* dO, T* dq, T* dk,
-                     T* dv) {
-  const int64_t ld_d = std::max<int64_t>(d.D, 1), ld_s = std::max<int64_t>(d.S, 1);
+void sdpa_backward_t(const Dims& d, T scale, const Heads<T>& q, const Heads<T>& k, const Heads<T>& v, const T* P,
+                     const Heads<T>& dO, const Heads<T>* dq, const Heads<T>* dk, const Heads<T>* dv) {
+  const int64_t ld_s = std::max<int64_t>(d.S, 1);
   std::vector<T> ds(static_cast<size_t>(d.T * d.S));
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < d.H; ++h) {
-      const int64_t bh = b * d.H + h, kvh = b * d.Hkv + h / d.group();
-      const T* pb = P + bh * d.T * d.S;
-      const T* gb = dO + bh * d.T * d.D;
+      const int64_t kvh = h / d.group();
+      const T* pb = P + (b * d.H + h) * d.T * d.S;
+      const T* gb = dO.at(b, h);
       // dV[S, D] += P^T[S, T] @ dO[T, D]
-      if (dv != nullptr)
-        gemm<T>(true, false, d.S, d.D, d.T, T(1), pb, ld_s, gb, ld_d, T(1), dv + kvh * d.S * d.D, ld_d);
+      if (dv != nullptr) gemm<T>(true, false, d.S, d.D, d.T, T(1), pb, ld_s, gb, dO.ld, T(1), dv->at(b, kvh), dv->ld);
       if (dq == nullptr && dk == nullptr) continue;
       // dP[T, S] = dO[T, D] @ V^T, then dS = P ⊙ (dP - rowsum(dP ⊙ P))
-      gemm<T>(false, true, d.T, d.S, d.D, T(1), gb, ld_d, v + kvh * d.S * d.D, ld_d, T(0), ds.data(), ld_s);
+      gemm<T>(false, true, d.T, d.S, d.D, T(1), gb, dO.ld, v.at(b, kvh), v.ld, T(0), ds.data(), ld_s);
       parallel_for(0, d.T, row_grain(d.S), [&](int64_t lo, int64_t hi) {
         for (int64_t t = lo; t < hi; ++t) softmax_grad_row(pb + t * d.S, ds.data() + t * d.S, d.S);
       });
       // dQ[T, D] = dS[T, S] @ K[S, D] · scale
       if (dq != nullptr)
-        gemm<T>(false, false, d.T, d.D, d.S, scale, ds.data(), ld_s, k + kvh * d.S * d.D, ld_d, T(0),
-                dq + bh * d.T * d.D, ld_d);
+        gemm<T>(false, false, d.T, d.D, d.S, scale, ds.data(), ld_s, k.at(b, kvh), k.ld, T(0), dq->at(b, h), dq->ld);
       // dK[S, D] += dS^T[S, T] @ Q[T, D] · scale
       if (dk != nullptr)
-        gemm<T>(true, false, d.S, d.D, d.T, scale, ds.data(), ld_s, q + bh * d.T * d.D, ld_d, T(1),
-                dk + kvh * d.S * d.D, ld_d);
+        gemm<T>(true, false, d.S, d.D, d.T, scale, ds.data(), ld_s, q.at(b, h), q.ld, T(1), dk->at(b, kvh), dk->ld);
     }
 }
 
 std::vector<Tensor> sdpa_backward(const GradCall& c) {
-  Tensor q = kernels::contig(c.inputs[0]), k = kernels::contig(c.inputs[1]), v = kernels::contig(c.inputs[2]);
-  Tensor P = kernels::contig(c.outputs[1]);
-  Tensor dO = kernels::contig(c.grad_outputs[0]);
-  Dims d = dims_of(q.shape(), k.shape());
+  Dims d = dims_of(c.input_metas[0].shape, c.input_metas[1].shape);
   double scale = scale_of(c.attrs, d.D);
-  Tensor dq = c.needs_grad[0] ? Tensor::empty(q.shape(), q.dtype()) : Tensor();
-  Tensor dk = c.needs_grad[1] ? Tensor::zeros(k.shape(), k.dtype()) : Tensor();
-  Tensor dv = c.needs_grad[2] ? Tensor::zeros(v.shape(), v.dtype()) : Tensor();
-  TESSEL_DISPATCH_FLOAT(q.dtype(), "sdpa", [&]<typename T>() {
-    sdpa_backward_t<T>(d, static_cast<T>(scale), q.data<T>(), k.data<T>(), v.data<T>(), P.data<T>(), dO.data<T>(),
-                       dq.defined() ? dq.data<T>() : nullptr, dk.defined() ? dk.data<T>() : nullptr,
-                       dv.defined() ? dv.data<T>() : nullptr);
+  DType dt = c.input_metas[0].dtype;
+  Tensor dq = c.needs_grad[0] ? heads_major(d.B, d.H, d.T, d.D, dt, false) : Tensor();
+  Tensor dk = c.needs_grad[1] ? heads_major(d.B, d.Hkv, d.S, d.D, dt, true) : Tensor();
+  Tensor dv = c.needs_grad[2] ? heads_major(d.B, d.Hkv, d.S, d.D, dt, true) : Tensor();
+  Tensor P = kernels::contig(c.outputs[1]);
+  TESSEL_DISPATCH_FLOAT(dt, "sdpa", [&]<typename T>() {
+    Tensor keep[7];
+    Heads<T> q = heads_of<T>(c.inputs[0], keep[0]), k = heads_of<T>(c.inputs[1], keep[1]),
+             v = heads_of<T>(c.inputs[2], keep[2]), dO = heads_of<T>(c.grad_outputs[0], keep[3]);
+    Heads<T> hq, hk, hv;
+    if (dq.defined()) hq = heads_of<T>(dq, keep[4]);
+    if (dk.defined()) hk = heads_of<T>(dk, keep[5]);
+    if (dv.defined()) hv = heads_of<T>(dv, keep[6]);
+    sdpa_backward_t<T>(d, static_cast<T>(scale), q, k, v, P.data<T>(), dO, dq.defined() ? &hq : nullptr,
+                       dk.defined() ? &hk : nullptr, dv.defined() ? &hv : nullptr);
   });
   return {dq, dk, dv};
 }

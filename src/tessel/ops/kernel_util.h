@@ -7,6 +7,7 @@
 #include <span>
 #include <string_view>
 
+#include "tessel/core/profile.h"
 #include "tessel/core/thread_pool.h"
 #include "tessel/core/view.h"
 #include "tessel/ops/op.h"
@@ -67,6 +68,7 @@ inline void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, con
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
     return;
   }
+  ProfileScope profile_scope("(blas gemm)");
   auto tA = ta ? CblasTrans : CblasNoTrans;
   auto tB = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>)
