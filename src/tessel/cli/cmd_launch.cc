@@ -1,0 +1,141 @@
+// `tessel launch`: parses the flags into LaunchOptions and runs the launcher. Flag values
+// that cannot describe a job are bad input (exit 2); a job that fails exits 1.
+#include <cmath>
+#include <cstdlib>
+
+#include "tessel/cli/commands.h"
+#include "tessel/core/error.h"
+#include "tessel/launch/launcher.h"
+
+namespace tessel {
+
+namespace {
+
+constexpr const char* kFooter = R"(Each process gets torchrun's environment:
+  RANK              global rank: node_rank * nproc_per_node + LOCAL_RANK
+  WORLD_SIZE        nnodes * nproc_per_node
+  LOCAL_RANK        rank on this node, 0 .. nproc_per_node-1
+  LOCAL_WORLD_SIZE  nproc_per_node
+  GROUP_RANK        this node's rank (--node-rank)
+  MASTER_ADDR       host of node 0's TCP store
+  MASTER_PORT       port of node 0's TCP store (the real one when it was chosen freely)
+  TESSEL_JOB_TOKEN  the job token that the store requires of every client
+  TESSEL_NNODES     number of nodes
+Every output line of a process is prefixed with "[rank R] " (stdout to stdout, stderr to
+stderr); stdin is /dev/null. When a process exits non-zero or is killed by a signal, every
+process of the job, on every node, is stopped (SIGTERM, then SIGKILL after a grace period)
+and the failed rank is reported; tessel launch then exits 1. Ctrl-C stops the job and exits
+130.
+
+Examples:
+  tessel launch --nproc-per-node 4 -- python3 train.py --lr 3e-4
+  tessel launch --nnodes 2 --node-rank 0 --master 10.0.0.1:29500 --token $T --nproc-per-node 8 -- ./train
+  tessel launch --nnodes 2 --node-rank 1 --master 10.0.0.1:29500 --token $T --nproc-per-node 8 -- ./train)";
+
+// "HOST:PORT", "HOST", "[V6]:PORT" -> host, port (0 when absent).
+std::pair<std::string, int> parse_master(const std::string& s) {
+  std::string host = s, port;
+  if (!s.empty() && s.front() == '[') {
+    const std::size_t close = s.find(']');
+    if (close == std::string::npos) throw BadInput(fmt::format("--master '{}': missing ']' after the IPv6 address", s));
+    host = s.substr(1, close - 1);
+    const std::string rest = s.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.front() != ':') throw BadInput(fmt::format("--master '{}': expected ':PORT' after ']'", s));
+      port = rest.substr(1);
+    }
+  } else if (const std::size_t colon = s.rfind(':'); colon != std::string::npos) {
+    if (s.find(':') != colon) throw BadInput(fmt::format("--master '{}': write an IPv6 address as [ADDR]:PORT", s));
+    host = s.substr(0, colon);
+    port = s.substr(colon + 1);
+  }
+  if (host.empty()) throw BadInput(fmt::format("--master '{}': missing host, e.g. --master 10.0.0.1:29500", s));
+  int p = 0;
+  if (!port.empty()) {
+    char* end = nullptr;
+    const long v = std::strtol(port.c_str(), &end, 10);
+    if (*end != '\0' || v < 1 || v > 65535)
+      throw BadInput(fmt::format("--master '{}': port '{}' is not a number in 1..65535", s, port));
+    p = static_cast<int>(v);
+  }
+  return {host, p};
+}
+
+// "N" or "N:N"; elastic ranges (MIN < MAX) are not supported yet.
+int parse_nnodes(const std::string& s) {
+  auto number = [&](const std::string& t) {
+    char* end = nullptr;
+    const long v = std::strtol(t.c_str(), &end, 10);
+    if (t.empty() || *end != '\0' || v < 1 || v > 1'000'000)
+      throw BadInput(fmt::format("--nnodes '{}': expected a positive number of nodes", s));
+    return static_cast<int>(v);
+  };
+  const std::size_t colon = s.find(':');
+  if (colon == std::string::npos) return number(s);
+  const int lo = number(s.substr(0, colon)), hi = number(s.substr(colon + 1));
+  if (lo != hi)
+    throw BadInput(fmt::format("--nnodes {}: elastic node ranges are not supported yet; give one number", s));
+  return lo;
+}
+
+Millis seconds_flag(double seconds, const char* flag, bool allow_zero) {
+  if (!std::isfinite(seconds) || seconds < 0 || (!allow_zero && seconds == 0) || seconds > 1e9)
+    throw BadInput(fmt::format("{} {}: expected a {} number of seconds", flag, seconds, allow_zero ? "non-negative" : "positive"));
+  return Millis(static_cast<int64_t>(std::llround(seconds * 1000)));
+}
+
+}  // namespace
+
+std::vector<Command> register_launch(CLI::App& app) {
+  struct Args {
+    std::string nnodes = "1";
+    int node_rank = 0;
+    std::string master;
+    int nproc_per_node = 1;
+    std::string token;
+    double rendezvous_timeout = 300;
+    double kill_grace = 3;
+    std::vector<std::string> command;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "launch", "start a job's processes on this node with torchrun's environment; stop them all when one fails");
+  cmd->add_option("--nproc-per-node", a->nproc_per_node, "processes to start on this node (one per device)")
+      ->required();
+  cmd->add_option("--nnodes", a->nnodes, "number of nodes (machines) in the job, each running its own tessel launch")
+      ->default_str("1");
+  cmd->add_option("--node-rank", a->node_rank, "this node's rank, 0 .. nnodes-1; node 0 hosts the job's store")
+      ->default_str("0");
+  cmd->add_option("--master", a->master,
+                  "HOST:PORT of node 0's store; required with several nodes (default: 127.0.0.1 and a free port)");
+  cmd->add_option("--token", a->token,
+                  "job token that every launcher and process must present to the store; required with several "
+                  "nodes (default: $TESSEL_JOB_TOKEN, else a random one on a single node)");
+  cmd->add_option("--rendezvous-timeout", a->rendezvous_timeout,
+                  "seconds to wait for every node to join before giving up")
+      ->default_str("300");
+  cmd->add_option("--kill-grace", a->kill_grace,
+                  "seconds between SIGTERM and SIGKILL when stopping the processes")
+      ->default_str("3");
+  cmd->add_option("PROGRAM", a->command, "the program to run and its arguments (PROGRAM ARGS...), after --")->required();
+  cmd->footer(kFooter);
+  return {{cmd, [a] {
+             LaunchOptions o;
+             o.nnodes = parse_nnodes(a->nnodes);
+             o.node_rank = a->node_rank;
+             if (!a->master.empty()) std::tie(o.master_host, o.master_port) = parse_master(a->master);
+             o.nproc_per_node = a->nproc_per_node;
+             o.command = a->command;
+             o.token = a->token;
+             o.rendezvous_timeout = seconds_flag(a->rendezvous_timeout, "--rendezvous-timeout", false);
+             o.kill_grace = seconds_flag(a->kill_grace, "--kill-grace", true);
+             try {
+               check_launch_options(o);
+             } catch (const Error& e) {
+               throw BadInput(e.what());
+             }
+             return run_launch(o);
+           }}};
+}
+
+}  // namespace tessel

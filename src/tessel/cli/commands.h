@@ -1,0 +1,27 @@
+// Subcommands of the tessel binary. Each file registers its own subcommand on the app and
+// returns the handler to run when that subcommand was chosen.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <stdexcept>
+
+namespace tessel {
+
+// Errors in what the user gave (exit status 2), as opposed to failures of a run (1).
+struct BadInput : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A registered subcommand: when `cmd` was parsed, `run` returns the exit status.
+struct Command {
+  CLI::App* cmd = nullptr;
+  std::function<int()> run;
+};
+
+std::vector<Command> register_train(CLI::App& app);   // train
+std::vector<Command> register_bench(CLI::App& app);   // bench train, bench comm
+std::vector<Command> register_launch(CLI::App& app);  // launch
+
+}  // namespace tessel

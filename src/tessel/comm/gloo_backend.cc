@@ -1,0 +1,486 @@
+// Gloo backend.
+#include "tessel/comm/gloo_backend.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/allreduce_ring.h>
+#include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/gather.h>
+#include <gloo/math.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/device.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "tessel/comm/tcp_store.h"
+#include "tessel/core/convert.h"
+#include "tessel/core/error.h"
+
+namespace tessel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Gloo's rendezvous store interface over a tessel Store.
+class GlooStore final : public gloo::rendezvous::Store {
+ public:
+  GlooStore(std::shared_ptr<tessel::Store> base, Millis timeout) : base_(std::move(base)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    base_->set(key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    std::string v = base_->get(key, timeout_);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { base_->wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    base_->wait(keys, Millis(timeout.count()));
+  }
+
+ private:
+  std::shared_ptr<tessel::Store> base_;
+  Millis timeout_;
+};
+
+// Gloo's reduce signature c = a op b: Gloo's own vectorised kernels for the types it knows,
+// ours (bf16 via f32, bool) otherwise.
+template <typename T>
+gloo::AllreduceOptions::Func gloo_native(ReduceOp op) {
+  using Fn = void (*)(void*, const void*, const void*, size_t);
+  switch (op) {
+    case ReduceOp::max: return static_cast<Fn>(&gloo::max<T>);
+    case ReduceOp::min: return static_cast<Fn>(&gloo::min<T>);
+    case ReduceOp::prod: return static_cast<Fn>(&gloo::product<T>);
+    default: return static_cast<Fn>(&gloo::sum<T>);
+  }
+}
+
+gloo::AllreduceOptions::Func reduce_fn(DType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DType::f32: return gloo_native<float>(op);
+    case DType::f64: return gloo_native<double>(op);
+    case DType::i32: return gloo_native<int32_t>(op);
+    case DType::i64: return gloo_native<int64_t>(op);
+    default: break;
+  }
+  size_t esz = dtype_size(dtype);
+  return [=](void* c, const void* a, const void* b, size_t n) {
+    if (c != a) std::memmove(c, a, n * esz);
+    reduce_into(c, b, static_cast<int64_t>(n), dtype, op);
+  };
+}
+
+// Gloo sizes buffers through a template type: pick the unsigned integer of the element size.
+template <typename F>
+void by_element_size(DType dtype, F f) {
+  switch (dtype_size(dtype)) {
+    case 1: return f(uint8_t{});
+    case 2: return f(uint16_t{});
+    case 4: return f(uint32_t{});
+    default: return f(uint64_t{});
+  }
+}
+
+std::shared_ptr<gloo::transport::Device> device_for(const std::string& host) {
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<gloo::transport::Device>> devices;
+  std::lock_guard lock(mutex);
+  auto& d = devices[host];
+  if (!d) {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = host;
+    d = gloo::transport::tcp::CreateDevice(attr);
+  }
+  return d;
+}
+
+std::string world_rank_list(const std::vector<int>& r) { return fmt::format("[{}]", fmt::join(r, ", ")); }
+
+class GlooProcessGroup final : public ProcessGroup {
+ public:
+  GlooProcessGroup(std::shared_ptr<Store> store, std::string name, int rank, std::vector<int> world_ranks,
+                   std::vector<int> nodes, std::string host, Millis timeout)
+      : ProcessGroup(name, rank, world_ranks, std::move(nodes), timeout), store_(std::move(store)), host_(std::move(host)) {
+    auto prefixed = std::make_shared<PrefixStore>(this->name(), store_);
+    GlooStore gs(prefixed, timeout);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size());
+    ctx->setTimeout(timeout);
+    auto dev = device_for(host_);
+    try {
+      ctx->connectFullMesh(gs, dev);
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(fmt::format("{}: ranks did not all join within {} ms: {}", describe("creation"), timeout.count(),
+                                     e.what()));
+    } catch (const std::exception& e) {
+      throw CommError(fmt::format("{}: connecting the Gloo context failed: {}", describe("creation"), e.what()));
+    }
+    context_ = ctx;
+    setup_hierarchy();
+  }
+  ~GlooProcessGroup() override { shutdown(); }
+  std::string backend() const override { return "gloo"; }
+  const std::shared_ptr<gloo::Context>& context() const { return context_; }
+
+ protected:
+  void do_all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op) override {
+    run("all_reduce", [&](uint32_t tag) {
+      gloo::AllreduceOptions o(context_);
+      by_element_size(dtype, [&](auto t) { o.setOutput(static_cast<decltype(t)*>(buf), static_cast<size_t>(count)); });
+      o.setReduceFunction(reduce_fn(dtype, op));
+      o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+      o.setTag(tag);
+      o.setTimeout(timeout());
+      gloo::allreduce(o);
+    });
+  }
+
+  void do_broadcast(void* buf, int64_t count, DType dtype, int root) override {
+    run("broadcast", [&](uint32_t tag) {
+      gloo::BroadcastOptions o(context_);
+      by_element_size(dtype, [&](auto t) { o.setOutput(static_cast<decltype(t)*>(buf), static_cast<size_t>(count)); });
+      o.setRoot(root);
+      o.setTag(tag);
+      o.setTimeout(timeout());
+      gloo::broadcast(o);
+    });
+  }
+
+  void do_reduce(void* buf, int64_t count, DType dtype, ReduceOp op, int root) override {
+    // Gloo's reduce uses non-root outputs as scratch: give non-roots a copy.
+    std::vector<char> scratch;
+    void* target = buf;
+    if (rank() != root) {
+      scratch.assign(static_cast<const char*>(buf), static_cast<const char*>(buf) + count * static_cast<int64_t>(dtype_size(dtype)));
+      target = scratch.data();
+    }
+    run("reduce", [&](uint32_t tag) {
+      gloo::ReduceOptions o(context_);
+      by_element_size(dtype, [&](auto t) { o.setOutput(static_cast<decltype(t)*>(target), static_cast<size_t>(count)); });
+      o.setReduceFunction(reduce_fn(dtype, op));
+      o.setRoot(root);
+      o.setTag(tag);
+      o.setTimeout(timeout());
+      gloo::reduce(o);
+    });
+  }
+
+  void do_all_gather(const void* in, void* out, int64_t count, DType dtype) override {
+    run("all_gather", [&](uint32_t tag) {
+      gloo::AllgatherOptions o(context_);
+      by_element_size(dtype, [&](auto t) {
+        using T = decltype(t);
+        o.setInput(const_cast<T*>(static_cast<const T*>(in)), static_cast<size_t>(count));
+        o.setOutput(static_cast<T*>(out), static_cast<size_t>(count * size()));
+      });
+      o.setTag(tag);
+      o.setTimeout(timeout());
+      gloo::allgather(o);
+    });
+  }
+
+  void do_all_gather_v(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype) override {
+    run("all_gather", [&](uint32_t tag) {
+      gloo::AllgathervOptions o(context_);
+      std::vector<size_t> c(counts.begin(), counts.end());
+      by_element_size(dtype, [&](auto t) {
+        using T = decltype(t);
+        o.setInput(const_cast<T*>(static_cast<const T*>(in)), c[static_cast<size_t>(rank())]);
+        o.setOutput(static_cast<T*>(out), c);
+      });
+      o.setTag(tag);
+      o.setTimeout(timeout());
+      gloo::allgatherv(o);
+    });
+  }
+
+  // Segments to their owners (all_to_all), then a local reduction in rank order.
+  void do_reduce_scatter_v(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype, ReduceOp op) override {
+    const int64_t mine = counts[static_cast<size_t>(rank())];
+    const size_t esz = dtype_size(dtype);
+    std::vector<int64_t> recv(static_cast<size_t>(size()), mine);
+    std::vector<char> gathered(static_cast<size_t>(mine * size()) * esz);
+    do_all_to_all_v(in, counts, gathered.data(), recv, dtype);
+    if (mine == 0) return;
+    if (dtype == DType::bf16) {  // accumulate in f32, round once
+      std::vector<float> acc(static_cast<size_t>(mine)), tmp(static_cast<size_t>(mine));
+      const auto* g = reinterpret_cast<const BFloat16*>(gathered.data());
+      for (int64_t i = 0; i < mine; ++i) acc[static_cast<size_t>(i)] = static_cast<float>(g[i]);
+      for (int r = 1; r < size(); ++r) {
+        for (int64_t i = 0; i < mine; ++i) tmp[static_cast<size_t>(i)] = static_cast<float>(g[r * mine + i]);
+        reduce_into(acc.data(), tmp.data(), mine, DType::f32, op);
+      }
+      auto* o = static_cast<BFloat16*>(out);
+      for (int64_t i = 0; i < mine; ++i) o[i] = BFloat16(acc[static_cast<size_t>(i)]);
+      return;
+    }
+    std::memcpy(out, gathered.data(), static_cast<size_t>(mine) * esz);
+    for (int r = 1; r < size(); ++r) reduce_into(out, gathered.data() + static_cast<size_t>(r * mine) * esz, mine, dtype, op);
+  }
+
+  void do_all_to_all(const void* in, void* out, int64_t count, DType dtype) override {
+    run("all_to_all", [&](uint32_t tag) {
+      gloo::AlltoallOptions o(context_);
+      by_element_size(dtype, [&](auto t) {
+        using T = decltype(t);
+        o.setInput(const_cast<T*>(static_cast<const T*>(in)), static_cast<size_t>(count * size()));
+        o.setOutput(static_cast<T*>(out), static_cast<size_t>(count * size()));
+      });
+      o.setTag(tag);
+      o.setTimeout(timeout());
+      gloo::alltoall(o);
+    });
+  }
+
+  void do_all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                       const std::vector<int64_t>& recv_counts, DType dtype) override {
+    run("all_to_all", [&](uint32_t tag) {
+      gloo::AlltoallvOptions o(context_);
+      by_element_size(dtype, [&](auto t) {
+        using T = decltype(t);
+        o.setInput(const_cast<T*>(static_cast<const T*>(in)), send_counts);
+        o.setOutput(static_cast<T*>(out), recv_counts);
+      });
+      o.setTag(tag);
+      o.setTimeout(timeout());
+      gloo::alltoallv(o);
+    });
+  }
+
+  void do_gather(const void* in, void* out, int64_t count, DType dtype, int root) override {
+    run("gather", [&](uint32_t tag) {
+      gloo::GatherOptions o(context_);
+      by_element_size(dtype, [&](auto t) {
+        using T = decltype(t);
+        o.setInput(const_cast<T*>(static_cast<const T*>(in)), static_cast<size_t>(count));
+        if (rank() == root) o.setOutput(static_cast<T*>(out), static_cast<size_t>(count * size()));
+      });
+      o.setRoot(root);
+      o.setTag(tag);
+      o.setTimeout(timeout());
+      gloo::gather(o);
+    });
+  }
+
+  void do_scatter(const void* in, void* out, int64_t count, DType dtype, int root) override {
+    run("scatter", [&](uint32_t tag) {
+      gloo::ScatterOptions o(context_);
+      by_element_size(dtype, [&](auto t) {
+        using T = decltype(t);
+        if (rank() == root) {
+          std::vector<T*> parts;
+          for (int r = 0; r < size(); ++r) parts.push_back(const_cast<T*>(static_cast<const T*>(in)) + r * count);
+          o.setInputs(parts, static_cast<size_t>(count));
+        }
+        o.setOutput(static_cast<T*>(out), static_cast<size_t>(count));
+      });
+      o.setRoot(root);
+      o.setTag(tag);
+      o.setTimeout(timeout());
+      gloo::scatter(o);
+    });
+  }
+
+  void do_barrier() override {
+    run("barrier", [&](uint32_t tag) {
+      gloo::BarrierOptions o(context_);
+      o.setTag(tag);
+      o.setTimeout(timeout());
+      gloo::barrier(o);
+    });
+  }
+
+  WorkPtr do_send(const void* buf, size_t bytes, int dst, int tag) override {
+    auto ub = std::shared_ptr<gloo::transport::UnboundBuffer>(context_->createUnboundBuffer(const_cast<void*>(buf), bytes));
+    ub->send(dst, p2p_slot(tag));
+    return std::make_shared<P2PWork>(ub, true, fmt::format("{} to rank {} (tag {})", describe("send"), dst, tag), timeout());
+  }
+
+  WorkPtr do_recv(void* buf, size_t bytes, int src, int tag) override {
+    auto ub = std::shared_ptr<gloo::transport::UnboundBuffer>(context_->createUnboundBuffer(buf, bytes));
+    ub->recv(src, p2p_slot(tag));
+    return std::make_shared<P2PWork>(ub, false, fmt::format("{} from rank {} (tag {})", describe("recv"), src, tag),
+                                     timeout());
+  }
+
+  std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& members, const std::string& name) override {
+    std::vector<int> world_ranks, nodes;
+    int me = -1;
+    for (int m : members) {
+      if (m == rank()) me = static_cast<int>(world_ranks.size());
+      world_ranks.push_back(ranks()[static_cast<size_t>(m)]);
+      nodes.push_back(this->nodes()[static_cast<size_t>(m)]);
+    }
+    return std::make_shared<GlooProcessGroup>(store_, name, me, world_ranks, nodes, host_, timeout());
+  }
+
+ private:
+  // A send/recv on a Gloo unbound buffer; keeps the buffer alive until done.
+  class P2PWork final : public Work {
+   public:
+    P2PWork(std::shared_ptr<gloo::transport::UnboundBuffer> buf, bool send, std::string what, Millis timeout)
+        : buf_(std::move(buf)), send_(send), what_(std::move(what)), timeout_(timeout) {}
+    void wait() override {
+      std::lock_guard lock(mutex_);
+      if (done_) return;
+      try {
+        bool ok = send_ ? buf_->waitSend(timeout_) : buf_->waitRecv(timeout_);
+        if (!ok) throw CommError(fmt::format("{}: aborted", what_));
+      } catch (const gloo::IoException& e) {
+        std::string msg = e.what();
+        if (msg.find("Timed out") != std::string::npos || msg.find("timed out") != std::string::npos)
+          throw TimeoutError(fmt::format("{} timed out after {} ms: {}", what_, timeout_.count(), msg));
+        throw CommError(fmt::format("{} failed: {}", what_, msg));
+      }
+      done_ = true;
+    }
+    bool is_completed() override {
+      std::lock_guard lock(mutex_);
+      return done_;
+    }
+
+   private:
+    std::mutex mutex_;
+    std::shared_ptr<gloo::transport::UnboundBuffer> buf_;
+    bool send_;
+    bool done_ = false;
+    std::string what_;
+    Millis timeout_;
+  };
+
+  static uint64_t p2p_slot(int tag) { return gloo::Slot::build(0xF0, static_cast<uint32_t>(tag)); }
+
+  // Runs one Gloo collective with a fresh tag; maps Gloo's errors to CommError naming the
+  // group, the op and the ranks that did not report the same failure.
+  void run(const char* op, const std::function<void(uint32_t)>& body) {
+    uint32_t tag = static_cast<uint32_t>(++collectives_);
+    try {
+      body(tag);
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      bool timed_out = msg.find("imed out") != std::string::npos;
+      std::string missing = missing_ranks(tag);
+      std::string text = fmt::format("{} (collective #{}) {}: {}{}", describe(op), tag,
+                                     timed_out ? fmt::format("timed out after {} ms", timeout().count()) : "failed", msg,
+                                     missing.empty() ? "" : "; " + missing);
+      if (timed_out) throw TimeoutError(text);
+      throw CommError(text);
+    }
+  }
+
+  // Every rank whose collective #tag failed says so in the store; after a short grace the
+  // ranks that did not are reported as missing (dead, or never reached the collective).
+  std::string missing_ranks(uint32_t tag) {
+    try {
+      std::string base = fmt::format("{}/failed/{}/", name(), tag);
+      store_->set(base + std::to_string(rank()), "1");
+      auto deadline = Clock::now() + std::chrono::milliseconds(1500);
+      std::vector<int> missing;
+      for (;;) {
+        missing.clear();
+        for (int r = 0; r < size(); ++r)
+          if (!store_->check({base + std::to_string(r)})) missing.push_back(ranks()[static_cast<size_t>(r)]);
+        if (missing.empty() || Clock::now() > deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (missing.empty()) return "";
+      return fmt::format("missing world ranks {} (dead or never reached this collective)", world_rank_list(missing));
+    } catch (const std::exception&) {
+      return "the store is unreachable too (rank 0 or the launcher may be gone)";
+    }
+  }
+
+  std::shared_ptr<Store> store_;
+  std::string host_;
+  std::shared_ptr<gloo::Context> context_;
+  uint64_t collectives_ = 0;
+};
+
+int env_int(const char* name, int fallback, bool required) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') {
+    TESSEL_CHECK(!required, "environment variable {} is not set (start the program with `tessel launch`)", name);
+    return fallback;
+  }
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  TESSEL_CHECK(end != v && *end == '\0' && x >= 0, "environment variable {}='{}' is not a non-negative integer", name, v);
+  return static_cast<int>(x);
+}
+
+}  // namespace
+
+GlooWorldOptions GlooWorldOptions::from_env(Millis timeout) {
+  GlooWorldOptions o;
+  o.rank = env_int("RANK", 0, true);
+  o.size = env_int("WORLD_SIZE", 1, true);
+  TESSEL_CHECK(o.rank < o.size, "RANK={} is not below WORLD_SIZE={}", o.rank, o.size);
+  const char* addr = std::getenv("MASTER_ADDR");
+  o.master_addr = addr && *addr ? addr : "127.0.0.1";
+  o.master_port = env_int("MASTER_PORT", 0, true);
+  const char* token = std::getenv("TESSEL_JOB_TOKEN");
+  o.token = token ? token : "";
+  o.local_world_size = env_int("LOCAL_WORLD_SIZE", 0, false);
+  const char* host = std::getenv("TESSEL_GLOO_HOST");
+  o.bind_host = host ? host : "";
+  o.timeout = timeout;
+  return o;
+}
+
+std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<Store> store, int rank, int size, std::vector<int> nodes,
+                                              const std::string& bind_host, Millis timeout, const std::string& name) {
+  std::vector<int> ranks(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) ranks[static_cast<size_t>(r)] = r;
+  return std::make_shared<GlooProcessGroup>(std::move(store), name, rank, ranks, std::move(nodes),
+                                            bind_host.empty() ? "127.0.0.1" : bind_host, timeout);
+}
+
+void gloo_direct_ring_all_reduce(ProcessGroup& group, float* buf, int64_t count, bool classic) {
+  auto* g = dynamic_cast<GlooProcessGroup*>(&group);
+  TESSEL_CHECK(g != nullptr, "gloo_direct_ring_all_reduce: group '{}' uses the {} backend, not gloo", group.name(),
+               group.backend());
+  if (classic) {
+    gloo::AllreduceRing<float> ring(g->context(), {buf}, static_cast<int>(count));
+    ring.run();
+    return;
+  }
+  gloo::AllreduceOptions o(g->context());
+  o.setOutput(buf, static_cast<size_t>(count));
+  o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+  o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+  o.setTag(0x7fffffff);
+  gloo::allreduce(o);
+}
+
+std::shared_ptr<ProcessGroup> make_gloo_world(const GlooWorldOptions& o) {
+  auto store = std::make_shared<TcpStore>(o.master_addr, o.master_port, o.token, o.timeout);
+  store->set_timeout(o.timeout);
+  std::vector<int> nodes;
+  if (o.local_world_size > 0)
+    for (int r = 0; r < o.size; ++r) nodes.push_back(r / o.local_world_size);
+  std::string host = o.bind_host;
+  if (host.empty()) {
+    bool loopback = o.master_addr.rfind("127.", 0) == 0 || o.master_addr == "localhost" || o.master_addr == "::1";
+    if (loopback) {
+      host = "127.0.0.1";
+    } else {
+      char name[256] = {};
+      ::gethostname(name, sizeof name - 1);
+      host = name;
+    }
+  }
+  return make_gloo_group(store, o.rank, o.size, nodes, host, o.timeout, "world");
+}
+
+}  // namespace tessel

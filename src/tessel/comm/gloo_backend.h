@@ -1,0 +1,44 @@
+// The Gloo backend: one process per rank, on one or many machines, over Debian's libgloo
+// (TCP). Ranks rendezvous through the Store (the launcher's TCP store); each group is a Gloo
+// context over its members. Collectives map to Gloo's algorithms (ring all_reduce and
+// friends); reduce_scatter is an all_to_all of segments followed by a local reduction (the
+// same bytes on the wire as a ring). A failed or timed-out collective asks the store which
+// ranks reported the same failure, and names the others as missing.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/comm/process_group.h"
+
+namespace tessel {
+
+struct GlooWorldOptions {
+  int rank = 0, size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  std::string token;
+  int local_world_size = 0;  // ranks per node (0: one node)
+  std::string bind_host;     // address of this rank's Gloo device ("": 127.0.0.1 for a loopback master, else the hostname)
+  Millis timeout = kDefaultTimeout;
+  // From RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TESSEL_JOB_TOKEN, LOCAL_WORLD_SIZE and
+  // TESSEL_GLOO_HOST; throws naming a missing or malformed variable.
+  static GlooWorldOptions from_env(Millis timeout);
+};
+
+// Connects to the job's TCP store and creates the world group.
+std::shared_ptr<ProcessGroup> make_gloo_world(const GlooWorldOptions& options);
+// A Gloo group over an existing store (several ranks in one process for tests, or an
+// embedding application's own rendezvous). `nodes` gives each rank's node (empty: one node).
+std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<Store> store, int rank, int size, std::vector<int> nodes,
+                                              const std::string& bind_host, Millis timeout,
+                                              const std::string& name = "world");
+
+// Gloo's own ring all_reduce (sum of floats) on the Gloo context of `group`, with no tessel
+// code on the path, for benchmarks that compare the two: `classic` runs the algorithm class
+// gloo::AllreduceRing<float>, otherwise gloo::allreduce with the ring algorithm and Gloo's
+// sum. Throws unless `group` is a Gloo group.
+void gloo_direct_ring_all_reduce(ProcessGroup& group, float* buf, int64_t count, bool classic);
+
+}  // namespace tessel

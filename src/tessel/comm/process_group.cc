@@ -1,0 +1,410 @@
+// ProcessGroup: queuing, validation, statistics, sub-groups, hierarchical all_reduce, and the
+// byte-level reduction kernels backends share.
+#include "tessel/comm/process_group.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "tessel/core/convert.h"
+#include "tessel/core/error.h"
+#include "tessel/core/shape.h"
+
+namespace tessel {
+
+// ---------------------------------------------------------------- work and stats
+
+void CompletionWork::wait() {
+  std::unique_lock lock(mutex_);
+  done_cv_.wait(lock, [&] { return done_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool CompletionWork::is_completed() {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
+void CompletionWork::finish(std::exception_ptr error) {
+  {
+    std::lock_guard lock(mutex_);
+    done_ = true;
+    error_ = error;
+  }
+  done_cv_.notify_all();
+}
+
+int64_t CommStats::total_calls() const {
+  int64_t n = 0;
+  for (const auto& [op, e] : ops) n += e.calls;
+  return n;
+}
+
+std::string CommStats::str() const {
+  std::string out;
+  for (const auto& [op, e] : ops) out += fmt::format("{}{} x{} ({} B)", out.empty() ? "" : ", ", op, e.calls, e.bytes);
+  return out.empty() ? "no communication" : out;
+}
+
+// ---------------------------------------------------------------- reductions
+
+namespace {
+
+template <typename T, typename F>
+void combine(T* __restrict a, const T* __restrict x, int64_t n, F f) {
+  for (int64_t i = 0; i < n; ++i) a[i] = f(a[i], x[i]);
+}
+
+template <typename T>
+void reduce_typed(T* a, const T* x, int64_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      if constexpr (std::is_same_v<T, bool>) combine(a, x, n, [](T u, T v) { return u || v; });
+      else combine(a, x, n, [](T u, T v) { return static_cast<T>(u + v); });
+      return;
+    case ReduceOp::max: combine(a, x, n, [](T u, T v) { return v > u ? v : u; }); return;
+    case ReduceOp::min: combine(a, x, n, [](T u, T v) { return v < u ? v : u; }); return;
+    case ReduceOp::prod:
+      if constexpr (std::is_same_v<T, bool>) combine(a, x, n, [](T u, T v) { return u && v; });
+      else combine(a, x, n, [](T u, T v) { return static_cast<T>(u * v); });
+      return;
+  }
+}
+
+}  // namespace
+
+void check_reducible(DType dtype, ReduceOp op, const std::string& where) {
+  TESSEL_CHECK(!(dtype == DType::b8 && op == ReduceOp::avg), "{}: cannot average bool values", where);
+}
+
+void reduce_into(void* acc, const void* x, int64_t n, DType dtype, ReduceOp op) {
+  if (dtype == DType::bf16) {
+    auto* a = static_cast<BFloat16*>(acc);
+    const auto* b = static_cast<const BFloat16*>(x);
+    for (int64_t i = 0; i < n; ++i) {
+      float u = static_cast<float>(a[i]), v = static_cast<float>(b[i]);
+      reduce_typed(&u, &v, 1, op);
+      a[i] = BFloat16(u);
+    }
+    return;
+  }
+  TESSEL_DISPATCH_ALL(dtype, "reduce", [&]<typename T>() {
+    if constexpr (!std::is_same_v<T, BFloat16>) reduce_typed(static_cast<T*>(acc), static_cast<const T*>(x), n, op);
+  });
+}
+
+void finish_avg(void* buf, int64_t n, DType dtype, int ranks) {
+  TESSEL_DISPATCH_ALL(dtype, "avg", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, bool>) {
+      TESSEL_THROW("avg: cannot average bool values");
+    } else {
+      T* p = static_cast<T*>(buf);
+      for (int64_t i = 0; i < n; ++i) {
+        if constexpr (std::is_same_v<T, BFloat16>) p[i] = BFloat16(static_cast<float>(p[i]) / static_cast<float>(ranks));
+        else p[i] = static_cast<T>(p[i] / static_cast<T>(ranks));
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------- the group
+
+ProcessGroup::ProcessGroup(std::string name, int rank, std::vector<int> ranks, std::vector<int> nodes, Millis timeout)
+    : name_(std::move(name)), rank_(rank), ranks_(std::move(ranks)), nodes_(std::move(nodes)), timeout_(timeout) {
+  if (nodes_.empty()) nodes_.assign(ranks_.size(), 0);
+  TESSEL_ASSERT(nodes_.size() == ranks_.size(), "group {}: {} node ids for {} ranks", name_, nodes_.size(), ranks_.size());
+  TESSEL_ASSERT(rank_ >= 0 && rank_ < static_cast<int>(ranks_.size()), "group {}: rank {} of {}", name_, rank_, ranks_.size());
+}
+
+ProcessGroup::~ProcessGroup() { shutdown(); }
+
+void ProcessGroup::shutdown() {
+  {
+    std::lock_guard lock(queue_mutex_);
+    stop_ = true;
+  }
+  queue_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+std::string ProcessGroup::describe(const std::string& op) const {
+  return fmt::format("group '{}' (rank {} of {}) {}", name_, rank_, size(), op);
+}
+
+WorkPtr ProcessGroup::enqueue(const char* op, int64_t bytes, std::function<void()> job) {
+  {
+    std::lock_guard lock(stats_mutex_);
+    CommStats::Entry& e = stats_.ops[op];
+    e.calls += 1;
+    e.bytes += bytes;
+  }
+  auto work = std::make_shared<CompletionWork>();
+  std::lock_guard lock(queue_mutex_);
+  ++seq_;
+  if (broken_) {
+    try {
+      std::rethrow_exception(broken_);
+    } catch (const std::exception& e) {
+      work->finish(std::make_exception_ptr(
+          CommError(fmt::format("{}: the group is unusable after an earlier failure: {}", describe(op), e.what()))));
+    }
+    return work;
+  }
+  queue_.emplace_back(std::move(job), work);
+  if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  queue_cv_.notify_one();
+  return work;
+}
+
+void ProcessGroup::worker_loop() {
+  for (;;) {
+    std::pair<std::function<void()>, std::shared_ptr<CompletionWork>> item;
+    {
+      std::unique_lock lock(queue_mutex_);
+      queue_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    {
+      std::lock_guard lock(queue_mutex_);
+      error = broken_;
+    }
+    if (error) {
+      item.second->finish(error);
+      continue;
+    }
+    try {
+      item.first();
+    } catch (...) {
+      error = std::current_exception();
+      std::lock_guard lock(queue_mutex_);
+      broken_ = error;
+    }
+    item.second->finish(error);
+  }
+}
+
+void ProcessGroup::check_rank(int r, const char* what) const {
+  TESSEL_CHECK(r >= 0 && r < size(), "{}: {} {} is not a rank of the group (size {})", describe(what), what, r, size());
+}
+
+namespace {
+int64_t total(const std::vector<int64_t>& v) {
+  int64_t n = 0;
+  for (int64_t c : v) {
+    TESSEL_CHECK(c >= 0, "negative element count {}", c);
+    n += c;
+  }
+  return n;
+}
+int64_t nbytes(int64_t count, DType dtype) { return count * static_cast<int64_t>(dtype_size(dtype)); }
+}  // namespace
+
+WorkPtr ProcessGroup::all_reduce_async(void* buf, int64_t count, DType dtype, ReduceOp op) {
+  check_reducible(dtype, op, describe("all_reduce"));
+  return enqueue("all_reduce", nbytes(count, dtype), [=, this] {
+    ReduceOp base = op == ReduceOp::avg ? ReduceOp::sum : op;
+    if (intra_node_ && count >= intra_node_->size()) hierarchical_all_reduce(buf, count, dtype, base);
+    else do_all_reduce(buf, count, dtype, base);
+    if (op == ReduceOp::avg) finish_avg(buf, count, dtype, size());
+  });
+}
+
+WorkPtr ProcessGroup::broadcast_async(void* buf, int64_t count, DType dtype, int root) {
+  check_rank(root, "root");
+  return enqueue("broadcast", nbytes(count, dtype), [=, this] { do_broadcast(buf, count, dtype, root); });
+}
+
+WorkPtr ProcessGroup::reduce_async(void* buf, int64_t count, DType dtype, ReduceOp op, int root) {
+  check_rank(root, "root");
+  check_reducible(dtype, op, describe("reduce"));
+  return enqueue("reduce", nbytes(count, dtype), [=, this] {
+    do_reduce(buf, count, dtype, op == ReduceOp::avg ? ReduceOp::sum : op, root);
+    if (op == ReduceOp::avg && rank_ == root) finish_avg(buf, count, dtype, size());
+  });
+}
+
+WorkPtr ProcessGroup::all_gather_async(const void* in, void* out, int64_t count, DType dtype) {
+  return enqueue("all_gather", nbytes(count, dtype), [=, this] { do_all_gather(in, out, count, dtype); });
+}
+
+WorkPtr ProcessGroup::all_gather_v_async(const void* in, void* out, std::vector<int64_t> counts, DType dtype) {
+  TESSEL_CHECK(static_cast<int>(counts.size()) == size(), "{}: {} counts for {} ranks", describe("all_gather_v"),
+               counts.size(), size());
+  total(counts);
+  int64_t mine = counts[static_cast<size_t>(rank_)];
+  return enqueue("all_gather", nbytes(mine, dtype), [=, this, c = std::move(counts)] { do_all_gather_v(in, out, c, dtype); });
+}
+
+WorkPtr ProcessGroup::reduce_scatter_async(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) {
+  check_reducible(dtype, op, describe("reduce_scatter"));
+  return enqueue("reduce_scatter", nbytes(count * size(), dtype), [=, this] {
+    do_reduce_scatter(in, out, count, dtype, op == ReduceOp::avg ? ReduceOp::sum : op);
+    if (op == ReduceOp::avg) finish_avg(out, count, dtype, size());
+  });
+}
+
+WorkPtr ProcessGroup::reduce_scatter_v_async(const void* in, void* out, std::vector<int64_t> counts, DType dtype,
+                                             ReduceOp op) {
+  check_reducible(dtype, op, describe("reduce_scatter_v"));
+  TESSEL_CHECK(static_cast<int>(counts.size()) == size(), "{}: {} counts for {} ranks", describe("reduce_scatter_v"),
+               counts.size(), size());
+  int64_t all = total(counts), mine = counts[static_cast<size_t>(rank_)];
+  return enqueue("reduce_scatter", nbytes(all, dtype), [=, this, c = std::move(counts)] {
+    do_reduce_scatter_v(in, out, c, dtype, op == ReduceOp::avg ? ReduceOp::sum : op);
+    if (op == ReduceOp::avg) finish_avg(out, mine, dtype, size());
+  });
+}
+
+WorkPtr ProcessGroup::all_to_all_async(const void* in, void* out, int64_t count, DType dtype) {
+  return enqueue("all_to_all", nbytes(count * size(), dtype), [=, this] { do_all_to_all(in, out, count, dtype); });
+}
+
+WorkPtr ProcessGroup::all_to_all_v_async(const void* in, std::vector<int64_t> send_counts, void* out,
+                                         std::vector<int64_t> recv_counts, DType dtype) {
+  TESSEL_CHECK(static_cast<int>(send_counts.size()) == size() && static_cast<int>(recv_counts.size()) == size(),
+               "{}: {} send and {} receive counts for {} ranks", describe("all_to_all_v"), send_counts.size(),
+               recv_counts.size(), size());
+  int64_t sent = total(send_counts);
+  total(recv_counts);
+  return enqueue("all_to_all", nbytes(sent, dtype), [=, this, s = std::move(send_counts), r = std::move(recv_counts)] {
+    do_all_to_all_v(in, s, out, r, dtype);
+  });
+}
+
+WorkPtr ProcessGroup::gather_async(const void* in, void* out, int64_t count, DType dtype, int root) {
+  check_rank(root, "root");
+  return enqueue("gather", nbytes(count, dtype), [=, this] { do_gather(in, out, count, dtype, root); });
+}
+
+WorkPtr ProcessGroup::scatter_async(const void* in, void* out, int64_t count, DType dtype, int root) {
+  check_rank(root, "root");
+  return enqueue("scatter", rank_ == root ? nbytes(count * size(), dtype) : 0,
+                 [=, this] { do_scatter(in, out, count, dtype, root); });
+}
+
+WorkPtr ProcessGroup::barrier_async() {
+  return enqueue("barrier", 0, [this] { do_barrier(); });
+}
+
+WorkPtr ProcessGroup::send_async(const void* buf, int64_t count, DType dtype, int dst, int tag) {
+  check_rank(dst, "destination");
+  TESSEL_CHECK(dst != rank_, "{}: send to itself", describe("send"));
+  {
+    std::lock_guard lock(stats_mutex_);
+    CommStats::Entry& e = stats_.ops["send"];
+    e.calls += 1;
+    e.bytes += nbytes(count, dtype);
+  }
+  return do_send(buf, static_cast<size_t>(nbytes(count, dtype)), dst, tag);
+}
+
+WorkPtr ProcessGroup::recv_async(void* buf, int64_t count, DType dtype, int src, int tag) {
+  check_rank(src, "source");
+  TESSEL_CHECK(src != rank_, "{}: receive from itself", describe("recv"));
+  {
+    std::lock_guard lock(stats_mutex_);
+    CommStats::Entry& e = stats_.ops["recv"];
+    e.calls += 1;
+    e.bytes += nbytes(count, dtype);
+  }
+  return do_recv(buf, static_cast<size_t>(nbytes(count, dtype)), src, tag);
+}
+
+// Equal-count forms through the general ones.
+void ProcessGroup::do_all_gather(const void* in, void* out, int64_t count, DType dtype) {
+  do_all_gather_v(in, out, std::vector<int64_t>(static_cast<size_t>(size()), count), dtype);
+}
+void ProcessGroup::do_reduce_scatter(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) {
+  do_reduce_scatter_v(in, out, std::vector<int64_t>(static_cast<size_t>(size()), count), dtype, op);
+}
+void ProcessGroup::do_all_to_all(const void* in, void* out, int64_t count, DType dtype) {
+  std::vector<int64_t> c(static_cast<size_t>(size()), count);
+  do_all_to_all_v(in, c, out, c, dtype);
+}
+
+CommStats ProcessGroup::stats() const {
+  std::lock_guard lock(stats_mutex_);
+  return stats_;
+}
+
+void ProcessGroup::reset_stats() {
+  std::lock_guard lock(stats_mutex_);
+  stats_ = CommStats{};
+}
+
+// ---------------------------------------------------------------- sub-groups
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split(const std::vector<std::vector<int>>& sets) {
+  std::set<int> seen;
+  const std::vector<int>* mine = nullptr;
+  for (const auto& s : sets) {
+    TESSEL_CHECK(!s.empty(), "{}: an empty rank set", describe("split"));
+    for (int r : s) {
+      check_rank(r, "member");
+      TESSEL_CHECK(seen.insert(r).second, "{}: rank {} is in two sets", describe("split"), r);
+      if (r == rank_) mine = &s;
+    }
+  }
+  if (mine == nullptr) return nullptr;
+  // Named by its members and how many times this rank made a group of exactly them, so only
+  // the members need to take part: ranks outside a set may skip the call entirely.
+  std::string list;
+  for (int r : *mine) list += fmt::format("{}{}", list.empty() ? "" : ",", ranks_[static_cast<size_t>(r)]);
+  int n = ++created_[list];
+  return make_group(*mine, fmt::format("{}/[{}]#{}", name_, list, n));
+}
+
+std::vector<std::shared_ptr<ProcessGroup>> ProcessGroup::mesh_groups(const Shape& shape) {
+  TESSEL_CHECK(shape_numel(shape) == size(), "{}: mesh shape {} has {} ranks, the group has {}", describe("mesh_groups"),
+               shape_str(shape), shape_numel(shape), size());
+  Shape strides = contiguous_strides(shape);
+  std::vector<std::shared_ptr<ProcessGroup>> out;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    std::vector<std::vector<int>> sets;
+    for (int r = 0; r < size(); ++r) {
+      if ((r / strides[d]) % shape[d] != 0) continue;  // r is the first of its group along d
+      std::vector<int> g;
+      for (int64_t i = 0; i < shape[d]; ++i) g.push_back(static_cast<int>(r + i * strides[d]));
+      sets.push_back(std::move(g));
+    }
+    out.push_back(split(sets));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- hierarchy
+
+void ProcessGroup::setup_hierarchy() {
+  std::map<int, std::vector<int>> by_node;
+  for (int r = 0; r < size(); ++r) by_node[nodes_[static_cast<size_t>(r)]].push_back(r);
+  if (by_node.size() < 2) return;
+  size_t per = by_node.begin()->second.size();
+  for (const auto& [n, rs] : by_node)
+    if (rs.size() != per) return;  // uneven nodes: the flat algorithms
+  if (per < 2) return;
+  std::vector<std::vector<int>> intra, inter(per);
+  for (const auto& [n, rs] : by_node) {
+    intra.push_back(rs);
+    for (size_t i = 0; i < per; ++i) inter[i].push_back(rs[i]);
+  }
+  intra_node_ = split(intra);
+  inter_node_ = split(inter);
+}
+
+// reduce_scatter inside the node, all_reduce across nodes, all_gather inside the node.
+void ProcessGroup::hierarchical_all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op) {
+  const int L = intra_node_->size(), me = intra_node_->rank();
+  std::vector<int64_t> counts(static_cast<size_t>(L));
+  for (int i = 0; i < L; ++i) counts[static_cast<size_t>(i)] = split_size(count, L, i);
+  const size_t esz = dtype_size(dtype);
+  std::vector<char> part(static_cast<size_t>(counts[static_cast<size_t>(me)]) * esz);
+  intra_node_->reduce_scatter_v(buf, part.data(), counts, dtype, op);
+  inter_node_->all_reduce(part.data(), counts[static_cast<size_t>(me)], dtype, op);
+  intra_node_->all_gather_v(part.data(), buf, counts, dtype);
+}
+
+}  // namespace tessel

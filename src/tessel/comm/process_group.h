@@ -1,0 +1,229 @@
+// ProcessGroup: the one interface every distributed feature talks through. Byte-level —
+// buffers are raw pointers with an element count and a dtype (for reductions) — with a
+// blocking and an asynchronous form of every collective. Collectives of one group run in the
+// order they were issued, on the group's worker thread, so communication overlaps the
+// caller's compute; send/recv are posted directly and complete in any order. Every wait has
+// the group's timeout and failures throw CommError naming the group, the operation and the
+// ranks that are missing.
+//
+// Backends (thread_backend.h, gloo_backend.h) implement the do_* primitives; this base class
+// provides queuing, statistics, sub-groups and the hierarchical all_reduce.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tessel/comm/store.h"
+#include "tessel/core/dtype.h"
+#include "tessel/core/reduce_op.h"
+#include "tessel/core/shape.h"
+
+namespace tessel {
+
+// A handle on an operation in flight.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until done; rethrows the operation's error.
+  virtual void wait() = 0;
+  virtual bool is_completed() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+// A Work completed by whoever holds it (backends, the group's worker).
+class CompletionWork final : public Work {
+ public:
+  void wait() override;
+  bool is_completed() override;
+  void finish(std::exception_ptr error = nullptr);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+// Calls and payload bytes per operation kind, as issued by this rank (payload: the bytes of
+// the op's input on this rank — the buffer for all_reduce/broadcast/reduce, the input for
+// gathers, scatters, all_to_all, send — and of the output for recv).
+struct CommStats {
+  struct Entry {
+    int64_t calls = 0;
+    int64_t bytes = 0;
+  };
+  std::map<std::string, Entry> ops;
+  int64_t total_calls() const;
+  std::string str() const;  // "all_gather x2 (96 B), all_reduce x1 (48 B)"
+};
+
+class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
+ public:
+  virtual ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(ranks_.size()); }
+  const std::string& name() const { return name_; }
+  // World ranks of the members, indexed by group rank.
+  const std::vector<int>& ranks() const { return ranks_; }
+  // Node of each member (ranks on one host, or grouped by LOCAL_WORLD_SIZE).
+  const std::vector<int>& nodes() const { return nodes_; }
+  virtual std::string backend() const = 0;
+  Millis timeout() const { return timeout_; }
+  void set_timeout(Millis t) { timeout_ = t; }
+
+  // ---- collectives; counts are elements of `dtype` ----
+  // buf[count] = reduce over ranks (in place).
+  WorkPtr all_reduce_async(void* buf, int64_t count, DType dtype, ReduceOp op);
+  // buf[count] = root's buf.
+  WorkPtr broadcast_async(void* buf, int64_t count, DType dtype, int root);
+  // root's buf[count] = reduce over ranks; other buffers unchanged.
+  WorkPtr reduce_async(void* buf, int64_t count, DType dtype, ReduceOp op, int root);
+  // out[size * count] = concat over ranks of in[count].
+  WorkPtr all_gather_async(const void* in, void* out, int64_t count, DType dtype);
+  // out[Σ counts] = concat over ranks r of in[counts[r]].
+  WorkPtr all_gather_v_async(const void* in, void* out, std::vector<int64_t> counts, DType dtype);
+  // out[count] = reduce over ranks of in[rank*count, (rank+1)*count); in has size*count.
+  WorkPtr reduce_scatter_async(const void* in, void* out, int64_t count, DType dtype, ReduceOp op);
+  // out[counts[rank]] = reduce over ranks of rank's segment of in[Σ counts].
+  WorkPtr reduce_scatter_v_async(const void* in, void* out, std::vector<int64_t> counts, DType dtype, ReduceOp op);
+  // out[r*count..] = in[rank*count..] of rank r, both size*count.
+  WorkPtr all_to_all_async(const void* in, void* out, int64_t count, DType dtype);
+  // Sends in-segment r (send_counts[r] elements, in order) to rank r; receives recv_counts[r]
+  // from rank r into out, in rank order.
+  WorkPtr all_to_all_v_async(const void* in, std::vector<int64_t> send_counts, void* out,
+                             std::vector<int64_t> recv_counts, DType dtype);
+  // root's out[size * count] = concat of in[count]; out is ignored elsewhere.
+  WorkPtr gather_async(const void* in, void* out, int64_t count, DType dtype, int root);
+  // out[count] = root's in[rank*count, ...); in is ignored elsewhere.
+  WorkPtr scatter_async(const void* in, void* out, int64_t count, DType dtype, int root);
+  WorkPtr barrier_async();
+  // Point to point between group ranks; a send matches the recv with the same tag.
+  WorkPtr send_async(const void* buf, int64_t count, DType dtype, int dst, int tag = 0);
+  WorkPtr recv_async(void* buf, int64_t count, DType dtype, int src, int tag = 0);
+
+  void all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op) { all_reduce_async(buf, count, dtype, op)->wait(); }
+  void broadcast(void* buf, int64_t count, DType dtype, int root) { broadcast_async(buf, count, dtype, root)->wait(); }
+  void reduce(void* buf, int64_t count, DType dtype, ReduceOp op, int root) {
+    reduce_async(buf, count, dtype, op, root)->wait();
+  }
+  void all_gather(const void* in, void* out, int64_t count, DType dtype) { all_gather_async(in, out, count, dtype)->wait(); }
+  void all_gather_v(const void* in, void* out, std::vector<int64_t> counts, DType dtype) {
+    all_gather_v_async(in, out, std::move(counts), dtype)->wait();
+  }
+  void reduce_scatter(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) {
+    reduce_scatter_async(in, out, count, dtype, op)->wait();
+  }
+  void reduce_scatter_v(const void* in, void* out, std::vector<int64_t> counts, DType dtype, ReduceOp op) {
+    reduce_scatter_v_async(in, out, std::move(counts), dtype, op)->wait();
+  }
+  void all_to_all(const void* in, void* out, int64_t count, DType dtype) { all_to_all_async(in, out, count, dtype)->wait(); }
+  void all_to_all_v(const void* in, std::vector<int64_t> send_counts, void* out, std::vector<int64_t> recv_counts,
+                    DType dtype) {
+    all_to_all_v_async(in, std::move(send_counts), out, std::move(recv_counts), dtype)->wait();
+  }
+  void gather(const void* in, void* out, int64_t count, DType dtype, int root) {
+    gather_async(in, out, count, dtype, root)->wait();
+  }
+  void scatter(const void* in, void* out, int64_t count, DType dtype, int root) {
+    scatter_async(in, out, count, dtype, root)->wait();
+  }
+  void barrier() { barrier_async()->wait(); }
+  void send(const void* buf, int64_t count, DType dtype, int dst, int tag = 0) {
+    send_async(buf, count, dtype, dst, tag)->wait();
+  }
+  void recv(void* buf, int64_t count, DType dtype, int src, int tag = 0) { recv_async(buf, count, dtype, src, tag)->wait(); }
+
+  // ---- sub-groups (collective over the members of each new group, in the same order) ----
+  // Every caller passes disjoint sets of group ranks and gets the group of its set, or null
+  // when in none. Only the members of a set need to call: ranks outside it may skip.
+  std::shared_ptr<ProcessGroup> split(const std::vector<std::vector<int>>& sets);
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& group_ranks) { return split({group_ranks}); }
+  // For a mesh of `shape` laid over this group's ranks in row-major order: the group this rank
+  // belongs to along each mesh dim.
+  std::vector<std::shared_ptr<ProcessGroup>> mesh_groups(const Shape& shape);
+
+  CommStats stats() const;
+  void reset_stats();
+  // Whether all_reduce uses the hierarchical algorithm (several nodes with several ranks each).
+  bool hierarchical() const { return intra_node_ != nullptr; }
+
+ protected:
+  ProcessGroup(std::string name, int rank, std::vector<int> ranks, std::vector<int> nodes, Millis timeout);
+  // Called by backends at the end of their constructor: creates the intra-/inter-node groups
+  // when this group spans several nodes (collective).
+  void setup_hierarchy();
+  // Stops the worker after the queued operations; backends call it first in their destructor.
+  void shutdown();
+
+  // Backend primitives, run on the group's worker thread in issue order.
+  virtual void do_all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op) = 0;
+  virtual void do_broadcast(void* buf, int64_t count, DType dtype, int root) = 0;
+  virtual void do_reduce(void* buf, int64_t count, DType dtype, ReduceOp op, int root) = 0;
+  virtual void do_all_gather_v(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype) = 0;
+  virtual void do_reduce_scatter_v(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype,
+                                   ReduceOp op) = 0;
+  virtual void do_all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                               const std::vector<int64_t>& recv_counts, DType dtype) = 0;
+  virtual void do_gather(const void* in, void* out, int64_t count, DType dtype, int root) = 0;
+  virtual void do_scatter(const void* in, void* out, int64_t count, DType dtype, int root) = 0;
+  virtual void do_barrier() = 0;
+  // Equal-count forms; backends with faster paths override them.
+  virtual void do_all_gather(const void* in, void* out, int64_t count, DType dtype);
+  virtual void do_reduce_scatter(const void* in, void* out, int64_t count, DType dtype, ReduceOp op);
+  virtual void do_all_to_all(const void* in, void* out, int64_t count, DType dtype);
+  // Posted immediately (not queued); the returned work completes when the transfer has.
+  virtual WorkPtr do_send(const void* buf, size_t bytes, int dst, int tag) = 0;
+  virtual WorkPtr do_recv(void* buf, size_t bytes, int src, int tag) = 0;
+  // A backend group over `members` (group ranks of this group, in order) named `name`; called
+  // on members only, collectively.
+  virtual std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& members, const std::string& name) = 0;
+
+  // "group 'world' all_reduce (collective #3)" — for error messages.
+  std::string describe(const std::string& op) const;
+  uint64_t sequence() const { return seq_; }
+
+ private:
+  WorkPtr enqueue(const char* op, int64_t bytes, std::function<void()> job);
+  void worker_loop();
+  void check_rank(int r, const char* what) const;
+  void hierarchical_all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op);
+
+  std::string name_;
+  int rank_;
+  std::vector<int> ranks_, nodes_;
+  Millis timeout_;
+  uint64_t seq_ = 0;                    // collectives issued
+  std::map<std::string, int> created_;  // sub-groups made per member list (names them consistently)
+
+  mutable std::mutex stats_mutex_;
+  CommStats stats_;
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<CompletionWork>>> queue_;
+  std::exception_ptr broken_;  // a failed collective leaves the group unusable
+  bool stop_ = false;
+  std::thread worker_;
+
+  std::shared_ptr<ProcessGroup> intra_node_, inter_node_;
+};
+
+// Element-wise reduction of `n` elements: acc = op(acc, x) (avg accumulates like sum; divide
+// afterwards with finish_avg).
+void reduce_into(void* acc, const void* x, int64_t n, DType dtype, ReduceOp op);
+void finish_avg(void* buf, int64_t n, DType dtype, int ranks);
+// Throws naming `where` when `op` cannot reduce `dtype` (avg and prod of bool).
+void check_reducible(DType dtype, ReduceOp op, const std::string& where);
+
+}  // namespace tessel

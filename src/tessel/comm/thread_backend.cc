@@ -1,0 +1,550 @@
+// Thread backend: rendezvous-based collectives over shared memory, mailboxes for send/recv,
+// and spawn().
+#include "tessel/comm/thread_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <thread>
+
+#include "tessel/comm/world.h"
+#include "tessel/core/context.h"
+#include "tessel/core/convert.h"
+#include "tessel/core/error.h"
+
+namespace tessel {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+std::string rank_list(const std::vector<int>& ranks) { return fmt::format("[{}]", fmt::join(ranks, ", ")); }
+}  // namespace
+
+// What one rank posts for a collective: the op and its arguments.
+struct Slot {
+  const char* op = "";
+  const void* in = nullptr;
+  void* out = nullptr;
+  int64_t count = 0;
+  DType dtype = DType::f32;
+  ReduceOp reduce = ReduceOp::sum;
+  int root = 0;
+  const std::vector<int64_t>* counts = nullptr;   // all_gather_v, reduce_scatter_v, all_to_all_v send
+  const std::vector<int64_t>* counts2 = nullptr;  // all_to_all_v recv
+};
+
+// The shared state of one group: a three-phase rendezvous (collect, work, leave).
+struct Rendezvous {
+  enum class Phase { collect, work, leave };
+  std::mutex mutex;
+  std::condition_variable cv;
+  Phase phase = Phase::collect;
+  int arrived = 0, finished = 0, left = 0;
+  std::vector<Slot> slots;
+  std::vector<bool> posted, done;
+  uint64_t generation = 0;
+  std::string broken;  // non-empty after a failure: every later collective fails at once
+};
+
+struct MailKey {
+  std::string group;
+  int src, dst, tag;
+  bool operator<(const MailKey& o) const { return std::tie(group, src, dst, tag) < std::tie(o.group, o.src, o.dst, o.tag); }
+};
+
+// A posted send or receive waiting for its partner.
+struct Posted {
+  const void* send_data = nullptr;
+  void* recv_data = nullptr;
+  size_t bytes = 0;
+  std::shared_ptr<CompletionWork> work;
+};
+
+class ThreadWorld {
+ public:
+  ThreadWorld(int size, Millis timeout, std::vector<int> nodes) : size_(size), timeout_(timeout), nodes_(std::move(nodes)) {
+    if (nodes_.empty()) nodes_.assign(static_cast<size_t>(size), 0);
+    TESSEL_CHECK(static_cast<int>(nodes_.size()) == size, "thread world: {} node ids for {} ranks", nodes_.size(), size);
+  }
+
+  int size() const { return size_; }
+  Millis timeout() const { return timeout_; }
+  int node_of(int world_rank) const { return nodes_[static_cast<size_t>(world_rank)]; }
+
+  std::shared_ptr<Rendezvous> rendezvous(const std::string& group, int size) {
+    std::lock_guard lock(mutex_);
+    auto& r = groups_[group];
+    if (!r) {
+      r = std::make_shared<Rendezvous>();
+      r->slots.resize(static_cast<size_t>(size));
+      r->posted.assign(static_cast<size_t>(size), false);
+      r->done.assign(static_cast<size_t>(size), false);
+    }
+    return r;
+  }
+
+  void abort(const std::string& reason) {
+    std::vector<std::shared_ptr<Rendezvous>> groups;
+    {
+      std::lock_guard lock(mutex_);
+      if (aborted_.empty()) aborted_ = reason;
+      for (auto& [n, g] : groups_) groups.push_back(g);
+    }
+    for (auto& g : groups) {
+      std::lock_guard lock(g->mutex);
+      g->cv.notify_all();
+    }
+    std::vector<std::shared_ptr<CompletionWork>> pending;
+    {
+      std::lock_guard lock(mail_mutex_);
+      for (auto& [k, q] : mail_)
+        for (Posted& p : q) pending.push_back(p.work);
+      mail_.clear();
+    }
+    for (auto& w : pending) w->finish(std::make_exception_ptr(CommError(reason)));
+  }
+  std::string aborted() {
+    std::lock_guard lock(mutex_);
+    return aborted_;
+  }
+
+  // ---- point to point ----
+  WorkPtr post(const MailKey& key, Posted p, bool is_send, const std::string& what, Millis timeout);
+  // Withdraws an unmatched posting; false when a partner already took it.
+  bool cancel(const MailKey& key, const CompletionWork* work) {
+    std::lock_guard lock(mail_mutex_);
+    auto it = mail_.find(key);
+    if (it == mail_.end()) return false;
+    for (auto p = it->second.begin(); p != it->second.end(); ++p)
+      if (p->work.get() == work) {
+        it->second.erase(p);
+        return true;
+      }
+    return false;
+  }
+
+ private:
+  int size_;
+  Millis timeout_;
+  std::vector<int> nodes_;
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<Rendezvous>> groups_;
+  std::string aborted_;
+  std::mutex mail_mutex_;
+  std::map<MailKey, std::deque<Posted>> mail_;  // unmatched sends or receives, one kind per key at a time
+  std::map<MailKey, bool> mail_kind_;           // true: the queue holds sends
+};
+
+namespace {
+
+// A send/recv handle: waits with a deadline; on timeout it withdraws the posting (so a late
+// partner can never touch the buffer) and names the peer.
+class TimedWork final : public Work {
+ public:
+  TimedWork(std::shared_ptr<CompletionWork> inner, std::string what, Millis timeout, ThreadWorld* world, MailKey key)
+      : inner_(std::move(inner)), what_(std::move(what)), deadline_(Clock::now() + timeout), timeout_(timeout),
+        world_(world), key_(std::move(key)) {}
+  void wait() override {
+    while (!inner_->is_completed()) {
+      if (Clock::now() > deadline_ && world_->cancel(key_, inner_.get()))
+        throw TimeoutError(fmt::format("{} timed out after {} ms: the peer never arrived", what_, timeout_.count()));
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    inner_->wait();
+  }
+  bool is_completed() override { return inner_->is_completed(); }
+
+ private:
+  std::shared_ptr<CompletionWork> inner_;
+  std::string what_;
+  Clock::time_point deadline_;
+  Millis timeout_;
+  ThreadWorld* world_;
+  MailKey key_;
+};
+
+}  // namespace
+
+WorkPtr ThreadWorld::post(const MailKey& key, Posted p, bool is_send, const std::string& what, Millis timeout) {
+  p.work = std::make_shared<CompletionWork>();
+  auto timed = std::make_shared<TimedWork>(p.work, what, timeout, this, key);
+  std::string reason = aborted();
+  if (!reason.empty()) {
+    p.work->finish(std::make_exception_ptr(CommError(reason)));
+    return timed;
+  }
+  std::optional<Posted> partner;
+  {
+    std::lock_guard lock(mail_mutex_);
+    auto& q = mail_[key];
+    if (!q.empty() && mail_kind_[key] != is_send) {
+      partner = q.front();
+      q.pop_front();
+    } else {
+      mail_kind_[key] = is_send;
+      q.push_back(p);
+    }
+  }
+  if (partner) {
+    const Posted& s = is_send ? p : *partner;
+    const Posted& r = is_send ? *partner : p;
+    std::exception_ptr err;
+    if (s.bytes != r.bytes)
+      err = std::make_exception_ptr(
+          CommError(fmt::format("{}: the send carries {} bytes but the receive expects {}", what, s.bytes, r.bytes)));
+    else if (s.bytes > 0)
+      std::memcpy(r.recv_data, s.send_data, s.bytes);
+    partner->work->finish(err);
+    p.work->finish(err);
+  }
+  return timed;
+}
+
+namespace {
+
+class ThreadProcessGroup final : public ProcessGroup {
+ public:
+  ThreadProcessGroup(std::shared_ptr<ThreadWorld> world, std::string name, int rank, std::vector<int> world_ranks)
+      : ProcessGroup(name, rank, world_ranks, nodes_of(*world, world_ranks), world->timeout()), world_(std::move(world)) {
+    rdv_ = world_->rendezvous(this->name(), size());
+    setup_hierarchy();
+  }
+  ~ThreadProcessGroup() override { shutdown(); }
+  std::string backend() const override { return "thread"; }
+
+ protected:
+  // in-place all_reduce: rank r reduces element chunk r over every rank's buffer and writes the
+  // result back into every buffer.
+  void do_all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op) override {
+    Slot s{"all_reduce", nullptr, buf, count, dtype, op};
+    collective(s, [&](const std::vector<Slot>& all) {
+      check_same(all, [](const Slot& a, const Slot& b) { return a.count == b.count && a.dtype == b.dtype && a.reduce == b.reduce; },
+                 "count, dtype and reduce op");
+      int64_t lo = split_offset(count, size(), rank()), n = split_size(count, size(), rank());
+      std::vector<const void*> srcs;
+      std::vector<void*> dsts;
+      for (const Slot& o : all) {
+        srcs.push_back(o.out);
+        dsts.push_back(o.out);
+      }
+      reduce_chunk(srcs, dsts, lo, lo, n, dtype, op);
+    });
+  }
+
+  void do_broadcast(void* buf, int64_t count, DType dtype, int root) override {
+    Slot s{"broadcast", nullptr, buf, count, dtype, ReduceOp::sum, root};
+    collective(s, [&](const std::vector<Slot>& all) {
+      check_same(all, [](const Slot& a, const Slot& b) { return a.count == b.count && a.root == b.root && a.dtype == b.dtype; },
+                 "count, dtype and root");
+      if (rank() != root) copy(buf, all[static_cast<size_t>(root)].out, count, dtype);
+    });
+  }
+
+  // rank r reduces chunk r over every rank's buffer into the root's buffer.
+  void do_reduce(void* buf, int64_t count, DType dtype, ReduceOp op, int root) override {
+    Slot s{"reduce", nullptr, buf, count, dtype, op, root};
+    collective(s, [&](const std::vector<Slot>& all) {
+      check_same(all, [](const Slot& a, const Slot& b) { return a.count == b.count && a.root == b.root && a.dtype == b.dtype && a.reduce == b.reduce; },
+                 "count, dtype, reduce op and root");
+      int64_t lo = split_offset(count, size(), rank()), n = split_size(count, size(), rank());
+      std::vector<const void*> srcs;
+      for (const Slot& o : all) srcs.push_back(o.out);
+      reduce_chunk(srcs, {all[static_cast<size_t>(root)].out}, lo, lo, n, dtype, op);
+    });
+  }
+
+  void do_all_gather_v(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype) override {
+    Slot s{"all_gather", in, out, 0, dtype, ReduceOp::sum, 0, &counts};
+    collective(s, [&](const std::vector<Slot>& all) {
+      check_same(all, [](const Slot& a, const Slot& b) { return *a.counts == *b.counts && a.dtype == b.dtype; }, "counts and dtype");
+      int64_t at = 0;
+      for (int r = 0; r < size(); ++r) {
+        copy(static_cast<char*>(out) + at * static_cast<int64_t>(dtype_size(dtype)), all[static_cast<size_t>(r)].in,
+             counts[static_cast<size_t>(r)], dtype);
+        at += counts[static_cast<size_t>(r)];
+      }
+    });
+  }
+
+  // rank r reduces its segment of every rank's input into its own output.
+  void do_reduce_scatter_v(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype, ReduceOp op) override {
+    Slot s{"reduce_scatter", in, out, 0, dtype, op, 0, &counts};
+    collective(s, [&](const std::vector<Slot>& all) {
+      check_same(all, [](const Slot& a, const Slot& b) { return *a.counts == *b.counts && a.dtype == b.dtype && a.reduce == b.reduce; },
+                 "counts, dtype and reduce op");
+      int64_t lo = 0;
+      for (int r = 0; r < rank(); ++r) lo += counts[static_cast<size_t>(r)];
+      std::vector<const void*> srcs;
+      for (const Slot& o : all) srcs.push_back(o.in);
+      reduce_chunk(srcs, {out}, lo, 0, counts[static_cast<size_t>(rank())], dtype, op);
+    });
+  }
+
+  void do_all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                       const std::vector<int64_t>& recv_counts, DType dtype) override {
+    Slot s{"all_to_all", in, out, 0, dtype, ReduceOp::sum, 0, &send_counts, &recv_counts};
+    collective(s, [&](const std::vector<Slot>& all) {
+      check_same(all, [](const Slot& a, const Slot& b) { return a.dtype == b.dtype; }, "dtype");
+      const int64_t esz = static_cast<int64_t>(dtype_size(dtype));
+      int64_t at = 0;
+      for (int r = 0; r < size(); ++r) {
+        const Slot& peer = all[static_cast<size_t>(r)];
+        int64_t n = (*peer.counts)[static_cast<size_t>(rank())];
+        TESSEL_CHECK_AS(CommError, n == recv_counts[static_cast<size_t>(r)],
+                        "{}: rank {} sends {} elements to rank {}, which expects {}", describe("all_to_all"), r, n, rank(),
+                        recv_counts[static_cast<size_t>(r)]);
+        int64_t off = 0;
+        for (int k = 0; k < rank(); ++k) off += (*peer.counts)[static_cast<size_t>(k)];
+        copy(static_cast<char*>(out) + at * esz, static_cast<const char*>(peer.in) + off * esz, n, dtype);
+        at += n;
+      }
+    });
+  }
+
+  // Each rank writes its input into the root's output.
+  void do_gather(const void* in, void* out, int64_t count, DType dtype, int root) override {
+    Slot s{"gather", in, out, count, dtype, ReduceOp::sum, root};
+    collective(s, [&](const std::vector<Slot>& all) {
+      check_same(all, [](const Slot& a, const Slot& b) { return a.count == b.count && a.root == b.root && a.dtype == b.dtype; },
+                 "count, dtype and root");
+      copy(static_cast<char*>(all[static_cast<size_t>(root)].out) + rank() * count * static_cast<int64_t>(dtype_size(dtype)),
+           in, count, dtype);
+    });
+  }
+
+  void do_scatter(const void* in, void* out, int64_t count, DType dtype, int root) override {
+    Slot s{"scatter", in, out, count, dtype, ReduceOp::sum, root};
+    collective(s, [&](const std::vector<Slot>& all) {
+      check_same(all, [](const Slot& a, const Slot& b) { return a.count == b.count && a.root == b.root && a.dtype == b.dtype; },
+                 "count, dtype and root");
+      copy(out,
+           static_cast<const char*>(all[static_cast<size_t>(root)].in) + rank() * count * static_cast<int64_t>(dtype_size(dtype)),
+           count, dtype);
+    });
+  }
+
+  void do_barrier() override {
+    Slot s{"barrier"};
+    collective(s, [](const std::vector<Slot>&) {});
+  }
+
+  WorkPtr do_send(const void* buf, size_t bytes, int dst, int tag) override {
+    Posted p;
+    p.send_data = buf;
+    p.bytes = bytes;
+    return world_->post(MailKey{name(), rank(), dst, tag}, p, true,
+                        fmt::format("{} to rank {} (tag {})", describe("send"), dst, tag), timeout());
+  }
+
+  WorkPtr do_recv(void* buf, size_t bytes, int src, int tag) override {
+    Posted p;
+    p.recv_data = buf;
+    p.bytes = bytes;
+    return world_->post(MailKey{name(), src, rank(), tag}, p, false,
+                        fmt::format("{} from rank {} (tag {})", describe("recv"), src, tag), timeout());
+  }
+
+  std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& members, const std::string& name) override {
+    std::vector<int> world_ranks;
+    int me = -1;
+    for (int m : members) {
+      if (m == rank()) me = static_cast<int>(world_ranks.size());
+      world_ranks.push_back(ranks()[static_cast<size_t>(m)]);
+    }
+    auto g = std::make_shared<ThreadProcessGroup>(world_, name, me, world_ranks);
+    g->set_timeout(timeout());
+    return g;
+  }
+
+ private:
+  static std::vector<int> nodes_of(const ThreadWorld& w, const std::vector<int>& world_ranks) {
+    std::vector<int> out;
+    for (int r : world_ranks) out.push_back(w.node_of(r));
+    return out;
+  }
+
+  void copy(void* dst, const void* src, int64_t count, DType dtype) {
+    if (count > 0) std::memcpy(dst, src, static_cast<size_t>(count) * dtype_size(dtype));
+  }
+
+  // dst[k][dst_off + i] = reduce_r src[r][src_off + i] for i in [0, n), in tiles that stay in
+  // cache; bf16 accumulates in f32 and rounds once.
+  static void reduce_chunk(const std::vector<const void*>& srcs, const std::vector<void*>& dsts, int64_t src_off,
+                           int64_t dst_off, int64_t n, DType dtype, ReduceOp op) {
+    const size_t esz = dtype_size(dtype);
+    const int64_t tile = 4096;
+    const DType acc_type = dtype == DType::bf16 ? DType::f32 : dtype;
+    const size_t acc_esz = dtype_size(acc_type);
+    thread_local std::vector<char> acc_buf, conv_buf;
+    acc_buf.resize(static_cast<size_t>(tile) * acc_esz);
+    conv_buf.resize(static_cast<size_t>(tile) * 4);
+    for (int64_t t = 0; t < n; t += tile) {
+      int64_t m = std::min(tile, n - t);
+      auto src_at = [&](size_t r) { return static_cast<const char*>(srcs[r]) + (src_off + t) * static_cast<int64_t>(esz); };
+      if (dtype == DType::bf16) {
+        float* acc = reinterpret_cast<float*>(acc_buf.data());
+        float* tmp = reinterpret_cast<float*>(conv_buf.data());
+        const auto* s0 = reinterpret_cast<const BFloat16*>(src_at(0));
+        for (int64_t i = 0; i < m; ++i) acc[i] = static_cast<float>(s0[i]);
+        for (size_t r = 1; r < srcs.size(); ++r) {
+          const auto* sr = reinterpret_cast<const BFloat16*>(src_at(r));
+          for (int64_t i = 0; i < m; ++i) tmp[i] = static_cast<float>(sr[i]);
+          reduce_into(acc, tmp, m, DType::f32, op);
+        }
+        for (void* d : dsts) {
+          auto* out = reinterpret_cast<BFloat16*>(static_cast<char*>(d) + (dst_off + t) * static_cast<int64_t>(esz));
+          for (int64_t i = 0; i < m; ++i) out[i] = BFloat16(acc[i]);
+        }
+        continue;
+      }
+      std::memcpy(acc_buf.data(), src_at(0), static_cast<size_t>(m) * esz);
+      for (size_t r = 1; r < srcs.size(); ++r) reduce_into(acc_buf.data(), src_at(r), m, acc_type, op);
+      for (void* d : dsts)
+        std::memcpy(static_cast<char*>(d) + (dst_off + t) * static_cast<int64_t>(esz), acc_buf.data(), static_cast<size_t>(m) * esz);
+    }
+  }
+
+  template <typename Same>
+  void check_same(const std::vector<Slot>& all, Same same, const char* what) {
+    const Slot& mine = all[static_cast<size_t>(rank())];
+    for (int r = 0; r < size(); ++r) {
+      const Slot& o = all[static_cast<size_t>(r)];
+      TESSEL_CHECK_AS(CommError, std::strcmp(o.op, mine.op) == 0, "{}: rank {} called {} while rank {} called {}",
+                      describe(mine.op), r, o.op, rank(), mine.op);
+      TESSEL_CHECK_AS(CommError, same(o, mine), "{}: rank {} and rank {} disagree on the {}", describe(mine.op), r, rank(),
+                      what);
+    }
+  }
+
+  // Posts `mine`, waits for every rank, runs `work` over all posted slots, and waits until every
+  // rank is done with the others' buffers.
+  void collective(const Slot& mine, const std::function<void(const std::vector<Slot>&)>& work) {
+    Rendezvous& z = *rdv_;
+    std::unique_lock lock(z.mutex);
+    const std::string what = describe(fmt::format("{} (collective #{})", mine.op, sequence()));
+    auto wait_for = [&](auto ready, const char* stage) {
+      auto deadline = Clock::now() + timeout();
+      while (!ready()) {
+        std::string aborted = world_->aborted();
+        if (!aborted.empty()) throw CommError(fmt::format("{}: {}", what, aborted));
+        if (!z.broken.empty()) throw CommError(fmt::format("{}: {}", what, z.broken));
+        if (z.cv.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(100))) ==
+                std::cv_status::timeout &&
+            Clock::now() >= deadline && !ready()) {
+          std::vector<int> missing;
+          const std::vector<bool>& flags = std::string(stage) == "arrive" ? z.posted : z.done;
+          for (int r = 0; r < size(); ++r)
+            if (!flags[static_cast<size_t>(r)]) missing.push_back(ranks()[static_cast<size_t>(r)]);
+          z.broken = fmt::format("{} timed out after {} ms waiting for world ranks {} to {}", what, timeout().count(),
+                                 rank_list(missing), stage);
+          z.cv.notify_all();
+          throw TimeoutError(z.broken);
+        }
+      }
+    };
+    wait_for([&] { return z.phase == Rendezvous::Phase::collect && !z.posted[static_cast<size_t>(rank())]; }, "arrive");
+    z.slots[static_cast<size_t>(rank())] = mine;
+    z.posted[static_cast<size_t>(rank())] = true;
+    if (++z.arrived == size()) {
+      z.phase = Rendezvous::Phase::work;
+      z.cv.notify_all();
+    }
+    wait_for([&] { return z.phase != Rendezvous::Phase::collect; }, "arrive");
+    lock.unlock();
+    try {
+      work(z.slots);
+    } catch (const std::exception& e) {
+      lock.lock();
+      z.broken = e.what();
+      z.cv.notify_all();
+      throw;
+    }
+    lock.lock();
+    z.done[static_cast<size_t>(rank())] = true;
+    if (++z.finished == size()) {
+      z.phase = Rendezvous::Phase::leave;
+      z.cv.notify_all();
+    }
+    wait_for([&] { return z.phase == Rendezvous::Phase::leave; }, "finish");
+    if (++z.left == size()) {
+      z.arrived = z.finished = z.left = 0;
+      z.posted.assign(z.posted.size(), false);
+      z.done.assign(z.done.size(), false);
+      z.phase = Rendezvous::Phase::collect;
+      ++z.generation;
+      z.cv.notify_all();
+    }
+  }
+
+  std::shared_ptr<ThreadWorld> world_;
+  std::shared_ptr<Rendezvous> rdv_;
+};
+
+}  // namespace
+
+std::shared_ptr<ThreadWorld> make_thread_world(int world_size, Millis timeout, std::vector<int> nodes) {
+  TESSEL_CHECK(world_size >= 1, "thread world: world size must be at least 1, got {}", world_size);
+  return std::make_shared<ThreadWorld>(world_size, timeout, std::move(nodes));
+}
+
+std::shared_ptr<ProcessGroup> make_thread_group(const std::shared_ptr<ThreadWorld>& world, int rank) {
+  std::vector<int> ranks(static_cast<size_t>(world->size()));
+  for (int r = 0; r < world->size(); ++r) ranks[static_cast<size_t>(r)] = r;
+  return std::make_shared<ThreadProcessGroup>(world, "world", rank, ranks);
+}
+
+void abort_thread_world(const std::shared_ptr<ThreadWorld>& world, const std::string& reason) { world->abort(reason); }
+
+void spawn(int world_size, const std::function<void(int rank)>& fn, const SpawnOptions& options) {
+  auto world = make_thread_world(world_size, options.timeout, options.nodes);
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int per_rank = options.threads_per_rank > 0 ? options.threads_per_rank : std::max(1, cores / world_size);
+  // BLAS threads are process-wide: give each rank its share for the duration of the job.
+  int blas_before = openblas_get_num_threads();
+  openblas_set_num_threads(per_rank);
+
+  std::mutex error_mutex;
+  std::exception_ptr first;
+  int first_rank = -1;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world_size; ++r) {
+    threads.emplace_back([&, r] {
+      auto ctx = make_rank_context(r, world_size, per_rank);
+      RankContextScope scope(ctx);
+      try {
+        set_world_group(make_thread_group(world, r));
+        fn(r);
+      } catch (...) {
+        std::exception_ptr e = std::current_exception();
+        std::string what = "unknown error";
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+          what = x.what();
+        } catch (...) {
+        }
+        bool is_first = false;
+        {
+          std::lock_guard lock(error_mutex);
+          if (!first) {
+            first = e;
+            first_rank = r;
+            is_first = true;
+          }
+        }
+        if (is_first) world->abort(fmt::format("rank {} failed: {}", r, what));
+      }
+      set_world_group(nullptr);  // drop the group (and its worker) before the context goes
+    });
+  }
+  for (auto& t : threads) t.join();
+  openblas_set_num_threads(blas_before);
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace tessel

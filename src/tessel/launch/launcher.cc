@@ -1,0 +1,778 @@
+// The launcher: rendezvous of the nodes through node 0's TcpStore, fork/exec of this node's
+// processes, rank-prefixed output, and one poll() loop that watches the processes' pipes,
+// their exits (SIGCHLD self-pipe plus waitpid every round), the job's failure key and the
+// launcher's own SIGINT/SIGTERM. Whatever happens, the Launcher's destructor SIGKILLs and
+// reaps every process group it started.
+#include "tessel/launch/launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "tessel/comm/socket.h"
+#include "tessel/comm/tcp_store.h"
+#include "tessel/core/error.h"
+
+namespace tessel {
+
+namespace {
+
+using net::Clock;
+using net::Deadline;
+
+constexpr Millis kStorePoll{100};          // how often the failure key is checked
+constexpr Millis kHeartbeat{1000};         // how often a node != 0 proves it is alive
+constexpr Millis kHeartbeatTimeout{30'000};  // node 0 gives up on a silent node after this
+constexpr Millis kDrain{1000};             // output read after the last process exited
+constexpr Millis kAckWait{5000};           // node 0 keeps the store up this long after a failure
+constexpr std::size_t kMaxLine = 64 << 10;  // a longer line without '\n' is forwarded in pieces
+const std::string kFailedKey = "launch/failed";
+
+std::string node_key(const char* what, int node) { return fmt::format("launch/{}/{}", what, node); }
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const char* name = ::strsignal(WTERMSIG(status));
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status), name != nullptr ? name : "unknown");
+  }
+  return fmt::format("ended with wait status {}", status);
+}
+
+std::string signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : std::to_string(sig); }
+
+// Writes all of `s` to fd; a closed stdout/stderr (EPIPE) drops the output rather than
+// killing the launcher, which must still stop its processes.
+void write_all(int fd, std::string_view s) {
+  while (!s.empty()) {
+    const ssize_t k = ::write(fd, s.data(), s.size());
+    if (k > 0) {
+      s.remove_prefix(static_cast<std::size_t>(k));
+    } else if (k < 0 && errno == EINTR) {
+      continue;
+    } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 100);
+    } else {
+      return;
+    }
+  }
+}
+
+void say(const std::string& line) { write_all(2, line + "\n"); }
+
+std::string random_token() {
+  unsigned char bytes[16];
+  net::Fd fd(::open("/dev/urandom", O_RDONLY | O_CLOEXEC));
+  std::size_t got = 0;
+  while (fd && got < sizeof bytes) {
+    const ssize_t k = ::read(fd.get(), bytes + got, sizeof bytes - got);
+    if (k > 0) got += static_cast<std::size_t>(k);
+    else if (!(k < 0 && errno == EINTR)) break;
+  }
+  TESSEL_CHECK(got == sizeof bytes, "tessel launch: cannot read 16 random bytes from /dev/urandom for the job token: {}",
+               std::strerror(errno));
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+std::string token_of(const LaunchOptions& o) {
+  if (!o.token.empty()) return o.token;
+  const char* env = std::getenv("TESSEL_JOB_TOKEN");
+  return env != nullptr ? std::string(env) : std::string();
+}
+
+// ---------------------------------------------------------------------------------------
+// Signals: SIGINT, SIGTERM and SIGCHLD write their number to a self-pipe that the poll loops
+// watch; SIGPIPE is ignored. The previous dispositions come back on destruction.
+
+int g_signal_pipe = -1;
+
+extern "C" void on_launcher_signal(int sig) {
+  const int saved = errno;
+  const auto b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] ssize_t k = ::write(g_signal_pipe, &b, 1);
+  errno = saved;
+}
+
+class SignalScope {
+ public:
+  SignalScope() {
+    auto [r, w] = net::make_pipe();
+    read_ = std::move(r);
+    write_ = std::move(w);
+    // The handlers and the pipe they write to are process-wide: one launch at a time.
+    static std::atomic<bool> active{false};
+    TESSEL_CHECK(!active.exchange(true), "run_launch: another launch is already running in this process");
+    active_ = &active;
+    g_signal_pipe = write_.get();
+    struct sigaction sa {};
+    sa.sa_handler = on_launcher_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (std::size_t i = 0; i < 3; ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    ::sigaction(SIGPIPE, &ign, &old_[3]);
+  }
+  ~SignalScope() {
+    for (std::size_t i = 0; i < 4; ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+    g_signal_pipe = -1;
+    active_->store(false);
+  }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+
+  int fd() const { return read_.get(); }
+  // The signals received since the last call (SIGCHLD included).
+  std::vector<int> take() {
+    std::vector<int> out;
+    unsigned char buf[64];
+    while (true) {
+      const ssize_t k = ::read(read_.get(), buf, sizeof buf);
+      if (k > 0) {
+        out.insert(out.end(), buf, buf + k);
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      return out;
+    }
+  }
+
+ private:
+  static constexpr int kSignals[4] = {SIGINT, SIGTERM, SIGCHLD, SIGPIPE};
+  std::atomic<bool>* active_ = nullptr;
+  net::Fd read_, write_;
+  struct sigaction old_[4];
+};
+
+// ---------------------------------------------------------------------------------------
+
+struct Stream {
+  net::Fd fd;
+  int dest = 1;  // the launcher's stdout or stderr
+  std::string partial;
+};
+
+struct Child {
+  int local = 0;
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  bool spawn_failed = false;
+  bool stopped_by_us = false;  // still running when the launcher began stopping the job
+  int status = 0;
+  Stream out, err;
+};
+
+class Launcher {
+ public:
+  Launcher(LaunchOptions options, SignalScope& signals) : o_(std::move(options)), signals_(signals) {}
+  ~Launcher();
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+
+  int run();
+
+ private:
+  enum class WaitEnd { done, timeout, interrupted, failed };
+
+  bool connect_store();
+  bool rendezvous();
+  void spawn_all();
+  std::string spawn(Child& c);
+  void supervise();
+  void forward(Stream& s, const std::string& prefix);
+  void flush_partial(Stream& s, const std::string& prefix);
+  void reap();
+  void begin_stop();
+  void kill_all(int sig);
+  void on_signals();
+  void watch_store();
+  void fail(const std::string& message, bool local);
+  WaitEnd wait_until(const std::function<bool()>& done, Deadline deadline);
+  int finish();
+  void report_fates();
+  std::string who(int rank) const {
+    return o_.nnodes > 1 ? fmt::format("rank {} (node {})", rank, o_.node_rank) : fmt::format("rank {}", rank);
+  }
+  bool all_exited() const {
+    for (const Child& c : children_)
+      if (c.running) return false;
+    return true;
+  }
+
+  LaunchOptions o_;
+  SignalScope& signals_;
+  std::unique_ptr<TcpStoreServer> server_;
+  std::unique_ptr<TcpStore> store_;
+  std::string store_where_;
+  int master_port_ = 0;
+  std::vector<Child> children_;
+
+  // What ended (or is ending) the job.
+  std::string failure_;        // the job's failure message, local or from another node
+  bool local_failure_ = false;  // failure_ happened on this node
+  int interrupted_ = 0;        // the signal that interrupted the launcher
+  bool stopping_ = false;
+  Deadline kill_at_{};
+  bool killed_ = false;
+  bool store_lost_ = false;
+  bool joined_ = false;         // the rendezvous completed
+  int signals_seen_ = 0;        // SIGINT/SIGTERM received so far
+  Deadline next_store_poll_{};
+  Deadline next_heartbeat_{};
+  struct Beat {
+    int64_t value = -1;
+    Deadline changed{};
+    bool finished = false;
+  };
+  std::vector<Beat> beats_;
+};
+
+Launcher::~Launcher() {
+  // Last line of defence (exceptions included): nothing this launcher started survives it.
+  for (Child& c : children_) {
+    if (c.pid <= 0) continue;
+    ::killpg(c.pid, SIGKILL);
+    if (c.running) {
+      ::kill(c.pid, SIGKILL);
+      while (::waitpid(c.pid, &c.status, 0) < 0 && errno == EINTR) {
+      }
+      c.running = false;
+    }
+  }
+}
+
+int Launcher::run() {
+  if (!connect_store()) return finish();
+  if (!rendezvous()) return finish();
+  spawn_all();
+  supervise();
+  return finish();
+}
+
+// Node 0 hosts the store; every node (node 0 included) talks to it as a client.
+bool Launcher::connect_store() {
+  std::string connect_host = o_.master_host;
+  if (o_.node_rank == 0) {
+    server_ = std::make_unique<TcpStoreServer>(
+        TcpStoreServer::Options{.host = o_.master_host, .port = o_.master_port, .token = o_.token});
+    master_port_ = server_->port();
+    if (connect_host == "0.0.0.0" || connect_host.empty()) connect_host = "127.0.0.1";
+    if (connect_host == "::") connect_host = "::1";
+  } else {
+    master_port_ = o_.master_port;
+  }
+  store_where_ = net::host_port(o_.master_host, master_port_);
+  // Connect in short attempts so that Ctrl-C is noticed while node 0 is not up yet.
+  const Deadline deadline = net::deadline_after(o_.rendezvous_timeout);
+  while (true) {
+    try {
+      store_ = std::make_unique<TcpStore>(connect_host, master_port_, o_.token,
+                                          std::max(Millis(1), std::min(Millis(1000), net::time_left(deadline))));
+      break;
+    } catch (const TimeoutError& e) {
+      TESSEL_CHECK_AS(TimeoutError, Clock::now() < deadline,
+                      "tessel launch: node {} could not reach node 0's store at {} within {} ms: {}", o_.node_rank,
+                      store_where_, o_.rendezvous_timeout.count(), e.what());
+    }
+    on_signals();
+    if (interrupted_ != 0) return false;
+  }
+  store_->set_timeout(Millis(30'000));
+  return true;
+}
+
+bool Launcher::rendezvous() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string me = fmt::format("host {}, pid {}", host, ::getpid());
+  const std::string holder = store_->compare_set(node_key("node", o_.node_rank), "", me);
+  TESSEL_CHECK(holder == me, "tessel launch: --node-rank {} has already joined the job at {} ({}); every node needs its "
+               "own --node-rank in 0..{}", o_.node_rank, store_where_, holder, o_.nnodes - 1);
+  std::vector<std::string> keys;
+  for (int r = 0; r < o_.nnodes; ++r) keys.push_back(node_key("node", r));
+  const WaitEnd end = wait_until([&] { return store_->check(keys); }, net::deadline_after(o_.rendezvous_timeout));
+  if (end == WaitEnd::done) {
+    joined_ = true;
+    // Heartbeats are watched from now on; every node gets a full period to send its first.
+    beats_.assign(static_cast<std::size_t>(o_.nnodes), Beat{.changed = Clock::now()});
+    return true;
+  }
+  if (end == WaitEnd::timeout) {
+    std::string missing;
+    for (int r = 0; r < o_.nnodes; ++r)
+      if (!store_->check({keys[r]})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    const std::string msg = fmt::format(
+        "tessel launch: rendezvous at {} timed out after {} ms: node rank(s) {} did not join (start `tessel launch "
+        "--node-rank R` there with the same --nnodes, --master and --token)",
+        store_where_, o_.rendezvous_timeout.count(), missing);
+    try {
+      store_->compare_set(kFailedKey, "", msg);
+    } catch (const CommError&) {
+    }
+    TESSEL_CHECK_AS(TimeoutError, false, "{}", msg);
+  }
+  return false;  // interrupted, or another node failed
+}
+
+void Launcher::spawn_all() {
+  const int p = o_.nproc_per_node;
+  children_.resize(static_cast<std::size_t>(p));
+  for (int i = 0; i < p; ++i) {
+    children_[i].local = i;
+    children_[i].rank = o_.node_rank * p + i;
+  }
+  for (Child& c : children_) {
+    const std::string why = spawn(c);
+    if (!why.empty()) {
+      fail(why, /*local=*/true);
+      return;
+    }
+    on_signals();
+    if (interrupted_ != 0) return;
+  }
+}
+
+// Starts one process; returns why it could not run, or "".
+std::string Launcher::spawn(Child& c) {
+  const int p = o_.nproc_per_node;
+  const std::vector<std::pair<std::string, std::string>> vars = {
+      {"RANK", std::to_string(c.rank)},
+      {"WORLD_SIZE", std::to_string(o_.nnodes * p)},
+      {"LOCAL_RANK", std::to_string(c.local)},
+      {"LOCAL_WORLD_SIZE", std::to_string(p)},
+      {"GROUP_RANK", std::to_string(o_.node_rank)},
+      {"MASTER_ADDR", o_.master_host},
+      {"MASTER_PORT", std::to_string(master_port_)},
+      {"TESSEL_JOB_TOKEN", o_.token},
+      {"TESSEL_NNODES", std::to_string(o_.nnodes)},
+  };
+  // Everything the child needs is built before fork: after it, only async-signal-safe calls.
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view kv(*e);
+    const std::string_view name = kv.substr(0, kv.find('='));
+    bool ours = false;
+    for (const auto& [k, v] : vars) ours = ours || name == k;
+    if (!ours) env.emplace_back(kv);
+  }
+  for (const auto& [k, v] : vars) env.push_back(k + "=" + v);
+  std::vector<char*> envp, argv;
+  for (std::string& s : env) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = o_.command;
+  for (std::string& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  auto [out_r, out_w] = net::make_pipe();
+  auto [err_r, err_w] = net::make_pipe();
+  int exec_pipe[2];  // blocking, close-on-exec: EOF means exec succeeded
+  TESSEL_CHECK(::pipe2(exec_pipe, O_CLOEXEC) == 0, "tessel launch: cannot create a pipe: {}", std::strerror(errno));
+  net::Fd exec_r(exec_pipe[0]), exec_w(exec_pipe[1]);
+  const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  // The child writes to blocking pipes; only the launcher's ends are non-blocking.
+  ::fcntl(out_w.get(), F_SETFL, 0);
+  ::fcntl(err_w.get(), F_SETFL, 0);
+
+  const pid_t launcher_pid = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    // Should the launcher itself be SIGKILLed, its processes must not live on as orphans
+    // (stuck in a collective forever): the kernel kills them when the launcher dies.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher_pid) ::_exit(127);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE, SIGHUP, SIGQUIT}) ::sigaction(sig, &dfl, nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    // stdin is /dev/null: a process in its own group reading the terminal would be stopped.
+    if (devnull >= 0) ::dup2(devnull, 0);
+    ::dup2(out_w.get(), 1);
+    ::dup2(err_w.get(), 2);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    const int e = errno;
+    [[maybe_unused]] ssize_t k = ::write(exec_w.get(), &e, sizeof e);
+    ::_exit(127);
+  }
+  const int fork_errno = errno;
+  if (devnull >= 0) ::close(devnull);
+  if (pid < 0) return fmt::format("{}: cannot start a process: fork failed: {}", who(c.rank), std::strerror(fork_errno));
+  ::setpgid(pid, pid);  // also here, so the group exists before any killpg
+  c.pid = pid;
+  c.running = true;
+  exec_w.reset();
+  out_w.reset();
+  err_w.reset();
+  int child_errno = 0;
+  std::size_t got = 0;
+  while (got < sizeof child_errno) {
+    const ssize_t k = ::read(exec_r.get(), reinterpret_cast<char*>(&child_errno) + got, sizeof child_errno - got);
+    if (k > 0) got += static_cast<std::size_t>(k);
+    else if (!(k < 0 && errno == EINTR)) break;
+  }
+  if (got == sizeof child_errno) {
+    while (::waitpid(pid, &c.status, 0) < 0 && errno == EINTR) {
+    }
+    c.running = false;
+    c.spawn_failed = true;
+    return fmt::format("{}: cannot run '{}': {}", who(c.rank), o_.command[0], std::strerror(child_errno));
+  }
+  c.out = Stream{std::move(out_r), 1, {}};
+  c.err = Stream{std::move(err_r), 2, {}};
+  return "";
+}
+
+void Launcher::supervise() {
+  std::vector<pollfd> fds;
+  std::vector<Stream*> streams;
+  std::vector<const Child*> owners;
+  std::optional<Deadline> drain_until;
+  while (true) {
+    on_signals();
+    reap();
+    if (!stopping_) {
+      for (const Child& c : children_) {
+        if (!c.running && c.pid > 0 && !c.spawn_failed && c.status != 0) {
+          fail(fmt::format("{} {}", who(c.rank), describe_status(c.status)), /*local=*/true);
+          break;
+        }
+      }
+    }
+    if (!stopping_) watch_store();
+    if (stopping_ && !killed_ && Clock::now() >= kill_at_) kill_all(SIGKILL);
+
+    if (all_exited()) {
+      if (!drain_until) {
+        // Grandchildren left in a stopped job's groups would keep the pipes open.
+        if (stopping_) kill_all(SIGKILL);
+        drain_until = net::deadline_after(kDrain);
+      }
+      bool open = false;
+      for (const Child& c : children_) open = open || c.out.fd || c.err.fd;
+      if (!open || Clock::now() >= *drain_until) break;
+    }
+
+    fds.clear();
+    streams.clear();
+    owners.clear();
+    fds.push_back({signals_.fd(), POLLIN, 0});
+    for (Child& c : children_) {
+      for (Stream* s : {&c.out, &c.err}) {
+        if (!s->fd) continue;
+        fds.push_back({s->fd.get(), POLLIN, 0});
+        streams.push_back(s);
+        owners.push_back(&c);
+      }
+    }
+    const int r = ::poll(fds.data(), fds.size(), static_cast<int>(kStorePoll.count()));
+    if (r < 0 && errno != EINTR) TESSEL_THROW("tessel launch: poll failed: {}", std::strerror(errno));
+    for (std::size_t i = 0; r > 0 && i < streams.size(); ++i)
+      if (fds[i + 1].revents != 0) forward(*streams[i], fmt::format("[rank {}] ", owners[i]->rank));
+  }
+  for (Child& c : children_) {
+    const std::string prefix = fmt::format("[rank {}] ", c.rank);
+    for (Stream* s : {&c.out, &c.err}) {
+      if (s->fd) forward(*s, prefix);
+      flush_partial(*s, prefix);
+      s->fd.reset();
+    }
+  }
+}
+
+// Reads what is available (a bounded amount, so one chatty process cannot starve the loop)
+// and writes whole lines with the rank prefix; at EOF, writes the last partial line and
+// closes the stream.
+void Launcher::forward(Stream& s, const std::string& prefix) {
+  char buf[65536];
+  for (int reads = 0; s.fd && reads < 16; ++reads) {
+    const ssize_t k = ::read(s.fd.get(), buf, sizeof buf);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (k <= 0) {
+      flush_partial(s, prefix);
+      s.fd.reset();
+      return;
+    }
+    s.partial.append(buf, static_cast<std::size_t>(k));
+    std::string lines;
+    std::size_t start = 0;
+    while (true) {
+      const std::size_t nl = s.partial.find('\n', start);
+      if (nl == std::string::npos) break;
+      lines += prefix;
+      lines.append(s.partial, start, nl + 1 - start);
+      start = nl + 1;
+    }
+    s.partial.erase(0, start);
+    if (s.partial.size() >= kMaxLine) {
+      lines += prefix + s.partial + "\n";
+      s.partial.clear();
+    }
+    write_all(s.dest, lines);
+  }
+}
+
+void Launcher::flush_partial(Stream& s, const std::string& prefix) {
+  if (s.partial.empty()) return;
+  write_all(s.dest, prefix + s.partial + "\n");
+  s.partial.clear();
+}
+
+void Launcher::reap() {
+  for (Child& c : children_) {
+    if (!c.running) continue;
+    int status = 0;
+    const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
+    if (r == c.pid) {
+      c.running = false;
+      c.status = status;
+    } else if (r < 0 && errno == ECHILD) {
+      c.running = false;  // reaped elsewhere; its fate is unknown
+      c.status = -1;
+    }
+  }
+}
+
+void Launcher::begin_stop() {
+  if (stopping_) return;
+  stopping_ = true;
+  kill_at_ = net::deadline_after(o_.kill_grace);
+  for (Child& c : children_) c.stopped_by_us = c.running;
+  kill_all(SIGTERM);
+}
+
+void Launcher::kill_all(int sig) {
+  if (sig == SIGKILL) killed_ = true;
+  for (Child& c : children_) {
+    if (c.pid <= 0) continue;
+    if (::killpg(c.pid, sig) != 0 && c.running) ::kill(c.pid, sig);
+  }
+}
+
+void Launcher::on_signals() {
+  for (int sig : signals_.take()) {
+    if (sig != SIGINT && sig != SIGTERM) continue;  // SIGCHLD: reap() runs every round anyway
+    ++signals_seen_;
+    if (interrupted_ != 0) {
+      kill_all(SIGKILL);  // a second Ctrl-C does not wait for the grace period
+      continue;
+    }
+    interrupted_ = sig;
+    const std::string msg = fmt::format("node {}'s launcher was interrupted by {}", o_.node_rank, signal_name(sig));
+    if (failure_.empty()) fail(msg, /*local=*/true);
+    begin_stop();
+  }
+}
+
+// Records the job's failure, publishes it to the other nodes (the first one wins in the
+// store) and starts stopping this node's processes.
+void Launcher::fail(const std::string& message, bool local) {
+  if (failure_.empty()) {
+    failure_ = message;
+    local_failure_ = local;
+  }
+  if (local && store_ && !store_lost_) {
+    try {
+      store_->compare_set(kFailedKey, "", message);
+    } catch (const CommError&) {
+      store_lost_ = true;
+    }
+  }
+  begin_stop();
+}
+
+// Polled while the job runs: another node's failure, heartbeats, a lost store.
+void Launcher::watch_store() {
+  if (store_lost_ || !store_) return;
+  const Deadline now = Clock::now();
+  if (now < next_store_poll_) return;
+  next_store_poll_ = now + kStorePoll;
+  try {
+    if (store_->check({kFailedKey})) {
+      fail(store_->get(kFailedKey, Millis(5000)), /*local=*/false);
+      return;
+    }
+    if (now < next_heartbeat_ || o_.nnodes == 1) return;
+    next_heartbeat_ = now + kHeartbeat;
+    if (o_.node_rank != 0) {
+      store_->add(node_key("heartbeat", o_.node_rank), 1);
+      return;
+    }
+    if (!joined_) return;  // nodes that have not joined yet send no heartbeat
+    for (int r = 1; r < o_.nnodes; ++r) {
+      Beat& b = beats_[static_cast<std::size_t>(r)];
+      if (b.finished) continue;
+      if (store_->check({node_key("done", r)}) || store_->check({node_key("stopped", r)})) {
+        b.finished = true;
+        continue;
+      }
+      const int64_t v = store_->add(node_key("heartbeat", r), 0);
+      if (v != b.value) {
+        b.value = v;
+        b.changed = now;
+      } else if (now - b.changed >= kHeartbeatTimeout) {
+        fail(fmt::format("node {}'s launcher stopped responding (no heartbeat for {} s)", r,
+                         kHeartbeatTimeout.count() / 1000),
+             /*local=*/true);
+        return;
+      }
+    }
+  } catch (const CommError& e) {
+    store_lost_ = true;
+    fail(fmt::format("node {} lost the job's store at {} (node 0's launcher): {}", o_.node_rank, store_where_, e.what()),
+         /*local=*/true);
+  }
+}
+
+// Polls `done` every kStorePoll until it holds, `deadline` passes, the launcher is
+// interrupted, or the job fails elsewhere. Store errors count as failures.
+Launcher::WaitEnd Launcher::wait_until(const std::function<bool()>& done, Deadline deadline) {
+  while (true) {
+    on_signals();
+    if (interrupted_ != 0) return WaitEnd::interrupted;
+    try {
+      if (done()) return WaitEnd::done;
+    } catch (const CommError& e) {
+      store_lost_ = true;
+      fail(fmt::format("node {} lost the job's store at {}: {}", o_.node_rank, store_where_, e.what()), true);
+      return WaitEnd::failed;
+    }
+    next_store_poll_ = Deadline{};
+    watch_store();
+    if (!failure_.empty()) return WaitEnd::failed;
+    if (Clock::now() >= deadline) return WaitEnd::timeout;
+    pollfd p{signals_.fd(), POLLIN, 0};
+    ::poll(&p, 1, static_cast<int>(std::min(kStorePoll, net::time_left(deadline)).count()));
+  }
+}
+
+void Launcher::report_fates() {
+  for (const Child& c : children_) {
+    if (local_failure_ && failure_.rfind(who(c.rank) + " ", 0) == 0) continue;  // the failure itself
+    if (c.pid <= 0) {
+      say(fmt::format("  {} was not started", who(c.rank)));
+    } else if (c.spawn_failed) {
+      continue;
+    } else if (c.status == -1) {
+      say(fmt::format("  {} ended; its exit status was lost", who(c.rank)));
+    } else {
+      say(fmt::format("  {} {}{}", who(c.rank), describe_status(c.status),
+                      c.stopped_by_us ? " after the launcher stopped it" : " before the job was stopped"));
+    }
+  }
+}
+
+// Reports the outcome, coordinates the end with the other nodes and returns the status.
+int Launcher::finish() {
+  if (failure_.empty() && interrupted_ == 0) {
+    if (o_.node_rank != 0) {
+      try {
+        store_->set(node_key("done", o_.node_rank), "0");
+      } catch (const CommError& e) {
+        say(fmt::format("warning: could not tell node 0 that node {} is done: {}", o_.node_rank, e.what()));
+      }
+      return 0;
+    }
+    // Node 0 hosts the store: keep it up until every node is done.
+    auto all_done = [&] {
+      for (int r = 1; r < o_.nnodes; ++r)
+        if (!beats_[static_cast<std::size_t>(r)].finished && !store_->check({node_key("done", r)})) return false;
+      return true;
+    };
+    if (o_.nnodes == 1 || wait_until(all_done, Deadline::max()) == WaitEnd::done) return 0;
+    say(fmt::format("error: {}", failure_));
+    say("  every rank of node 0 had exited with code 0");
+  } else if (interrupted_ != 0) {
+    std::string ranks;
+    for (const Child& c : children_)
+      if (c.stopped_by_us) ranks += (ranks.empty() ? "" : ", ") + std::to_string(c.rank);
+    say(fmt::format("error: interrupted by {}; {}", signal_name(interrupted_),
+                    ranks.empty() ? std::string("no process was running") : "stopped rank(s) " + ranks));
+  } else {
+    say(fmt::format("error: {}", failure_));
+    report_fates();
+  }
+  if (store_ && !store_lost_ && joined_) {
+    try {
+      if (o_.node_rank != 0) {
+        store_->set(node_key("stopped", o_.node_rank), "1");
+      } else if (o_.nnodes > 1) {
+        // Keep the store up a little so the other nodes read the failure, not a lost store.
+        auto acked = [&] {
+          for (int r = 1; r < o_.nnodes; ++r)
+            if (!store_->check({node_key("stopped", r)}) && !store_->check({node_key("done", r)})) return false;
+          return true;
+        };
+        const Deadline until = net::deadline_after(o_.kill_grace + kAckWait);
+        const int seen = signals_seen_;
+        while (!acked() && Clock::now() < until && signals_seen_ == seen) {
+          on_signals();
+          pollfd p{signals_.fd(), POLLIN, 0};
+          ::poll(&p, 1, static_cast<int>(kStorePoll.count()));
+        }
+      }
+    } catch (const CommError&) {
+    }
+  }
+  return interrupted_ != 0 ? 130 : 1;
+}
+
+}  // namespace
+
+void check_launch_options(const LaunchOptions& o) {
+  TESSEL_CHECK(o.nnodes >= 1, "--nnodes must be at least 1, got {}", o.nnodes);
+  TESSEL_CHECK(o.nproc_per_node >= 1, "--nproc-per-node must be at least 1, got {}", o.nproc_per_node);
+  TESSEL_CHECK(static_cast<int64_t>(o.nnodes) * o.nproc_per_node <= (1 << 20),
+               "--nnodes {} times --nproc-per-node {} is over the limit of {} processes", o.nnodes, o.nproc_per_node,
+               1 << 20);
+  TESSEL_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank {} is out of range for --nnodes {} (valid: 0..{})",
+               o.node_rank, o.nnodes, o.nnodes - 1);
+  TESSEL_CHECK(!o.command.empty() && !o.command[0].empty(),
+               "no program to launch: put it after --, e.g. tessel launch --nproc-per-node 2 -- python3 train.py");
+  TESSEL_CHECK(o.master_port >= 0 && o.master_port <= 65535, "--master port {} is out of range 1..65535", o.master_port);
+  TESSEL_CHECK(!o.master_host.empty(), "--master needs a host, e.g. --master 10.0.0.1:29500");
+  TESSEL_CHECK(o.rendezvous_timeout.count() > 0, "--rendezvous-timeout must be positive, got {} ms",
+               o.rendezvous_timeout.count());
+  TESSEL_CHECK(o.kill_grace.count() >= 0, "--kill-grace must not be negative, got {} ms", o.kill_grace.count());
+  if (o.nnodes > 1) {
+    TESSEL_CHECK(o.master_port != 0,
+                 "--master HOST:PORT with a port is required with --nnodes {}: every node must find node 0's store "
+                 "at the same address",
+                 o.nnodes);
+    TESSEL_CHECK(!token_of(o).empty(),
+                 "--nnodes {} needs a job token shared by every node: pass the same --token T to each launcher or set "
+                 "TESSEL_JOB_TOKEN",
+                 o.nnodes);
+  }
+}
+
+int run_launch(const LaunchOptions& options) {
+  check_launch_options(options);
+  LaunchOptions o = options;
+  o.token = token_of(options);
+  if (o.token.empty()) o.token = random_token();
+  SignalScope signals;  // destroyed after the launcher, so its children are gone first
+  Launcher launcher(std::move(o), signals);
+  return launcher.run();
+}
+
+}  // namespace tessel

@@ -1,0 +1,54 @@
+// `tessel launch`: starts the processes of a job on this node with torchrun's environment
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, plus
+// GROUP_RANK and TESSEL_JOB_TOKEN), hosts the TCP store on node 0, prefixes every output line
+// with its rank, and when any process fails stops all of them — on every node — and reports
+// which rank failed and how. Ctrl-C stops the whole job.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tessel/comm/store.h"
+
+namespace tessel {
+
+struct LaunchOptions {
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_host = "127.0.0.1";  // node 0's store address
+  int master_port = 0;                    // 0 on a single node: pick a free port
+  int nproc_per_node = 1;
+  std::vector<std::string> command;       // program and arguments
+  std::string token;                      // job token; generated on one node, required for several
+  Millis rendezvous_timeout = Millis(300'000);
+  Millis kill_grace = Millis(3'000);      // SIGTERM, then SIGKILL after this long
+};
+
+// Throws Error, naming the `tessel launch` flag, when the options cannot describe a job
+// (e.g. --node-rank outside 0..--nnodes-1, several nodes without --master or a token).
+// The token may come from the environment (TESSEL_JOB_TOKEN). run_launch calls it first;
+// the CLI calls it on its own to tell bad input (exit 2) from a failed run (exit 1).
+void check_launch_options(const LaunchOptions& options);
+
+// Runs the job and returns the exit status for `tessel launch`: 0 when every process
+// succeeded, 1 when one failed (its rank, node and exit code or signal are reported on
+// stderr), 130 when interrupted. Throws Error for bad options, CommError/TimeoutError when
+// the store cannot be hosted or reached or the rendezvous times out; no process it started
+// outlives the call, whatever the path out of it (and, through PR_SET_PDEATHSIG, none
+// outlives a launcher that is itself SIGKILLed). Each process runs in its own process group
+// with stdin from /dev/null. For its duration it handles SIGINT, SIGTERM and SIGCHLD and
+// ignores SIGPIPE, restoring the previous dispositions on return: one launch per process at
+// a time.
+//
+// Protocol between the launchers of a job (all keys in node 0's TcpStore):
+//   launch/node/<r>       node r joined (rendezvous waits for all of them)
+//   launch/failed         the first failure, e.g. "rank 2 (node 1) exited with code 3";
+//                         every launcher polls it and stops its processes when it appears
+//   launch/heartbeat/<r>  bumped every second by node r != 0; node 0 fails the job when a
+//                         node that has not finished stays silent for 30 s
+//   launch/done/<r>       node r's processes all exited 0 (node 0 keeps the store up until
+//                         every node is done)
+//   launch/stopped/<r>    node r has stopped its processes after a failure
+int run_launch(const LaunchOptions& options);
+
+}  // namespace tessel

@@ -1,0 +1,268 @@
+// The comm layer: the conformance suite on the thread backend (world sizes 1, 2, 3, 4, 8)
+// and on Gloo ranks as threads of this process; failure injection (a rank that never joins,
+// a rank that throws mid-collective) on both; hierarchical all_reduce across emulated nodes;
+// statistics.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "conformance.h"
+#include "tessel/comm/gloo_backend.h"
+#include "tessel/comm/thread_backend.h"
+#include "tessel/comm/world.h"
+#include "tessel/core/context.h"
+#include "tessel/core/error.h"
+
+namespace tessel {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Gloo ranks as threads of this process over one in-memory store.
+void spawn_gloo(int n, const std::function<void(ProcessGroup&)>& fn, Millis timeout = Millis(60'000),
+                std::vector<int> nodes = {}) {
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::thread> threads;
+  std::mutex m;
+  std::exception_ptr first;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      auto ctx = make_rank_context(r, n, 1);
+      RankContextScope scope(ctx);
+      try {
+        auto g = make_gloo_group(store, r, n, nodes, "127.0.0.1", timeout);
+        fn(*g);
+      } catch (...) {
+        std::lock_guard lock(m);
+        if (!first) first = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+class ThreadConformance : public ::testing::TestWithParam<int> {};
+TEST_P(ThreadConformance, PassesTheSuite) {
+  spawn(GetParam(), [](int) { testing::run_conformance(*world_group()); });
+}
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ThreadConformance, ::testing::Values(1, 2, 3, 4, 8));
+
+class GlooThreadsConformance : public ::testing::TestWithParam<int> {};
+TEST_P(GlooThreadsConformance, PassesTheSuite) {
+  spawn_gloo(GetParam(), [](ProcessGroup& g) { testing::run_conformance(g); });
+}
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooThreadsConformance, ::testing::Values(1, 2, 3, 4));
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(ThreadBackend, ARankThatNeverJoinsTimesOutNamingIt) {
+  SpawnOptions o;
+  o.timeout = 400ms;
+  std::atomic<int> errors{0};
+  std::string message;
+  std::mutex m;
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(spawn(3,
+                     [&](int rank) {
+                       if (rank == 2) {
+                         std::this_thread::sleep_for(1500ms);  // never joins in time
+                         return;
+                       }
+                       float x = 1;
+                       try {
+                         world_group()->all_reduce(&x, 1, DType::f32, ReduceOp::sum);
+                       } catch (const CommError& e) {
+                         ++errors;
+                         std::lock_guard lock(m);
+                         message = e.what();
+                         throw;
+                       }
+                     },
+                     o),
+               CommError);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(errors.load(), 2);
+  EXPECT_NE(message.find("[2]"), std::string::npos) << message;
+  EXPECT_NE(message.find("all_reduce"), std::string::npos) << message;
+  EXPECT_NE(message.find("'world'"), std::string::npos) << message;
+  EXPECT_LT(secs, 3.0);
+}
+
+TEST(ThreadBackend, ARankThatThrowsStopsTheOthersAndItsErrorIsRethrown) {
+  std::atomic<int> comm_errors{0};
+  std::string msg = error_of([&] {
+    spawn(4, [&](int rank) {
+      if (rank == 1) throw std::runtime_error("rank 1 blew up in its forward");
+      std::vector<float> x(100, 1.0f);
+      try {
+        world_group()->all_reduce(x.data(), 100, DType::f32, ReduceOp::sum);
+      } catch (const CommError& e) {
+        ++comm_errors;
+        EXPECT_NE(std::string(e.what()).find("rank 1 failed"), std::string::npos) << e.what();
+        throw;
+      }
+    });
+  });
+  EXPECT_EQ(msg, "rank 1 blew up in its forward");
+  EXPECT_EQ(comm_errors.load(), 3);
+}
+
+TEST(ThreadBackend, MismatchedCollectivesAreNamed) {
+  std::string msg = error_of([] {
+    spawn(2, [](int rank) {
+      float x[4] = {};
+      if (rank == 0) world_group()->all_reduce(x, 4, DType::f32, ReduceOp::sum);
+      else world_group()->broadcast(x, 4, DType::f32, 0);
+    });
+  });
+  EXPECT_NE(msg.find("all_reduce"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("broadcast"), std::string::npos) << msg;
+}
+
+TEST(ThreadBackend, SendWithoutReceiverTimesOut) {
+  SpawnOptions o;
+  o.timeout = 200ms;
+  std::string msg = error_of([&] {
+    spawn(2,
+          [](int rank) {
+            int v = 1;
+            if (rank == 0) world_group()->send(&v, 1, DType::i32, 1, 7);
+          },
+          o);
+  });
+  EXPECT_NE(msg.find("send"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tag 7"), std::string::npos) << msg;
+}
+
+TEST(ThreadBackend, StatsCountCallsAndBytes) {
+  spawn(2, [](int) {
+    auto g = world_group();
+    g->reset_stats();
+    std::vector<float> x(10), y(20);
+    g->all_reduce(x.data(), 10, DType::f32, ReduceOp::sum);
+    g->all_gather(x.data(), y.data(), 10, DType::f32);
+    g->all_gather(x.data(), y.data(), 10, DType::f32);
+    CommStats s = g->stats();
+    EXPECT_EQ(s.ops.at("all_reduce").calls, 1);
+    EXPECT_EQ(s.ops.at("all_reduce").bytes, 40);
+    EXPECT_EQ(s.ops.at("all_gather").calls, 2);
+    EXPECT_EQ(s.ops.at("all_gather").bytes, 80);
+    EXPECT_EQ(s.total_calls(), 3);
+  });
+}
+
+TEST(ThreadBackend, RanksGetTheirOwnContextsAndThreads) {
+  std::atomic<int> sum{0};
+  spawn(4, [&](int rank) {
+    EXPECT_EQ(rank_context().rank, rank);
+    EXPECT_EQ(rank_context().world_size, 4);
+    EXPECT_EQ(world_group()->rank(), rank);
+    sum += rank;
+  });
+  EXPECT_EQ(sum.load(), 6);
+}
+
+// Two emulated nodes of two ranks: all_reduce goes through reduce_scatter (node), all_reduce
+// (across), all_gather (node) and equals the flat result.
+TEST(Hierarchical, ChosenAcrossNodesAndExact) {
+  SpawnOptions o;
+  o.nodes = {0, 0, 1, 1};
+  spawn(4,
+        [](int rank) {
+          auto g = world_group();
+          EXPECT_TRUE(g->hierarchical());
+          std::vector<int64_t> x(1001);
+          for (size_t i = 0; i < x.size(); ++i) x[i] = rank * 1000 + static_cast<int64_t>(i);
+          g->all_reduce(x.data(), 1001, DType::i64, ReduceOp::sum);
+          for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(x[i], 6000 + 4 * static_cast<int64_t>(i));
+          std::vector<double> y(10, rank);
+          g->all_reduce(y.data(), 10, DType::f64, ReduceOp::avg);
+          EXPECT_EQ(y[3], 1.5);
+        },
+        o);
+  spawn(4, [](int) { EXPECT_FALSE(world_group()->hierarchical()); });
+}
+
+TEST(GlooThreads, HierarchicalAcrossEmulatedNodes) {
+  spawn_gloo(
+      4,
+      [](ProcessGroup& g) {
+        EXPECT_TRUE(g.hierarchical());
+        std::vector<float> x(333);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(g.rank() + i % 4);
+        g.all_reduce(x.data(), 333, DType::f32, ReduceOp::sum);
+        for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(x[i], static_cast<float>(6 + 4 * (i % 4)));
+      },
+      Millis(60'000), {0, 0, 1, 1});
+}
+
+TEST(GlooThreads, ARankThatNeverJoinsACollectiveTimesOutNamingIt) {
+  std::atomic<int> errors{0};
+  std::mutex m;
+  std::string message;
+  spawn_gloo(
+      3,
+      [&](ProcessGroup& g) {
+        if (g.rank() == 1) {
+          std::this_thread::sleep_for(2500ms);  // alive, but never calls the collective
+          return;
+        }
+        float x = 1;
+        try {
+          g.all_reduce(&x, 1, DType::f32, ReduceOp::sum);
+        } catch (const CommError& e) {
+          ++errors;
+          std::lock_guard lock(m);
+          message = e.what();
+        }
+      },
+      Millis(500));
+  EXPECT_EQ(errors.load(), 2);
+  EXPECT_NE(message.find("all_reduce"), std::string::npos) << message;
+  EXPECT_NE(message.find("[1]"), std::string::npos) << message;
+}
+
+TEST(GlooThreads, ARankThatDiesMidCollectiveFailsTheOthersFast) {
+  std::atomic<int> errors{0};
+  auto t0 = std::chrono::steady_clock::now();
+  std::string msg = error_of([&] {
+    spawn_gloo(
+        3,
+        [&](ProcessGroup& g) {
+          g.barrier();  // every rank has finished connecting
+          if (g.rank() == 2) throw std::runtime_error("rank 2 died");  // its group (and sockets) go away
+          std::vector<float> x(1 << 16, 1.0f);
+          try {
+            g.all_reduce(x.data(), 1 << 16, DType::f32, ReduceOp::sum);
+            ADD_FAILURE() << "rank " << g.rank() << " completed the all_reduce without rank 2: x[0] = " << x[0];
+          } catch (const CommError& e) {
+            ++errors;
+          } catch (const std::exception& e) {
+            ADD_FAILURE() << "rank " << g.rank() << " got a non-CommError: " << e.what();
+          }
+        },
+        Millis(20'000));
+  });
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(msg, "rank 2 died");
+  EXPECT_EQ(errors.load(), 2);
+  EXPECT_LT(secs, 10.0);  // well before the 20 s timeout: the closed connections are noticed
+}
+
+TEST(GlooThreads, ARankThatNeverJoinsTheGroupTimesOut) {
+  auto store = std::make_shared<MemoryStore>();
+  std::string msg = error_of([&] { make_gloo_group(store, 0, 2, {}, "127.0.0.1", Millis(300)); });
+  EXPECT_NE(msg.find("did not all join"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace tessel

@@ -1,0 +1,56 @@
+// A program for `tessel launch`: each process is a Gloo rank.
+//   comm_launched conformance        run the conformance suite on the world group
+//   comm_launched never-join R       rank R stays alive but skips a collective; the others
+//                                    must fail with CommError naming R within the timeout
+// Exit status 0 when the expectation held. TESSEL_COMM_TIMEOUT_MS sets the group timeout.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "conformance.h"
+#include "tessel/comm/world.h"
+#include "tessel/core/error.h"
+
+using namespace tessel;
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "conformance";
+  const char* t = std::getenv("TESSEL_COMM_TIMEOUT_MS");
+  Millis timeout = t ? Millis(std::atoi(t)) : Millis(60'000);
+  try {
+    auto g = init_world({.backend = "gloo", .timeout = timeout});
+    if (mode == "conformance") {
+      testing::run_conformance(*g);
+      std::printf("rank %d of %d: conformance ok\n", g->rank(), g->size());
+      return 0;
+    }
+    if (mode == "never-join" && argc > 2) {
+      int skip = std::atoi(argv[2]);
+      if (g->rank() == skip) {
+        std::this_thread::sleep_for(timeout * 4);  // alive, never joins
+        return 0;
+      }
+      float x = 1;
+      auto t0 = std::chrono::steady_clock::now();
+      try {
+        g->all_reduce(&x, 1, DType::f32, ReduceOp::sum);
+      } catch (const CommError& e) {
+        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::string msg = e.what();
+        bool named = msg.find(fmt::format("[{}]", skip)) != std::string::npos;
+        std::printf("rank %d: CommError after %.2f s (%s): %s\n", g->rank(), s, named ? "names the rank" : "MISSING NAME",
+                    msg.c_str());
+        return named && s < timeout.count() / 1000.0 + 5 ? 0 : 1;
+      }
+      std::printf("rank %d: the collective completed without rank %d\n", g->rank(), skip);
+      return 1;
+    }
+    std::fprintf(stderr, "usage: comm_launched conformance | never-join RANK\n");
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,491 @@
+// `tessel launch` end to end: the real binary runs launch_fixture workers. Checks the
+// failure path (a failed rank stops the job, is named, and leaves no worker alive), the
+// environment and rank-prefixed output, signals, a missing program, two launchers forming
+// a two-node job on loopback, Ctrl-C, and bad flags. Every launcher run has a hard time
+// limit and is SIGKILLed (with any worker whose pid it wrote) if it overstays.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+const std::string kTessel = TESSEL_BINARY;
+const std::string kFixture = LAUNCH_FIXTURE;
+
+struct Result {
+  bool exited = false;  // exited normally (else killed by a signal or timed out)
+  int code = -1;
+  bool timed_out = false;
+  std::string out, err;
+  double seconds = 0;
+};
+
+// A running `tessel ARGS...` whose stdout/stderr a thread collects; SIGKILLed when it runs
+// past `limit`.
+class Proc {
+ public:
+  explicit Proc(std::vector<std::string> args, Clock::duration limit = 30s) : start_(Clock::now()) {
+    args.insert(args.begin(), kTessel);
+    // Built before fork: the child of a threaded process should only exec.
+    std::vector<char*> argv, envp;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (char** e = environ; *e != nullptr; ++e)
+      if (std::string_view(*e).rfind("TESSEL_JOB_TOKEN=", 0) != 0) envp.push_back(*e);
+    envp.push_back(nullptr);
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) std::abort();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+    collector_ = std::thread([this, o = out[0], e = err[0], limit] { collect(o, e, limit); });
+  }
+  ~Proc() {
+    if (collector_.joinable()) {
+      ::kill(pid_, SIGKILL);
+      collector_.join();
+    }
+  }
+  pid_t pid() const { return pid_; }
+  Result wait() {
+    if (collector_.joinable()) collector_.join();
+    return result_;
+  }
+
+ private:
+  void collect(int out_fd, int err_fd, Clock::duration limit) {
+    int fds[2] = {out_fd, err_fd};
+    std::string* bufs[2] = {&result_.out, &result_.err};
+    bool reaped = false;
+    Clock::time_point reaped_at{};
+    while (true) {
+      int status = 0;
+      if (!reaped && ::waitpid(pid_, &status, WNOHANG) == pid_) {
+        reaped = true;
+        reaped_at = Clock::now();
+        result_.exited = WIFEXITED(status);
+        result_.code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+        result_.seconds = std::chrono::duration<double>(reaped_at - start_).count();
+      }
+      if (!reaped && Clock::now() - start_ > limit) {
+        result_.timed_out = true;
+        ::kill(pid_, SIGKILL);
+      }
+      const bool open = fds[0] >= 0 || fds[1] >= 0;
+      if (reaped && (!open || Clock::now() - reaped_at > 2s)) break;
+      pollfd p[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
+      ::poll(p, 2, 20);
+      for (int i = 0; i < 2; ++i) {
+        if (fds[i] < 0 || p[i].revents == 0) continue;
+        char buf[4096];
+        const ssize_t k = ::read(fds[i], buf, sizeof buf);
+        if (k > 0) {
+          bufs[i]->append(buf, static_cast<std::size_t>(k));
+        } else {
+          ::close(fds[i]);
+          fds[i] = -1;
+        }
+      }
+    }
+    for (int fd : fds)
+      if (fd >= 0) ::close(fd);
+  }
+
+  Clock::time_point start_;
+  pid_t pid_ = -1;
+  std::thread collector_;
+  Result result_;
+};
+
+Result run_tessel(std::vector<std::string> args, Clock::duration limit = 30s) { return Proc(std::move(args), limit).wait(); }
+
+// A scratch folder for pid files; on teardown every pid written there is SIGKILLed, so a
+// failing test cannot leave workers behind.
+bool is_zombie(pid_t pid);
+
+class PidDir {
+ public:
+  PidDir() {
+    std::string tmpl = (fs::temp_directory_path() / "tessel-launch-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
+    path_ = tmpl;
+  }
+  ~PidDir() {
+    for (pid_t p : pids()) ::kill(p, SIGKILL);
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string path() const { return path_.string(); }
+  std::map<std::string, pid_t> files() const {
+    std::map<std::string, pid_t> out;
+    for (const auto& e : fs::directory_iterator(path_)) {
+      const std::string name = e.path().filename().string();
+      if (name.empty() || name[0] == '.') continue;
+      std::ifstream f(e.path());
+      int pid = 0;
+      if (f >> pid && pid > 0) out[name] = pid;
+    }
+    return out;
+  }
+  std::vector<pid_t> pids() const {
+    std::vector<pid_t> out;
+    for (const auto& [name, pid] : files()) out.push_back(pid);
+    return out;
+  }
+  // Waits until `n` pid files exist (or 10 s pass).
+  bool wait_for(std::size_t n) const {
+    const auto until = Clock::now() + 10s;
+    while (Clock::now() < until) {
+      if (files().size() >= n) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }
+  // The pids still alive after allowing `grace` for reaping. Workers are the launcher's
+  // children and must be gone (ESRCH); a worker's own child (<R>.child.pid) is an orphan
+  // that init reaps in its own time, so a zombie counts as dead there.
+  std::vector<pid_t> alive(Clock::duration grace = 2s) const {
+    const auto until = Clock::now() + grace;
+    std::vector<pid_t> left;
+    do {
+      left.clear();
+      for (const auto& [name, p] : files()) {
+        if (::kill(p, 0) == -1 && errno == ESRCH) continue;
+        if (name.find(".child.") != std::string::npos && is_zombie(p)) continue;
+        left.push_back(p);
+      }
+      if (left.empty()) break;
+      std::this_thread::sleep_for(20ms);
+    } while (Clock::now() < until);
+    return left;
+  }
+
+ private:
+  fs::path path_;
+};
+
+bool is_zombie(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(f, stat);
+  const std::size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+
+std::string show(const Result& r) {
+  return "exit " + std::to_string(r.code) + (r.timed_out ? " (timed out)" : "") + " after " +
+         std::to_string(r.seconds) + " s\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
+}
+
+// (a) The acceptance test: a failing rank stops the whole job quickly, is named with its
+// exit code, and no worker survives.
+TEST(Launch, FailedRankStopsEveryWorkerAndIsReported) {
+  PidDir dir;
+  Result r = run_tessel({"launch", "--nproc-per-node", "2", "--", kFixture, "--exit-rank", "1", "--exit-code", "3",
+                         "--sleep", "60", "--pid-dir", dir.path()});
+  std::cout << "[ measured ] tessel launch exited " << r.code << " after " << r.seconds << " s\n";
+  EXPECT_FALSE(r.timed_out) << show(r);
+  EXPECT_TRUE(r.exited) << show(r);
+  EXPECT_NE(r.code, 0) << show(r);
+  EXPECT_LT(r.seconds, 10.0) << show(r);
+  EXPECT_TRUE(contains(r.err, "error: rank 1 exited with code 3")) << show(r);
+  EXPECT_TRUE(contains(r.err, "rank 0 was killed by signal 15")) << show(r);
+  EXPECT_EQ(dir.files().size(), 2u);
+  EXPECT_EQ(dir.alive(), std::vector<pid_t>{});
+}
+
+// (b) torchrun's environment for three processes, rank-prefixed lines on both streams, and
+// a last line without '\n' still forwarded.
+TEST(Launch, SetsTheEnvironmentAndPrefixesEveryLine) {
+  Result r = run_tessel({"launch", "--nproc-per-node", "3", "--", kFixture, "--print-env", "--stderr", "--partial"});
+  ASSERT_EQ(r.code, 0) << show(r);
+  std::set<int> env_ranks, partial_ranks, stderr_ranks;
+  std::set<int> ports;
+  // Parses "[rank R] <format>" with sscanf; true when the whole line matched.
+  auto match = [](const std::string& line, const char* format, int* a, int* b, int* c = nullptr, int* d = nullptr) {
+    int n = -1;
+    const int got = c == nullptr ? std::sscanf(line.c_str(), format, a, b, &n)
+                    : d == nullptr ? std::sscanf(line.c_str(), format, a, b, c, &n)
+                                   : std::sscanf(line.c_str(), format, a, b, c, d, &n);
+    return got == (c == nullptr ? 2 : d == nullptr ? 3 : 4) && n == static_cast<int>(line.size());
+  };
+  for (const std::string& line : lines_of(r.out)) {
+    EXPECT_EQ(line.rfind("[rank ", 0), 0u) << "unprefixed line: " << line;
+    int prefix = -1, rank = -1, local = -1, port = -1;
+    if (match(line,
+              "[rank %d] env RANK=%d WORLD_SIZE=3 LOCAL_RANK=%d LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 "
+              "MASTER_PORT=%d GROUP_RANK=0 TESSEL_NNODES=1 TOKEN_LEN=32%n",
+              &prefix, &rank, &local, &port)) {
+      EXPECT_EQ(prefix, rank);
+      EXPECT_EQ(prefix, local);
+      EXPECT_GT(port, 0);
+      env_ranks.insert(prefix);
+      ports.insert(port);
+    } else if (match(line, "[rank %d] partial-%d%n", &prefix, &rank)) {
+      EXPECT_EQ(prefix, rank);
+      partial_ranks.insert(prefix);
+    } else {
+      ADD_FAILURE() << "unexpected line: " << line;
+    }
+  }
+  for (const std::string& line : lines_of(r.err)) {
+    int prefix = -1, rank = -1;
+    if (match(line, "[rank %d] stderr of rank %d%n", &prefix, &rank)) {
+      EXPECT_EQ(prefix, rank);
+      stderr_ranks.insert(prefix);
+    } else {
+      ADD_FAILURE() << "unexpected stderr line: " << line;
+    }
+  }
+  const std::set<int> all = {0, 1, 2};
+  EXPECT_EQ(env_ranks, all) << show(r);
+  EXPECT_EQ(partial_ranks, all) << show(r);
+  EXPECT_EQ(stderr_ranks, all) << show(r);
+  EXPECT_EQ(ports.size(), 1u) << "ranks saw different MASTER_PORTs";
+}
+
+// (c)
+TEST(Launch, ExitsZeroWhenEveryRankSucceeds) {
+  PidDir dir;
+  Result r = run_tessel({"launch", "--nproc-per-node", "4", "--", kFixture, "--sleep", "0.2", "--pid-dir", dir.path()});
+  EXPECT_EQ(r.code, 0) << show(r);
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(dir.files().size(), 4u);
+  EXPECT_EQ(dir.alive(), std::vector<pid_t>{});
+}
+
+// (d)
+TEST(Launch, ARankKilledByASignalIsReportedWithTheSignalName) {
+  PidDir dir;
+  Result r = run_tessel({"launch", "--nproc-per-node", "3", "--", kFixture, "--kill-rank", "2", "--signal", "9",
+                         "--sleep", "60", "--pid-dir", dir.path()});
+  EXPECT_EQ(r.code, 1) << show(r);
+  EXPECT_TRUE(contains(r.err, "error: rank 2 was killed by signal 9 (Killed)")) << show(r);
+  EXPECT_EQ(dir.alive(), std::vector<pid_t>{});
+}
+
+// Workers that ignore SIGTERM get SIGKILL after --kill-grace, and so do their children.
+TEST(Launch, WorkersIgnoringSigtermAreKilledAfterTheGracePeriod) {
+  PidDir dir;
+  Result r = run_tessel({"launch", "--nproc-per-node", "2", "--kill-grace", "0.5", "--", kFixture, "--exit-rank", "0",
+                         "--exit-code", "7", "--ignore-term", "--grandchild", "--sleep", "60", "--pid-dir", dir.path()});
+  EXPECT_EQ(r.code, 1) << show(r);
+  EXPECT_LT(r.seconds, 10.0) << show(r);
+  EXPECT_TRUE(contains(r.err, "error: rank 0 exited with code 7")) << show(r);
+  EXPECT_TRUE(contains(r.err, "rank 1 was killed by signal 9 (Killed) after the launcher stopped it")) << show(r);
+  EXPECT_EQ(dir.files().size(), 4u);  // two workers, two grandchildren
+  EXPECT_EQ(dir.alive(), std::vector<pid_t>{});
+}
+
+// (e)
+TEST(Launch, AMissingProgramIsAClearError) {
+  for (const std::string prog : {"/nonexistent/tessel-worker", "tessel-no-such-program"}) {
+    Result r = run_tessel({"launch", "--nproc-per-node", "2", "--", prog, "--flag"});
+    EXPECT_EQ(r.code, 1) << show(r);
+    EXPECT_TRUE(contains(r.err, "rank 0: cannot run '" + prog + "': No such file or directory")) << show(r);
+  }
+}
+
+std::vector<std::string> node_args(int node, int port, const std::string& token) {
+  return {"launch",  "--nnodes", "2", "--node-rank", std::to_string(node), "--master", "127.0.0.1:" + std::to_string(port),
+          "--token", token,      "--nproc-per-node", "2", "--rendezvous-timeout", "20"};
+}
+
+std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// (f) Two launchers on this machine form a two-node job; rank 3 (node 1) fails.
+TEST(Launch, TwoNodesStopTogetherWhenARankOnNodeOneFails) {
+  PidDir dir;
+  const int port = free_port();
+  const std::vector<std::string> work = {"--", kFixture, "--exit-rank", "3", "--exit-code", "5", "--sleep", "60",
+                                         "--pid-dir", dir.path()};
+  const auto t0 = Clock::now();
+  Proc node1(node_args(1, port, "tok-f") + work);  // node 1 first: it must wait for node 0
+  std::this_thread::sleep_for(200ms);
+  Proc node0(node_args(0, port, "tok-f") + work);
+  Result r0 = node0.wait(), r1 = node1.wait();
+  const double total = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_EQ(r0.code, 1) << show(r0);
+  EXPECT_EQ(r1.code, 1) << show(r1);
+  EXPECT_LT(total, 10.0);
+  EXPECT_TRUE(contains(r1.err, "error: rank 3 (node 1) exited with code 5")) << show(r1);
+  EXPECT_TRUE(contains(r0.err, "error: rank 3 (node 1) exited with code 5")) << show(r0);
+  EXPECT_TRUE(contains(r0.err, "rank 0 (node 0) was killed by signal 15")) << show(r0);
+  EXPECT_EQ(dir.files().size(), 4u);
+  EXPECT_EQ(dir.alive(), std::vector<pid_t>{});
+}
+
+TEST(Launch, TwoNodesSucceedWithGlobalRanks) {
+  PidDir dir;
+  const int port = free_port();
+  const std::vector<std::string> work = {"--", kFixture, "--print-env", "--pid-dir", dir.path()};
+  Proc node0(node_args(0, port, "tok-s") + work);
+  // Node 1 finishes later than node 0: node 0 must keep the store up until it is done.
+  Proc node1(node_args(1, port, "tok-s") + std::vector<std::string>{"--", kFixture, "--print-env", "--sleep", "0.5"});
+  Result r0 = node0.wait(), r1 = node1.wait();
+  ASSERT_EQ(r0.code, 0) << show(r0);
+  ASSERT_EQ(r1.code, 0) << show(r1);
+  EXPECT_GE(r0.seconds, 0.5) << "node 0 returned before node 1 was done";
+  for (int rank = 0; rank < 4; ++rank) {
+    const int node = rank / 2;
+    const std::string expect = "[rank " + std::to_string(rank) + "] env RANK=" + std::to_string(rank) +
+                               " WORLD_SIZE=4 LOCAL_RANK=" + std::to_string(rank % 2) +
+                               " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+                               " GROUP_RANK=" + std::to_string(node) + " TESSEL_NNODES=2 TOKEN_LEN=5";
+    EXPECT_TRUE(contains(node == 0 ? r0.out : r1.out, expect)) << expect << "\n" << show(node == 0 ? r0 : r1);
+  }
+  EXPECT_EQ(dir.alive(), std::vector<pid_t>{});
+}
+
+TEST(Launch, RendezvousTimesOutNamingTheMissingNode) {
+  const int port = free_port();
+  std::vector<std::string> args = node_args(0, port, "tok-r");
+  args.back() = "0.5";  // --rendezvous-timeout
+  Result r = run_tessel(args + std::vector<std::string>{"--", kFixture});
+  EXPECT_EQ(r.code, 1) << show(r);
+  EXPECT_TRUE(contains(r.err, "node rank(s) 1 did not join")) << show(r);
+}
+
+TEST(Launch, ANodeWithTheWrongTokenIsRejected) {
+  const int port = free_port();
+  std::vector<std::string> a0 = node_args(0, port, "right"), a1 = node_args(1, port, "wrong");
+  a0.back() = "3";
+  a1.back() = "3";
+  Proc node0(a0 + std::vector<std::string>{"--", kFixture});
+  std::this_thread::sleep_for(200ms);
+  Result r1 = Proc(a1 + std::vector<std::string>{"--", kFixture}).wait();
+  Result r0 = node0.wait();
+  EXPECT_EQ(r1.code, 1) << show(r1);
+  EXPECT_TRUE(contains(r1.err, "rejected")) << show(r1);
+  EXPECT_EQ(r0.code, 1) << show(r0);
+  EXPECT_TRUE(contains(r0.err, "node rank(s) 1 did not join")) << show(r0);
+}
+
+// (g) Ctrl-C stops every worker and exits 130.
+TEST(Launch, SigintStopsEveryWorkerAndExits130) {
+  PidDir dir;
+  Proc launcher({"launch", "--nproc-per-node", "2", "--", kFixture, "--sleep", "60", "--grandchild", "--pid-dir",
+                 dir.path()});
+  ASSERT_TRUE(dir.wait_for(4)) << "workers did not start";
+  ::kill(launcher.pid(), SIGINT);
+  Result r = launcher.wait();
+  EXPECT_EQ(r.code, 130) << show(r);
+  EXPECT_LT(r.seconds, 10.0) << show(r);
+  EXPECT_TRUE(contains(r.err, "interrupted by SIGINT")) << show(r);
+  EXPECT_EQ(dir.alive(), std::vector<pid_t>{});
+}
+
+// A launcher that is itself SIGKILLed cannot clean up: its workers die with it anyway.
+TEST(Launch, WorkersDieWithASigkilledLauncher) {
+  PidDir dir;
+  Proc launcher({"launch", "--nproc-per-node", "2", "--", kFixture, "--sleep", "60", "--pid-dir", dir.path()});
+  ASSERT_TRUE(dir.wait_for(2)) << "workers did not start";
+  ::kill(launcher.pid(), SIGKILL);
+  launcher.wait();
+  // Orphaned workers are reaped by init, not by the test: a zombie counts as dead here.
+  const auto until = Clock::now() + 5s;
+  std::vector<pid_t> left;
+  do {
+    left.clear();
+    for (pid_t p : dir.pids())
+      if (!(::kill(p, 0) == -1 && errno == ESRCH) && !is_zombie(p)) left.push_back(p);
+    std::this_thread::sleep_for(20ms);
+  } while (!left.empty() && Clock::now() < until);
+  EXPECT_EQ(left, std::vector<pid_t>{});
+}
+
+// (h) Values that cannot describe a job exit 2 and name the flag.
+TEST(Launch, BadOptionsExitTwoNamingTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  const std::vector<std::string> work = {"--", "true"};
+  const std::vector<Case> cases = {
+      {{"--nnodes", "2", "--node-rank", "2", "--master", "127.0.0.1:29999", "--token", "t", "--nproc-per-node", "1"},
+       "--node-rank"},
+      {{"--nnodes", "2", "--nproc-per-node", "1", "--token", "t"}, "--master"},
+      {{"--nnodes", "2", "--master", "127.0.0.1", "--nproc-per-node", "1", "--token", "t"}, "--master"},
+      {{"--nnodes", "2", "--master", "127.0.0.1:29999", "--nproc-per-node", "1"}, "--token"},
+      {{"--nproc-per-node", "0"}, "--nproc-per-node"},
+      {{"--nproc-per-node", "1", "--node-rank", "-1"}, "--node-rank"},
+      {{"--nproc-per-node", "1", "--master", "127.0.0.1:http"}, "--master"},
+      {{"--nproc-per-node", "1", "--nnodes", "1:4"}, "--nnodes"},
+      {{"--nproc-per-node", "1", "--nnodes", "zero"}, "--nnodes"},
+      {{"--nproc-per-node", "1", "--rendezvous-timeout", "0"}, "--rendezvous-timeout"},
+      {{"--nproc-per-node", "1", "--no-such-flag"}, "--no-such-flag"},
+  };
+  for (const Case& c : cases) {
+    Result r = run_tessel(std::vector<std::string>{"launch"} + c.args + work);
+    EXPECT_EQ(r.code, 2) << show(r);
+    EXPECT_TRUE(contains(r.err, c.expect)) << "expected '" << c.expect << "' in:\n" << show(r);
+  }
+  Result r = run_tessel({"launch", "--nproc-per-node", "1"});  // no program
+  EXPECT_EQ(r.code, 2) << show(r);
+  EXPECT_TRUE(contains(r.err, "PROGRAM")) << show(r);
+}
+
+TEST(Launch, HelpExplainsFlagsAndEnvironment) {
+  Result r = run_tessel({"launch", "--help"});
+  EXPECT_EQ(r.code, 0) << show(r);
+  for (const char* word : {"--nproc-per-node", "--nnodes", "--node-rank", "--master", "--token", "--rendezvous-timeout",
+                           "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                           "GROUP_RANK", "TESSEL_JOB_TOKEN"})
+    EXPECT_TRUE(contains(r.out, word)) << word << " missing from --help:\n" << r.out;
+}
+
+}  // namespace
