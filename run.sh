@@ -51,6 +51,8 @@ case "$mode" in
     scripts/install-deps.sh --bench
     build release
     build/release/bench/ops_bench "$@"
+    build/release/bench/dist_bench
+    build/release/tessel bench comm --np 2
     bench/train_vs_pytorch.py
     ;;
   build)

@@ -1,6 +1,7 @@
 // Cases for attention.cc: scaled_dot_product_attention non-causal and causal with T == S,
-// T < S (causal offset S - T) and T > S (queries that see no key), grouped-query heads, an
-// explicit scale, and a non-contiguous q made by permuting [B, T, H, D].
+// T < S (causal offset S - T) and T > S (queries that see no key), grouped-query heads (also
+// with batch 2 and head counts that split unevenly), an explicit scale, and a non-contiguous q
+// made by permuting [B, T, H, D].
 #include <cmath>
 
 #include "op_cases.h"
@@ -48,14 +49,17 @@ struct SdpaCase {
   bool causal;
   double scale = 0.0;
 };
+// The rule validator runs the first two: grouped-query heads that split unevenly (H=6 over
+// Hkv=3 keeps its groups on 3 ranks, not on 2 or 4), batch 2, causal with T < S.
 const SdpaCase kSdpaCases[] = {
+    {"gqa_uneven_causal", {2, 6, 3, 2}, {2, 3, 4, 2}, true},
+    {"gqa_causal", {1, 4, 3, 2}, {1, 2, 3, 2}, true},
     {"plain", {1, 2, 3, 4}, {1, 2, 3, 4}, false},
     {"causal", {1, 2, 3, 4}, {1, 2, 3, 4}, true},
     {"t_lt_s", {2, 1, 2, 3}, {2, 1, 4, 3}, false},
     {"causal_t_lt_s", {1, 2, 2, 4}, {1, 2, 4, 4}, true},
     {"causal_t_gt_s", {1, 1, 4, 3}, {1, 1, 2, 3}, true},
     {"gqa", {1, 4, 2, 3}, {1, 2, 3, 3}, false},
-    {"gqa_causal", {1, 4, 3, 2}, {1, 2, 3, 2}, true},
     {"scale", {1, 1, 3, 4}, {1, 1, 5, 4}, false, 0.7},
 };
 

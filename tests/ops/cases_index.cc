@@ -1,20 +1,26 @@
 // Cases for index.cc: embedding with i32 and i64 ids of several shapes (repeated ids check
-// that the table gradient accumulates), and one_hot into several dtypes.
+// that the table gradient accumulates; first, as the rule validator runs the first two cases),
+// a table piece with vocab_start (ids outside it give zero rows), and one_hot into several
+// dtypes.
 #include "op_cases.h"
+#include "tessel/ops/op_list.h"
 
 namespace tessel::testing {
 
 namespace {
 
-// out[..., d] = table[ids[...], d].
-Tensor ref_embedding(const Tensor& table, const Tensor& ids) {
+// out[..., d] = table[ids[...] - v0, d], or 0 when ids[...] - v0 is outside [0, V).
+Tensor ref_embedding(const Tensor& table, const Tensor& ids, int64_t v0 = 0) {
   Nd t(table), i(ids);
-  int64_t D = table.shape()[1];
+  int64_t V = table.shape()[0], D = table.shape()[1];
   Shape shape = ids.shape();
   shape.push_back(D);
   Nd r(shape);
-  for (int64_t n = 0; n < i.numel(); ++n)
-    for (int64_t d = 0; d < D; ++d) r.v[static_cast<size_t>(n * D + d)] = t({static_cast<int64_t>(i.v[n]), d});
+  for (int64_t n = 0; n < i.numel(); ++n) {
+    int64_t v = static_cast<int64_t>(i.v[n]) - v0;
+    if (v < 0 || v >= V) continue;
+    for (int64_t d = 0; d < D; ++d) r.v[static_cast<size_t>(n * D + d)] = t({v, d});
+  }
   return r.tensor();
 }
 
@@ -44,6 +50,31 @@ const EmbeddingShape kEmbeddingShapes[] = {
 
 std::vector<OpCase> index_cases() {
   std::vector<OpCase> out;
+  // Ids that repeat (and a row never used): the table gradient must add every use.
+  auto repeated = [](DType id_dtype) {
+    return OpCase{.name = fmt::format("embedding/repeated_{}", id_dtype),
+                  .op = "embedding",
+                  .make_inputs =
+                      [id_dtype](DType d) {
+                        return Tensors{rand_tensor({5, 3}, d, 83),
+                                       Tensor::from_doubles({1, 3, 1, 4, 1, 0, 3, 1}, {2, 4}, id_dtype)};
+                      },
+                  .run = TESSEL_RUN1(embedding(in[0], in[1])),
+                  .reference = [](const Tensors& in) { return Tensors{ref_embedding(in[0], in[1])}; }};
+  };
+  out.push_back(repeated(DType::i64));
+  // A piece of a vocab-sharded table: rows [2, 7) of the whole one; ids outside it (some
+  // repeated) give zero rows and no gradient.
+  out.push_back(OpCase{.name = "embedding/vocab_start",
+                       .op = "embedding",
+                       .make_inputs =
+                           [](DType d) {
+                             return Tensors{rand_tensor({5, 3}, d, 85),
+                                            Tensor::from_doubles({2, 0, 6, 7, 3, 9, 2, 1, 6}, {3, 3}, DType::i64)};
+                           },
+                       .run = TESSEL_RUN1(call_op1(op_embedding, {in[0], in[1]}, Attrs{{"vocab_start", int64_t{2}}})),
+                       .reference = [](const Tensors& in) { return Tensors{ref_embedding(in[0], in[1], 2)}; }});
+  out.push_back(repeated(DType::i32));
   for (const EmbeddingShape& s : kEmbeddingShapes) {
     Shape st = s.table, si = s.ids;
     DType id_dtype = s.id_dtype;
@@ -52,18 +83,6 @@ std::vector<OpCase> index_cases() {
                          .make_inputs =
                              [st, si, id_dtype](DType d) {
                                return Tensors{rand_tensor(st, d, 81), index_tensor(si, st[0], 82, id_dtype)};
-                             },
-                         .run = TESSEL_RUN1(embedding(in[0], in[1])),
-                         .reference = [](const Tensors& in) { return Tensors{ref_embedding(in[0], in[1])}; }});
-  }
-  // Ids that repeat (and a row never used): the table gradient must add every use.
-  for (DType id_dtype : {DType::i32, DType::i64}) {
-    out.push_back(OpCase{.name = fmt::format("embedding/repeated_{}", id_dtype),
-                         .op = "embedding",
-                         .make_inputs =
-                             [id_dtype](DType d) {
-                               return Tensors{rand_tensor({5, 3}, d, 83),
-                                              Tensor::from_doubles({1, 3, 1, 4, 1, 0, 3, 1}, {2, 4}, id_dtype)};
                              },
                          .run = TESSEL_RUN1(embedding(in[0], in[1])),
                          .reference = [](const Tensors& in) { return Tensors{ref_embedding(in[0], in[1])}; }});

@@ -49,7 +49,7 @@ Tensor ref_linear(const Tensor& x, const Tensor& w, const Tensor* bias, bool in_
   out.back() = O;
   Nd r(out);
   Nd b = bias ? Nd(*bias) : Nd(Shape{O}, 0.0);
-  int64_t rows = xn.numel() / I;
+  int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
   for (int64_t row = 0; row < rows; ++row)
     for (int64_t o = 0; o < O; ++o) {
       double s = b.v[o];
@@ -104,7 +104,8 @@ std::vector<OpCase> matmul_cases() {
                        LinearCase{"in_out_bias", {2, 3, 4}, {4, 5}, true, true},
                        LinearCase{"no_bias", {3, 4}, {5, 4}, false, false},
                        LinearCase{"vector", {4}, {5, 4}, true, false},
-                       LinearCase{"empty_rows", {0, 4}, {5, 4}, true, false}}) {
+                       LinearCase{"empty_rows", {0, 4}, {5, 4}, true, false},
+                       LinearCase{"empty_features", {3, 0}, {5, 0}, true, false}}) {
     out.push_back(OpCase{
         .name = fmt::format("linear/{}", l.tag),
         .op = "linear",

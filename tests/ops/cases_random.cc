@@ -30,15 +30,17 @@ struct DropoutShape {
   double p;
   GlobalBox box;
 };
+// The first two are the rule validator's: a block inside a larger tensor (the rank's box is
+// composed with it) and a whole tensor.
 const DropoutShape kDropoutShapes[] = {
-    {"p0", {3, 4}, 0.0, {}},
+    {"box_3d", {2, 2, 3}, 0.3, {{3, 4, 5}, {1, 0, 2}}},
     {"p03", {4, 5}, 0.3, {}},
+    {"p0", {3, 4}, 0.0, {}},
     {"p03_3d", {2, 3, 4}, 0.3, {}},
     {"p03_scalar", {}, 0.3, {}},
     {"p03_empty", {0, 4}, 0.3, {}},
     {"p03_size1", {1, 1}, 0.3, {}},
     {"box_2d", {3, 2}, 0.3, {{5, 6}, {1, 2}}},
-    {"box_3d", {2, 2, 3}, 0.3, {{3, 4, 5}, {1, 0, 2}}},
     {"box_rows", {2, 6}, 0.3, {{5, 6}, {3, 0}}},
     {"box_p0", {2, 3}, 0.0, {{4, 4}, {2, 1}}},
 };

@@ -62,9 +62,11 @@ struct FillShape {
   Shape x, mask;
   double value;
 };
+// The first two are the rule validator's: a zero fill (a Partial x may stay Partial) and not.
 const FillShape kFillShapes[] = {
-    {"same", {3, 4}, {3, 4}, 0.5},        {"row", {2, 3, 4}, {4}, -2.0},  {"column", {2, 3, 4}, {3, 1}, 1e4},
-    {"scalar_mask", {2, 3}, {}, 3.0},     {"empty", {0, 4}, {4}, 1.0},    {"size1", {1, 1}, {1, 1}, -1.0},
+    {"zero_column", {2, 3, 4}, {3, 1}, 0.0}, {"row", {2, 3, 4}, {4}, -2.0},   {"same", {3, 4}, {3, 4}, 0.5},
+    {"column", {2, 3, 4}, {3, 1}, 1e4},      {"scalar_mask", {2, 3}, {}, 3.0}, {"empty", {0, 4}, {4}, 1.0},
+    {"size1", {1, 1}, {1, 1}, -1.0},
 };
 
 struct TriuShape {
@@ -72,10 +74,12 @@ struct TriuShape {
   Shape x;
   int64_t diagonal;
 };
+// The first two are the rule validator's: batched and 2-D, off the main diagonal (sharded
+// rows and columns move the local diagonal).
 const TriuShape kTriuShapes[] = {
-    {"2d_main", {4, 5}, 0},    {"2d_above", {4, 5}, 1},   {"2d_below", {4, 5}, -1},   {"2d_all_zero", {4, 5}, 7},
-    {"2d_all_kept", {4, 5}, -9}, {"3d_main", {2, 3, 4}, 0}, {"3d_below", {2, 3, 4}, -1}, {"3d_above", {2, 4, 3}, 2},
-    {"empty_rows", {0, 3}, 0}, {"empty_batch", {0, 2, 3}, 1}, {"size1", {1, 1}, 0},
+    {"3d_below", {2, 3, 4}, -1}, {"2d_above", {4, 5}, 1},    {"2d_main", {4, 5}, 0},      {"2d_below", {4, 5}, -1},
+    {"2d_all_zero", {4, 5}, 7},  {"2d_all_kept", {4, 5}, -9}, {"3d_main", {2, 3, 4}, 0}, {"3d_above", {2, 4, 3}, 2},
+    {"empty_rows", {0, 3}, 0},   {"empty_batch", {0, 2, 3}, 1}, {"size1", {1, 1}, 0},
 };
 
 }  // namespace

@@ -63,6 +63,14 @@ std::vector<OpCase> shape_cases() {
   std::vector<OpCase> out;
   auto input = [](Shape s, uint64_t seed) { return [s, seed](DType d) { return Tensors{rand_tensor(s, d, seed)}; }; };
 
+  // The rule validator runs the first two cases of each op: these two split a sharded dim
+  // ([6] -> [2, 3]), merge one ([4, 5] -> [20], [4, 6] -> [8, 3]) and move size-1 dims.
+  out.push_back({.name = "reshape/split_merge", .op = "reshape", .make_inputs = input({6, 4, 1, 5}, 53),
+                 .run = TESSEL_RUN1(reshape(in[0], {2, 3, 1, -1})),
+                 .reference = [](const Tensors& in) { return same_values(in[0], {2, 3, 1, 20}); }});
+  out.push_back({.name = "reshape/regroup", .op = "reshape", .make_inputs = input({4, 1, 6}, 54),
+                 .run = TESSEL_RUN1(reshape(in[0], {8, 1, 3})),
+                 .reference = [](const Tensors& in) { return same_values(in[0], {8, 1, 3}); }});
   out.push_back({.name = "reshape/basic", .op = "reshape", .make_inputs = input({2, 6}, 31),
                  .run = TESSEL_RUN1(reshape(in[0], {3, 4})),
                  .reference = [](const Tensors& in) { return same_values(in[0], {3, 4}); }});
@@ -93,6 +101,14 @@ std::vector<OpCase> shape_cases() {
                    return same_values(p, {3, 8});
                  }});
 
+  // New leading dims, a broadcast dim, kept dims (a size-1 one among them) and -1.
+  out.push_back({.name = "expand/keep_and_new", .op = "expand", .make_inputs = input({2, 1, 3, 1}, 55),
+                 .run = TESSEL_RUN1(expand(in[0], {4, -1, 5, 3, 1})),
+                 .reference = [](const Tensors& in) {
+                   Nd a(in[0]), r(Shape{4, 2, 5, 3, 1});
+                   Nd::for_each(r.shape, [&](const std::vector<int64_t>& i) { r(i) = a({i[1], 0, i[3], 0}); });
+                   return Tensors{r.tensor()};
+                 }});
   out.push_back({.name = "expand/broadcast", .op = "expand", .make_inputs = input({3, 1}, 39),
                  .run = TESSEL_RUN1(expand(in[0], {2, 3, 4})),
                  .reference = [](const Tensors& in) {
@@ -134,6 +150,10 @@ std::vector<OpCase> shape_cases() {
   out.push_back({.name = "slice/step", .op = "slice", .make_inputs = input({7, 3}, 50),
                  .run = TESSEL_RUN1(slice(in[0], 0, 1, 7, 2)),
                  .reference = [](const Tensors& in) { return Tensors{ref_slice(in[0], 0, 1, 7, 2)}; }});
+  // The whole dim (negative dim and start): a sharded dim may stay sharded.
+  out.push_back({.name = "slice/whole_negative", .op = "slice", .make_inputs = input({3, 5}, 56),
+                 .run = TESSEL_RUN1(slice(in[0], -1, -5, 5)),
+                 .reference = [](const Tensors& in) { return Tensors{ref_slice(in[0], 1, 0, 5, 1)}; }});
   out.push_back({.name = "slice/negative", .op = "slice", .make_inputs = input({3, 6}, 51),
                  .run = TESSEL_RUN1(slice(in[0], -1, -4, -1)),
                  .reference = [](const Tensors& in) { return Tensors{ref_slice(in[0], 1, 2, 5, 1)}; }});

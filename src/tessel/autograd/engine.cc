@@ -22,7 +22,8 @@ void add_into(Tensor& slot, Tensor&& g) {
     slot = std::move(g);
     return;
   }
-  if (slot.use_count() == 1 && slot.storage().use_count() == 1 && slot.is_contiguous()) {
+  if (slot.impl_ptr()->dist == nullptr && slot.use_count() == 1 && slot.storage().use_count() == 1 &&
+      slot.is_contiguous() && g.impl_ptr()->dist == nullptr) {
     add_(slot, g);
   } else {
     slot = add(slot, g);
@@ -42,9 +43,18 @@ struct Capture {
   bool active = false;
 };
 
+bool is_distributed(const Tensor& t) { return t.defined() && t.impl_ptr()->dist != nullptr; }
+
 void accumulate_leaf(const std::shared_ptr<AutogradMeta>& leaf, const TensorMeta& meta, Tensor&& g, Capture& cap) {
   ProfileScope profile_scope("(autograd accumulate)");
-  if (g.dtype() != meta.dtype) g = view::to_dtype(g, meta.dtype);
+  if (g.dtype() != meta.dtype) g = is_distributed(g) ? cast(g, meta.dtype) : view::to_dtype(g, meta.dtype);
+  if (is_distributed(g) && !cap.active) {
+    // Distributed gradients keep the layout they arrive in (often Partial); adding two layouts
+    // goes through the op, which reshards as its rule says.
+    leaf->grad = leaf->grad.defined() ? add(leaf->grad, g) : g;
+    for (const auto& hook : leaf->post_accumulate_hooks) hook(leaf->grad);
+    return;
+  }
   if (cap.active) {
     auto it = cap.leaves.find(leaf.get());
     if (it != cap.leaves.end()) add_into(cap.results[it->second], std::move(g));

@@ -31,7 +31,12 @@ bool has_world_group() {
 void set_world_group(std::shared_ptr<ProcessGroup> group) {
   auto h = std::make_shared<WorldHolder>();
   h->group = std::move(group);
-  rank_context().set_ext(h);
+  RankContext& ctx = rank_context();
+  if (h->group) {  // the context's rank is the world rank (read on every distributed op)
+    ctx.rank = static_cast<int>(h->group->rank());
+    ctx.world_size = static_cast<int>(h->group->size());
+  }
+  ctx.set_ext(h);
 }
 
 std::shared_ptr<ProcessGroup> init_world(const WorldOptions& options) {
@@ -52,9 +57,6 @@ std::shared_ptr<ProcessGroup> init_world(const WorldOptions& options) {
     TESSEL_THROW("init_world: unknown backend '{}' (expected auto, gloo or thread)", backend);
   }
   set_world_group(g);
-  RankContext& ctx = rank_context();
-  ctx.rank = g->rank();
-  ctx.world_size = g->size();
   return g;
 }
 

@@ -13,7 +13,8 @@ namespace tessel {
 // The world group of this rank; throws when none was set up.
 std::shared_ptr<ProcessGroup> world_group();
 bool has_world_group();
-// Installs `group` as this rank's world (spawn and init_world do this).
+// Installs `group` as this rank's world (spawn and init_world do this) and makes the rank context's
+// rank and world_size those of the group.
 void set_world_group(std::shared_ptr<ProcessGroup> group);
 
 struct WorldOptions {

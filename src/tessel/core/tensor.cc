@@ -79,6 +79,8 @@ bool Tensor::is_contiguous() const {
 
 void* Tensor::raw_data() const {
   const TensorImpl& i = impl();
+  TESSEL_CHECK(i.dist == nullptr,
+               "tensor {} is distributed: its data live in per-rank pieces (use to_local() or full_tensor())", str());
   if (!i.storage) return nullptr;
   return static_cast<char*>(i.storage->data()) + i.offset * static_cast<int64_t>(dtype_size(i.dtype));
 }

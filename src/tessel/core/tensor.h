@@ -112,6 +112,8 @@ class Tensor {
   const std::string& name() const;
   const Tensor& set_name(std::string name) const;
   TensorImpl* impl_ptr() const { return impl_.get(); }
+  // How many Tensor handles share this one's impl (1: nobody else can observe it).
+  long impl_use_count() const { return impl_.use_count(); }
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
   long use_count() const { return impl_.use_count(); }
   // "f32[2, 3]" or "'name' f32[2, 3]"; with values when `values` is set (up to a limit).

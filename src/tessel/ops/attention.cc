@@ -22,6 +22,7 @@
 #include "tessel/ops/fast_math.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ops/op_list.h"
+#include "tessel/sharding/spmd_rules.h"
 
 namespace tessel {
 
@@ -235,11 +236,47 @@ Cost sdpa_cost(const MetaCall& c, std::span<const TensorMeta> out) {
   return Cost{4.0 * scores * static_cast<double>(d.D) + 5.0 * scores, kernels::io_bytes(c, out)};
 }
 
+// ---------------------------------------------------------------- SPMD rule
+// q "bh..", k and v "bh.." -> out "bh..": the batch may be sharded (q, k, v alike), and so may
+// the heads — q's H and k/v's Hkv over the same mesh dims — when every rank's pieces keep the
+// grouping: its query heads [h0, h0 + Hl) are exactly the groups of its kv heads
+// [g0, g0 + Gl) (h0 = g0·G, Hl = Gl·G, G = H / Hkv) and it has a kv head at all. Uneven
+// splits can break that (H=6, Hkv=3 over 2 ranks: kv [2, 1] but q [3, 3]); then heads stay
+// whole. T, S and D are always whole; Partial inputs are reduced first (nonlinear).
+
+bool heads_keep_groups(const SpmdCall& c, const SpmdDecision& d) {
+  const Shape& q = c.inputs[0].shape;
+  const Shape& k = c.inputs[1].shape;
+  bool sharded = false;
+  for (const Placement& p : d.inputs[0]) sharded = sharded || p.is_shard(1);
+  if (!sharded) return true;
+  if (k[1] <= 0 || q[1] % k[1] != 0) return false;  // infer rejects it
+  const int64_t G = q[1] / k[1];
+  const DistAttr qa(c.mesh(), d.inputs[0]), ka(c.mesh(), d.inputs[1]);
+  for (int64_t r : c.mesh().process_ids()) {
+    const int64_t h0 = qa.local_offset(q, r)[1], hl = qa.local_shape(q, r)[1];
+    const int64_t g0 = ka.local_offset(k, r)[1], gl = ka.local_shape(k, r)[1];
+    if (gl == 0 || h0 != g0 * G || hl != gl * G) return false;
+  }
+  return true;
+}
+
+SpmdDecision sdpa_spmd(const SpmdCall& c) {
+  const Placements all_r = spmd::replicated(c);
+  for (const TensorMeta& m : c.inputs)  // infer rejects other ranks
+    if (m.shape.size() != 4) return SpmdDecision{std::vector<Placements>(3, all_r), {all_r}};
+  spmd::LabelRule r{{"bh..", "bh..", "bh.."}, "bh..", spmd::Linearity::none};
+  SpmdDecision d = spmd::label_rule(c, r);
+  if (heads_keep_groups(c, d)) return d;
+  r = spmd::LabelRule{{"b...", "b...", "b..."}, "b...", spmd::Linearity::none};
+  return spmd::label_rule(c, r);
+}
+
 }  // namespace
 
 // Hidden output 1: the probabilities P [B, H, T, S], saved with q, k and v.
 const OpDef op_sdpa{.name = "sdpa", .num_inputs = 3, .num_hidden = 1, .infer = sdpa_infer, .forward = sdpa_forward,
-                    .backward = sdpa_backward, .cost = sdpa_cost, .save = {0b111, 0b10}};
+                    .backward = sdpa_backward, .cost = sdpa_cost, .spmd = sdpa_spmd, .save = {0b111, 0b10}};
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
   return call_op1(op_sdpa, {q, k, v}, Attrs{{"causal", causal}, {"scale", scale}});

@@ -108,11 +108,6 @@ std::vector<Tensor> run_kernel(const OpDef& op, std::span<const Tensor> inputs, 
 }
 
 std::vector<Tensor> call_op(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs) {
-  if (any_dist(inputs)) {
-    DistDispatchFn fn = g_dist_dispatch.load();
-    TESSEL_CHECK(fn != nullptr, "{}: distributed input but no distributed dispatch is installed", op.name);
-    return fn(op, inputs, attrs);
-  }
   // bf16 computes in f32: cast in (recorded, so gradients flow back as bf16), cast out.
   // Only when every floating input is bf16: a bf16/f32 mix is left for infer to reject.
   bool has_bf16 = false, other_float = false;
@@ -127,6 +122,15 @@ std::vector<Tensor> call_op(const OpDef& op, std::vector<Tensor> inputs, const A
     } else {
       has_bf16 = false;
     }
+  }
+  if (any_dist(inputs)) {
+    DistDispatchFn fn = g_dist_dispatch.load();
+    TESSEL_CHECK(fn != nullptr, "{}: distributed input but no distributed dispatch is installed", op.name);
+    std::vector<Tensor> outs = fn(op, inputs, attrs);
+    if (has_bf16)
+      for (Tensor& t : outs)
+        if (t.dtype() == DType::f32) t = call_op1(cast_op(), {t}, Attrs{{"dtype", DType::bf16}});
+    return outs;
   }
   std::vector<Tensor> outs = run_kernel(op, inputs, attrs);
   size_t visible = outs.size() - static_cast<size_t>(op.num_hidden);

@@ -11,6 +11,7 @@
 #include "tessel/ops/fast_math.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ops/op_list.h"
+#include "tessel/sharding/spmd_rules.h"
 
 namespace tessel {
 
@@ -184,14 +185,18 @@ std::vector<Tensor> unary_backward(const GradCall& g) {
 
 Cost unary_cost(const MetaCall& c, std::span<const TensorMeta> out) { return kernels::elementwise_cost(c, out, 1); }
 
+SpmdDecision single_spmd(const SpmdCall& c);
+SpmdDecision nonlinear_spmd(const SpmdCall& c);
+
 template <typename F>
-constexpr OpDef unary_def(std::string_view name, bool save) {
+constexpr OpDef unary_def(std::string_view name, bool save, SpmdRule spmd) {
   return OpDef{.name = name,
                .num_inputs = 1,
                .infer = unary_infer,
                .forward = unary_forward<F>,
                .backward = unary_backward<F>,
                .cost = unary_cost,
+               .spmd = spmd,
                .save = save ? (F::kSaveOutput ? SaveSpec{0, 1} : SaveSpec{1, 0}) : SaveSpec{}};
 }
 
@@ -269,30 +274,44 @@ std::vector<Tensor> cast_backward(const GradCall& g) {
 }
 Cost cast_cost(const MetaCall& c, std::span<const TensorMeta> out) { return kernels::elementwise_cost(c, out, 0); }
 
+// ---------------------------------------------------------------- SPMD rules
+// Elementwise ops shard any dim of the broadcast output; linear ones keep Partial inputs
+// Partial: add/sub all together, mul one at a time, div in the numerator, neg/cast/scale
+// (without offset) their input.
+
+using spmd::Linearity;
+SpmdDecision joint_spmd(const SpmdCall& c) { return spmd::elementwise_rule(c, Linearity::joint); }
+SpmdDecision single_spmd(const SpmdCall& c) { return spmd::elementwise_rule(c, Linearity::single); }
+SpmdDecision first_spmd(const SpmdCall& c) { return spmd::elementwise_rule(c, Linearity::first); }
+SpmdDecision nonlinear_spmd(const SpmdCall& c) { return spmd::elementwise_rule(c, Linearity::none); }
+SpmdDecision scale_spmd(const SpmdCall& c) {
+  return spmd::elementwise_rule(c, c.attrs.f_or("beta", 0.0) == 0.0 ? Linearity::single : Linearity::none);
+}
+
 }  // namespace
 
 const OpDef op_add{.name = "add", .num_inputs = 2, .infer = binary_infer, .forward = add_forward,
-                   .backward = add_backward, .cost = binary_cost};
+                   .backward = add_backward, .cost = binary_cost, .spmd = joint_spmd};
 const OpDef op_sub{.name = "sub", .num_inputs = 2, .infer = binary_infer, .forward = sub_forward,
-                   .backward = sub_backward, .cost = binary_cost};
+                   .backward = sub_backward, .cost = binary_cost, .spmd = joint_spmd};
 const OpDef op_mul{.name = "mul", .num_inputs = 2, .infer = binary_infer, .forward = mul_forward,
-                   .backward = mul_backward, .cost = binary_cost, .save = {0b11, 0}};
+                   .backward = mul_backward, .cost = binary_cost, .spmd = single_spmd, .save = {0b11, 0}};
 const OpDef op_div{.name = "div", .num_inputs = 2, .infer = binary_infer, .forward = div_forward,
-                   .backward = div_backward, .cost = binary_cost, .save = {0b11, 0}};
+                   .backward = div_backward, .cost = binary_cost, .spmd = first_spmd, .save = {0b11, 0}};
 const OpDef op_scale{.name = "scale", .num_inputs = 1, .infer = unary_infer, .forward = scale_forward,
-                     .backward = scale_backward, .cost = unary_cost};
-const OpDef op_neg = unary_def<NegF>("neg", false);
-const OpDef op_exp = unary_def<ExpF>("exp", true);
-const OpDef op_log = unary_def<LogF>("log", true);
-const OpDef op_sqrt = unary_def<SqrtF>("sqrt", true);
-const OpDef op_rsqrt = unary_def<RsqrtF>("rsqrt", true);
-const OpDef op_tanh = unary_def<TanhF>("tanh", true);
-const OpDef op_silu = unary_def<SiluF>("silu", true);
-const OpDef op_relu = unary_def<ReluF>("relu", true);
+                     .backward = scale_backward, .cost = unary_cost, .spmd = scale_spmd};
+const OpDef op_neg = unary_def<NegF>("neg", false, single_spmd);
+const OpDef op_exp = unary_def<ExpF>("exp", true, nonlinear_spmd);
+const OpDef op_log = unary_def<LogF>("log", true, nonlinear_spmd);
+const OpDef op_sqrt = unary_def<SqrtF>("sqrt", true, nonlinear_spmd);
+const OpDef op_rsqrt = unary_def<RsqrtF>("rsqrt", true, nonlinear_spmd);
+const OpDef op_tanh = unary_def<TanhF>("tanh", true, nonlinear_spmd);
+const OpDef op_silu = unary_def<SiluF>("silu", true, nonlinear_spmd);
+const OpDef op_relu = unary_def<ReluF>("relu", true, nonlinear_spmd);
 const OpDef op_gelu{.name = "gelu", .num_inputs = 1, .infer = unary_infer, .forward = gelu_forward,
-                    .backward = gelu_backward, .cost = gelu_cost, .save = {1, 0}};
+                    .backward = gelu_backward, .cost = gelu_cost, .spmd = nonlinear_spmd, .save = {1, 0}};
 const OpDef op_cast{.name = "cast", .num_inputs = 1, .infer = cast_infer, .forward = cast_forward,
-                    .backward = cast_backward, .cost = cast_cost, .bf16_via_f32 = false};
+                    .backward = cast_backward, .cost = cast_cost, .spmd = single_spmd, .bf16_via_f32 = false};
 
 Tensor add(const Tensor& a, const Tensor& b) { return call_op1(op_add, {a, b}); }
 Tensor sub(const Tensor& a, const Tensor& b) { return call_op1(op_sub, {a, b}); }

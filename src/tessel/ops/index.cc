@@ -6,6 +6,8 @@
 // Shapes (N = number of ids, the ids' shape flattened):
 //   embedding out[N, D] = table[ids[N], D]          table [V, D]
 //   one_hot   out[N, K] = (k == ids[N])             K = num_classes
+// With the attr vocab_start (a vocab-sharded table's piece: rows [vocab_start, vocab_start + V)
+// of the whole table), embedding gives zero rows, and no gradient, for ids outside the piece.
 #include "tessel/ops/index.h"
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ops/op_list.h"
+#include "tessel/sharding/spmd_rules.h"
 
 namespace tessel {
 
@@ -45,40 +48,55 @@ std::vector<TensorMeta> embedding_infer(const MetaCall& c) {
   return {TensorMeta{with_last(c.inputs[1].shape, table.shape[1]), table.dtype, {}}};
 }
 
-// out[n, :] = table[ids[n], :]; table [V, D] and out [N, D] contiguous.
+// out[n, :] = table[ids[n] - v0, :], or zeros when ids[n] - v0 is outside [0, V); table
+// [V, D] and out [N, D] contiguous.
 template <typename T, typename I>
-void embedding_kernel(const T* table, const I* ids, T* out, int64_t N, int64_t D) {
+void embedding_kernel(const T* table, const I* ids, T* out, int64_t N, int64_t V, int64_t D, int64_t v0) {
   int64_t grain = std::max<int64_t>(1, kernels::kElementGrain / std::max<int64_t>(1, D));
   parallel_for(0, N, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t n = lo; n < hi; ++n) {
-      const T* row = table + static_cast<int64_t>(ids[n]) * D;
+      const int64_t v = static_cast<int64_t>(ids[n]) - v0;
+      if (v < 0 || v >= V) {
+        std::fill(out + n * D, out + (n + 1) * D, T(0));
+        continue;
+      }
+      const T* row = table + v * D;
       std::copy(row, row + D, out + n * D);
     }
   });
 }
+
+// The first row of the table piece: the attr vocab_start when given (ids outside the piece
+// are then not this piece's), 0 otherwise (every id must be in range).
+int64_t vocab_start(const Attrs& attrs) { return attrs.i_or("vocab_start", 0); }
 
 std::vector<Tensor> embedding_forward(const OpCall& c) {
   Tensor table = kernels::contig(c.inputs[0]);
   Tensor ids = kernels::contig(c.inputs[1]);
   Tensor out = Tensor::empty(c.outputs[0]);
   int64_t V = table.size(0), D = table.size(1), N = ids.numel();
+  const int64_t v0 = vocab_start(c.attrs);
   TESSEL_DISPATCH_INDEX(ids.dtype(), "embedding", [&]<typename I>() {
     const I* pi = ids.data<I>();
-    check_ids(pi, N, V, "embedding", "V");
-    TESSEL_DISPATCH_FLOAT(table.dtype(), "embedding",
-                          [&]<typename T>() { embedding_kernel<T, I>(table.data<T>(), pi, out.data<T>(), N, D); });
+    if (!c.attrs.has("vocab_start")) check_ids(pi, N, V, "embedding", "V");
+    TESSEL_DISPATCH_FLOAT(table.dtype(), "embedding", [&]<typename T>() {
+      embedding_kernel<T, I>(table.data<T>(), pi, out.data<T>(), N, V, D, v0);
+    });
   });
   return {out};
 }
 
-// dtable[ids[n], :] += g[n, :] for n = 0..N-1 in order; dtable [V, D] zeroed first. Threads
-// split the D columns, each adding every row in n order, so the sums are the serial ones.
+// dtable[ids[n] - v0, :] += g[n, :] for n = 0..N-1 in order, skipping ids outside the piece;
+// dtable [V, D] zeroed first. Threads split the D columns, each adding every row in n order,
+// so the sums are the serial ones.
 template <typename T, typename I>
-void embedding_grad_kernel(const T* g, const I* ids, T* dtable, int64_t N, int64_t D) {
+void embedding_grad_kernel(const T* g, const I* ids, T* dtable, int64_t N, int64_t V, int64_t D, int64_t v0) {
   int64_t grain = std::max<int64_t>(64, kernels::kElementGrain / std::max<int64_t>(1, N));
   parallel_for(0, D, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t n = 0; n < N; ++n) {
-      T* dst = dtable + static_cast<int64_t>(ids[n]) * D;
+      const int64_t v = static_cast<int64_t>(ids[n]) - v0;
+      if (v < 0 || v >= V) continue;
+      T* dst = dtable + v * D;
       const T* src = g + n * D;
       for (int64_t d = lo; d < hi; ++d) dst[d] += src[d];
     }
@@ -91,11 +109,11 @@ std::vector<Tensor> embedding_backward(const GradCall& g) {
   Tensor go = kernels::contig(g.grad_outputs[0]);
   const Shape& table_shape = g.input_metas[0].shape;
   Tensor dtable = Tensor::zeros(table_shape, go.dtype());
-  int64_t D = table_shape[1], N = ids.numel();
+  int64_t V = table_shape[0], D = table_shape[1], N = ids.numel();
   Tensor idc = kernels::contig(ids);
   TESSEL_DISPATCH_INDEX(idc.dtype(), "embedding", [&]<typename I>() {
     TESSEL_DISPATCH_FLOAT(go.dtype(), "embedding", [&]<typename T>() {
-      embedding_grad_kernel<T, I>(go.data<T>(), idc.data<I>(), dtable.data<T>(), N, D);
+      embedding_grad_kernel<T, I>(go.data<T>(), idc.data<I>(), dtable.data<T>(), N, V, D, vocab_start(g.attrs));
     });
   });
   return {dtable, Tensor()};
@@ -142,12 +160,52 @@ std::vector<Tensor> one_hot_forward(const OpCall& c) {
 
 Cost one_hot_cost(const MetaCall& c, std::span<const TensorMeta> out) { return Cost{0, kernels::io_bytes(c, out)}; }
 
+// ---------------------------------------------------------------- SPMD rules
+// embedding "VD", ids "ab.." -> out "ab..D": ids sharded on any dim shard the output's dim;
+// a table sharded on D shards the output's last dim; a table sharded on V (vocab-parallel, as
+// in Megatron) makes the output Partial(sum): each rank looks up the ids in its rows
+// [vocab_start, vocab_start + Vlocal) (the local attr) and gives zero rows for the others.
+// Linear in the table: a Partial(sum) table passes through. A mesh dim on which both inputs are
+// replicated stays replicated (splitting V there would only leave a Partial to reduce).
+// one_hot ids "ab.." -> out "ab..": ids' shards pass to the leading dims; classes whole.
+
+std::string lead_labels(size_t n) {
+  std::string out;
+  for (size_t i = 0; i < n; ++i) out += static_cast<char>('a' + i);
+  return out;
+}
+
+SpmdDecision embedding_spmd(const SpmdCall& c) {
+  const Shape& table = c.inputs[0].shape;
+  if (table.size() != 2) return SpmdDecision{{spmd::replicated(c), spmd::replicated(c)}, {spmd::replicated(c)}};
+  const std::string lead = lead_labels(c.inputs[1].shape.size());
+  SpmdDecision d = spmd::label_rule(c, spmd::LabelRule{{"VD", lead}, lead + "D", spmd::Linearity::single});
+  bool vocab = false;
+  for (size_t m = 0; m < static_cast<size_t>(c.mesh_ndim()); ++m) {
+    if (c.input_attrs[0].placements[m].is_replicate() && c.input_attrs[1].placements[m].is_replicate())
+      d.inputs[0][m] = d.inputs[1][m] = d.outputs[0][m] = Replicate();
+    vocab = vocab || d.inputs[0][m].is_shard(0);
+  }
+  if (vocab) {
+    Attrs local = c.attrs;
+    local.set("vocab_start", vocab_start(c.attrs) + DistAttr(c.mesh(), d.inputs[0]).local_offset(table, c.rank)[0]);
+    d.local_attrs = local;
+  }
+  return d;
+}
+
+SpmdDecision one_hot_spmd(const SpmdCall& c) {
+  const std::string lead = lead_labels(c.inputs[0].shape.size());
+  return spmd::label_rule(c, spmd::LabelRule{{lead}, lead + ".", spmd::Linearity::none});
+}
+
 }  // namespace
 
 const OpDef op_embedding{.name = "embedding", .num_inputs = 2, .infer = embedding_infer, .forward = embedding_forward,
-                         .backward = embedding_backward, .cost = embedding_cost, .save = {0b10, 0}};
+                         .backward = embedding_backward, .cost = embedding_cost, .spmd = embedding_spmd,
+                         .save = {0b10, 0}};
 const OpDef op_one_hot{.name = "one_hot", .num_inputs = 1, .infer = one_hot_infer, .forward = one_hot_forward,
-                       .cost = one_hot_cost, .bf16_via_f32 = false};
+                       .cost = one_hot_cost, .spmd = one_hot_spmd, .bf16_via_f32 = false};
 
 Tensor embedding(const Tensor& table, const Tensor& ids) { return call_op1(op_embedding, {table, ids}); }
 

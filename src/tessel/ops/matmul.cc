@@ -11,6 +11,7 @@
 #include "tessel/ops/op_list.h"
 #include "tessel/ops/reduce.h"
 #include "tessel/ops/shape.h"
+#include "tessel/sharding/spmd_rules.h"
 
 namespace tessel {
 
@@ -172,7 +173,9 @@ std::vector<TensorMeta> linear_infer(const MetaCall& c) {
 
 template <typename T>
 void linear_kernel(const Tensor& x, const Tensor& w, const Tensor* bias, bool in_out, const Tensor& out) {
-  const int64_t I = x.size(-1), O = out.size(-1), R = x.numel() / std::max<int64_t>(I, 1);
+  // Rows from the leading dims: with I == 0 (an empty shard of the contraction) x has no
+  // elements but the output still has R rows (the bias).
+  const int64_t I = x.size(-1), O = out.size(-1), R = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
   Tensor xc = kernels::contig(x), wc = kernels::contig(w);
   T* y = out.data<T>();
   T beta = T(0);
@@ -201,7 +204,7 @@ std::vector<Tensor> linear_backward_t(const GradCall& g) {
   const Tensor& x = g.inputs[0];
   const Tensor& w = g.inputs[1];
   bool in_out = g.attrs.b("weight_in_out");
-  const int64_t I = x.size(-1), O = g.grad_outputs[0].size(-1), R = x.numel() / std::max<int64_t>(I, 1);
+  const int64_t I = x.size(-1), O = g.grad_outputs[0].size(-1), R = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
   Tensor go = kernels::contig(g.grad_outputs[0]);
   const T* pg = go.data<T>();
   std::vector<Tensor> grads(g.input_metas.size());
@@ -246,12 +249,66 @@ Cost linear_cost(const MetaCall& c, std::span<const TensorMeta> out) {
   return Cost{2.0 * rows_x_out * in + (c.inputs.size() == 3 ? rows_x_out : 0.0), kernels::io_bytes(c, out)};
 }
 
+// ---------------------------------------------------------------- SPMD rules
+// As einsum: matmul "...mk,...kn->...mn" (batch dims broadcast, transposes swap the last two
+// labels), linear "...i,oi->...o" (or "...i,io->...o"). A sharded k gives Partial(sum)
+// outputs; one Partial operand passes through (bilinear). Linear's bias follows the output:
+// sharded with it along o, and Partial where the output is (kept on the first rank only, so
+// the sum adds it once).
+
+std::string batch_labels(size_t n) {
+  std::string out;
+  for (size_t i = 0; i < n; ++i) out += static_cast<char>('A' + i);
+  return out;
+}
+
+SpmdDecision matmul_spmd(const SpmdCall& c) {
+  const Shape& a = c.inputs[0].shape;
+  const Shape& b = c.inputs[1].shape;
+  Shape ab(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
+  Shape ob = broadcast_shapes(ab, bb, "matmul");
+  std::string batch = batch_labels(ob.size());
+  auto labels = [&](const Shape& own, bool trans, const char* mat) {
+    std::string l;
+    size_t lead = ob.size() - own.size();
+    for (size_t i = 0; i < own.size(); ++i) l += (own[i] == 1 && ob[lead + i] != 1) ? '.' : batch[lead + i];
+    l += trans ? std::string{mat[1], mat[0]} : std::string(mat);
+    return l;
+  };
+  spmd::LabelRule r;
+  r.inputs = {labels(ab, c.attrs.b("trans_a"), "mk"), labels(bb, c.attrs.b("trans_b"), "kn")};
+  r.output = batch + "mn";
+  for (size_t i = 0; i < ob.size(); ++i)
+    if (ob[i] == 1) r.output[i] = '.';
+  r.linearity = spmd::Linearity::single;
+  return spmd::label_rule(c, r);
+}
+
+SpmdDecision linear_spmd(const SpmdCall& c) {
+  const size_t xr = c.inputs[0].shape.size();
+  spmd::LabelRule r;
+  std::string batch = batch_labels(xr - 1);
+  r.inputs = {batch + "i", c.attrs.b("weight_in_out") ? "io" : "oi"};
+  r.output = batch + "o";
+  const bool bias = c.inputs.size() == 3;
+  r.linearity = bias ? spmd::Linearity::none : spmd::Linearity::single;
+  SpmdDecision d = spmd::label_rule(c, r);
+  if (bias) {
+    Placements bp;
+    for (const Placement& o : d.outputs[0]) bp.push_back(o.is_shard(static_cast<int64_t>(xr - 1)) ? Shard(0)
+                                                         : o.is_partial() ? Partial(ReduceOp::sum)
+                                                                          : Replicate());
+    d.inputs.push_back(bp);
+  }
+  return d;
+}
+
 }  // namespace
 
 const OpDef op_matmul{.name = "matmul", .num_inputs = 2, .infer = matmul_infer, .forward = matmul_forward,
-                      .backward = matmul_backward, .cost = matmul_cost, .save = {0b11, 0}};
+                      .backward = matmul_backward, .cost = matmul_cost, .spmd = matmul_spmd, .save = {0b11, 0}};
 const OpDef op_linear{.name = "linear", .num_inputs = -1, .infer = linear_infer, .forward = linear_forward,
-                      .backward = linear_backward, .cost = linear_cost, .save = {0b11, 0}};
+                      .backward = linear_backward, .cost = linear_cost, .spmd = linear_spmd, .save = {0b11, 0}};
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   return call_op1(op_matmul, {a, b}, Attrs{{"trans_a", trans_a}, {"trans_b", trans_b}});

@@ -18,6 +18,7 @@
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ops/op_list.h"
+#include "tessel/sharding/spmd_rules.h"
 
 namespace tessel {
 
@@ -300,15 +301,26 @@ Cost norm_cost(const MetaCall& c, std::span<const TensorMeta> out) {
   return kernels::elementwise_cost(c, out, c.op.name == "layer_norm" ? 8 : 4);
 }
 
+// SPMD rule: y[..., C] keeps the shards of every dim but the normalised (last) one, which is
+// whole; weight and bias [C] replicated; Partial inputs reduced first (nonlinear). The row
+// statistics (hidden outputs) are per local row.
+SpmdDecision norm_spmd(const SpmdCall& c) {
+  const int64_t nd = static_cast<int64_t>(c.inputs[0].shape.size());
+  std::vector<int64_t> fixed;
+  if (nd > 0) fixed.push_back(nd - 1);
+  return spmd::keep_shape_rule(c, fixed, spmd::Linearity::none);
+}
+
 }  // namespace
 
 // Inputs x [+ weight] [+ bias] as the attrs say. Hidden outputs: layer_norm mean [R] and
 // rstd [R]; rms_norm rstd [R]. Backward reads x, weight and the statistics.
 const OpDef op_layer_norm{.name = "layer_norm", .num_inputs = -1, .num_hidden = 2, .infer = norm_infer,
                           .forward = norm_forward, .backward = norm_backward, .cost = norm_cost,
-                          .save = {kAll, 0b110}};
+                          .spmd = norm_spmd, .save = {kAll, 0b110}};
 const OpDef op_rms_norm{.name = "rms_norm", .num_inputs = -1, .num_hidden = 1, .infer = norm_infer,
-                        .forward = norm_forward, .backward = norm_backward, .cost = norm_cost, .save = {kAll, 0b10}};
+                        .forward = norm_forward, .backward = norm_backward, .cost = norm_cost, .spmd = norm_spmd,
+                        .save = {kAll, 0b10}};
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   std::vector<Tensor> in{x};

@@ -73,10 +73,30 @@ std::vector<Tensor> dropout_backward(const GradCall& g) { return {call_op1(op_dr
 
 Cost dropout_cost(const MetaCall& c, std::span<const TensorMeta> out) { return kernels::elementwise_cost(c, out, 1); }
 
+// SPMD rule: any shard is kept, since the mask depends only on global indices: the local
+// kernel gets the box of this rank's piece, the op's own box (the distributed tensor's place in
+// a larger one, or the whole tensor when empty) composed with the piece's offset in the
+// distributed tensor. Partial(sum/avg) passes: ranks holding parts of one element draw the
+// same mask for it, and a fixed mask and scale are linear.
+SpmdDecision dropout_spmd(const SpmdCall& c) {
+  Placements p = c.input_attrs[0].placements;
+  for (Placement& q : p)
+    if (q.is_partial() && q.reduce != ReduceOp::sum && q.reduce != ReduceOp::avg) q = Replicate();
+  SpmdDecision d{{p}, {p}};
+  const Shape& shape = c.inputs[0].shape;
+  GlobalBox box = box_of(c.attrs);
+  Shape offset = DistAttr(c.mesh(), p).local_offset(shape, c.rank);
+  for (size_t i = 0; i < offset.size() && !box.offset.empty(); ++i) offset[i] += box.offset[i];
+  Attrs a = c.attrs;
+  a.set("global_shape", box.global_shape.empty() ? shape : box.global_shape).set("offset", offset);
+  d.local_attrs = a;
+  return d;
+}
+
 }  // namespace
 
 const OpDef op_dropout{.name = "dropout", .num_inputs = 1, .infer = dropout_infer, .forward = dropout_forward,
-                       .backward = dropout_backward, .cost = dropout_cost};
+                       .backward = dropout_backward, .cost = dropout_cost, .spmd = dropout_spmd};
 
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, const GlobalBox& box) {
   return call_op1(op_dropout, {x}, Attrs{{"p", p},

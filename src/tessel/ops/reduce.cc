@@ -12,6 +12,7 @@
 #include "tessel/ops/op_list.h"
 #include "tessel/ops/reduce.h"
 #include "tessel/ops/shape.h"
+#include "tessel/sharding/spmd_rules.h"
 
 namespace tessel {
 
@@ -112,7 +113,8 @@ std::vector<Tensor> sum_forward(const OpCall& c) {
 std::vector<Tensor> mean_forward(const OpCall& c) {
   std::vector<int64_t> dims = normalize_dims(c.attrs.ints("dims"), c.inputs[0].dim(), "mean");
   Tensor s = sum_keepdim(c.inputs[0], dims);
-  int64_t n = reduced_count(c.inputs[0].shape(), dims);
+  // A sharded mean divides its local sum by the global count (attr "count", set by the rule).
+  int64_t n = c.attrs.has("count") ? c.attrs.i("count") : reduced_count(c.inputs[0].shape(), dims);
   Tensor out = view::reshape(s, c.outputs[0].shape);
   TESSEL_DISPATCH_FLOAT(out.dtype(), "mean", [&]<typename T>() {
     T* p = out.data<T>();
@@ -136,7 +138,7 @@ std::vector<Tensor> sum_backward(const GradCall& g) {
 std::vector<Tensor> mean_backward(const GradCall& g) {
   const TensorMeta& in = g.input_metas[0];
   std::vector<int64_t> dims = normalize_dims(g.attrs.ints("dims"), static_cast<int64_t>(in.shape.size()), "mean");
-  int64_t n = reduced_count(in.shape, dims);
+  int64_t n = g.attrs.has("count") ? g.attrs.i("count") : reduced_count(in.shape, dims);
   return {scale(expand_back(g.grad_outputs[0], in, dims), 1.0 / static_cast<double>(std::max<int64_t>(n, 1)))};
 }
 
@@ -363,20 +365,76 @@ std::vector<Tensor> cumsum_forward(const OpCall& c) { return {cumsum_raw(c.input
 // The gradient of a prefix sum is the suffix sum of the output gradient.
 std::vector<Tensor> cumsum_backward(const GradCall& g) { return {cumsum_raw(g.grad_outputs[0], g.attrs.i("dim"), true)}; }
 
+// ---------------------------------------------------------------- SPMD rules
+// sum/mean: a sharded reduced dim gives Partial(sum) (mean divides by the global count);
+// Partial(sum) inputs pass through. max/argmax/topk/cumsum need their dim whole (the gradient
+// of a max must reach only the true maximum), and other dims keep their shards.
+
+std::vector<int64_t> rule_dims(const SpmdCall& c, const char* key) {
+  int64_t r = static_cast<int64_t>(c.inputs[0].shape.size());
+  if (std::string_view(key) == "dims") return normalize_dims(c.attrs.ints("dims"), r, c.op);
+  return {normalize_dim(c.attrs.i(key), r, c.op)};
+}
+
+SpmdDecision sum_spmd(const SpmdCall& c) {
+  return spmd::reduction_rule(c, rule_dims(c, "dims"), c.attrs.b("keepdim"), ReduceOp::sum);
+}
+
+SpmdDecision mean_spmd(const SpmdCall& c) {
+  std::vector<int64_t> dims = rule_dims(c, "dims");
+  SpmdDecision d = spmd::reduction_rule(c, dims, c.attrs.b("keepdim"), ReduceOp::sum);
+  Attrs local = c.attrs;
+  local.set("count", reduced_count(c.inputs[0].shape, dims));
+  d.local_attrs = local;
+  return d;
+}
+
+// Output keeps the placements of the kept dims; `whole` dims are replicated first.
+SpmdDecision whole_dims_rule(const SpmdCall& c, const std::vector<int64_t>& whole, bool keepdim, spmd::Linearity lin,
+                             size_t outputs) {
+  spmd::LabelRule r;
+  r.linearity = lin;
+  std::string in;
+  const Shape& s = c.inputs[0].shape;
+  for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
+    bool w = std::find(whole.begin(), whole.end(), d) != whole.end();
+    char L = w ? '.' : static_cast<char>('a' + d);
+    in += L;
+    if (!w || keepdim) r.output += L;
+  }
+  r.inputs.push_back(in);
+  SpmdDecision dec = spmd::label_rule(c, r);
+  dec.outputs.resize(outputs, dec.outputs[0]);
+  return dec;
+}
+
+SpmdDecision max_spmd(const SpmdCall& c) {
+  return whole_dims_rule(c, rule_dims(c, "dims"), c.attrs.b("keepdim"), spmd::Linearity::none, 1);
+}
+SpmdDecision argmax_spmd(const SpmdCall& c) {
+  return whole_dims_rule(c, rule_dims(c, "dim"), c.attrs.b("keepdim"), spmd::Linearity::none, 1);
+}
+SpmdDecision topk_spmd(const SpmdCall& c) {
+  return whole_dims_rule(c, rule_dims(c, "dim"), true, spmd::Linearity::none, 2);
+}
+SpmdDecision cumsum_spmd(const SpmdCall& c) {
+  return whole_dims_rule(c, rule_dims(c, "dim"), true, spmd::Linearity::single, 1);
+}
+
 }  // namespace
 
 const OpDef op_sum{.name = "sum", .num_inputs = 1, .infer = reduce_infer, .forward = sum_forward,
-                   .backward = sum_backward, .cost = reduce_cost};
+                   .backward = sum_backward, .cost = reduce_cost, .spmd = sum_spmd};
 const OpDef op_mean{.name = "mean", .num_inputs = 1, .infer = reduce_infer, .forward = mean_forward,
-                    .backward = mean_backward, .cost = reduce_cost};
+                    .backward = mean_backward, .cost = reduce_cost, .spmd = mean_spmd};
 const OpDef op_max{.name = "max", .num_inputs = 1, .num_hidden = 1, .infer = max_infer, .forward = max_forward,
-                   .backward = max_backward, .cost = reduce_cost, .save = {0, 0b10}};
+                   .backward = max_backward, .cost = reduce_cost, .spmd = max_spmd, .save = {0, 0b10}};
 const OpDef op_argmax{.name = "argmax", .num_inputs = 1, .infer = argmax_infer, .forward = argmax_forward,
-                      .cost = reduce_cost, .bf16_via_f32 = false};
+                      .cost = reduce_cost, .spmd = argmax_spmd, .bf16_via_f32 = false};
 const OpDef op_topk{.name = "topk", .num_inputs = 1, .num_outputs = 2, .infer = topk_infer, .forward = topk_forward,
-                    .backward = topk_backward, .cost = reduce_cost, .save = {0, 0b10}};
+                    .backward = topk_backward, .cost = reduce_cost, .spmd = topk_spmd, .save = {0, 0b10}};
 const OpDef op_cumsum{.name = "cumsum", .num_inputs = 1, .infer = cumsum_infer, .forward = cumsum_forward,
-                      .backward = cumsum_backward, .cost = reduce_cost};
+                      .backward = cumsum_backward, .cost = reduce_cost, .spmd = cumsum_spmd};
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return call_op1(op_sum, {x}, Attrs{{"dims", dims}, {"keepdim", keepdim}});

@@ -16,6 +16,7 @@
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ops/op_list.h"
+#include "tessel/sharding/spmd_rules.h"
 
 namespace tessel {
 
@@ -195,15 +196,69 @@ std::vector<Tensor> triu_forward(const OpCall& c) {
 // The rule is linear and its mask fixed: d x = triu(g).
 std::vector<Tensor> triu_backward(const GradCall& g) { return {triu(g.grad_outputs[0], g.attrs.i("diagonal"))}; }
 
+// ---------------------------------------------------------------- SPMD rules
+// where and masked_fill are elementwise over their broadcast operands. Both are linear in
+// their floating operands where the mask is fixed: where in a and b together (each rank picks
+// from its own partial values, the condition replicated), masked_fill in x when the fill is 0
+// (every rank fills 0, which sums to 0). Masks are bool and never Partial. triu keeps every
+// shard, the last two dims included: a rank's piece starting at row r0, column c0 keeps
+// c - r >= diagonal - r0 + c0 in local indices, which the rule passes as the local diagonal.
+
+using spmd::Linearity;
+
+// out[...] = cond[...] ? a[...] : b[...], all broadcast: sharded like any elementwise op; a and
+// b Partial alike on a mesh dim stay Partial (cond gathered there) when that moves least.
+SpmdDecision where_spmd(const SpmdCall& c) {
+  SpmdDecision d = spmd::label_rule(c, spmd::elementwise_labels(c, 3, Linearity::none));
+  for (size_t m = 0; m < static_cast<size_t>(c.mesh_ndim()); ++m) {
+    const Placement& pa = c.input_attrs[1].placements[m];
+    const Placement& pb = c.input_attrs[2].placements[m];
+    if (!pa.is_partial() || !(pa == pb) || (pa.reduce != ReduceOp::sum && pa.reduce != ReduceOp::avg)) continue;
+    const int64_t k = c.mesh().dim_size(static_cast<int64_t>(m));
+    double chosen = 0;
+    for (size_t i = 0; i < 3; ++i)
+      chosen += spmd::transition_cost(c.inputs[i], c.input_attrs[i].placements[m], d.inputs[i][m], k);
+    if (spmd::transition_cost(c.inputs[0], c.input_attrs[0].placements[m], Replicate(), k) > chosen) continue;
+    d.inputs[0][m] = Replicate();
+    d.inputs[1][m] = pa;
+    d.inputs[2][m] = pb;
+    d.outputs[0][m] = pa;
+  }
+  return d;
+}
+
+// out[...] = mask[...] ? value : x[...], mask broadcast to x: elementwise; x alone Partial
+// (mask replicated) passes through when value == 0.
+SpmdDecision masked_fill_spmd(const SpmdCall& c) {
+  return spmd::elementwise_rule(c, c.attrs.f("value") == 0.0 ? Linearity::first : Linearity::none);
+}
+
+// out[..., R, C] = triu(x[..., R, C]): every shard kept, the local diagonal moved by the
+// piece's offsets; Partial(sum/avg) passes (the zeroed places are zero on every rank).
+SpmdDecision triu_spmd(const SpmdCall& c) {
+  const TensorMeta& x = c.inputs[0];
+  Placements p = c.input_attrs[0].placements;
+  for (Placement& q : p)
+    if (q.is_partial() && (x.dtype == DType::b8 || (q.reduce != ReduceOp::sum && q.reduce != ReduceOp::avg)))
+      q = Replicate();
+  SpmdDecision d{{p}, {p}};
+  const Shape off = DistAttr(c.mesh(), p).local_offset(x.shape, c.rank);
+  const size_t nd = x.shape.size();
+  Attrs a = c.attrs;
+  a.set("diagonal", c.attrs.i("diagonal") + off[nd - 2] - off[nd - 1]);
+  d.local_attrs = a;
+  return d;
+}
+
 }  // namespace
 
 const OpDef op_where{.name = "where", .num_inputs = 3, .infer = where_infer, .forward = where_forward,
-                     .backward = where_backward, .cost = select_cost, .save = {0b001, 0}};
+                     .backward = where_backward, .cost = select_cost, .spmd = where_spmd, .save = {0b001, 0}};
 const OpDef op_masked_fill{.name = "masked_fill", .num_inputs = 2, .infer = masked_fill_infer,
                            .forward = masked_fill_forward, .backward = masked_fill_backward, .cost = select_cost,
-                           .save = {0b10, 0}};
+                           .spmd = masked_fill_spmd, .save = {0b10, 0}};
 const OpDef op_triu{.name = "triu", .num_inputs = 1, .infer = triu_infer, .forward = triu_forward,
-                    .backward = triu_backward, .cost = select_cost};
+                    .backward = triu_backward, .cost = select_cost, .spmd = triu_spmd};
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) { return call_op1(op_where, {cond, a, b}); }
 

@@ -9,6 +9,7 @@
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ops/op_list.h"
+#include "tessel/sharding/spmd_rules.h"
 
 namespace tessel {
 
@@ -205,22 +206,206 @@ std::vector<Tensor> slice_backward(const GradCall& g) {
   return {dx};
 }
 
+// ---------------------------------------------------------------- SPMD rules
+// Shape ops only move elements, so a pending sum/avg (Partial) passes through every one of
+// them (cat: when all its inputs are Partial alike). Shards follow the dims they move with:
+//   reshape    x[in] -> out[out]: dims grouped into runs of equal products (size-1 dims
+//              aside); a shard of a group's first input dim survives onto the group's first
+//              output dim when both split into the same element ranges (e.g. [6, 4] ->
+//              [24]: 6 divisible by the shard count), every other shard is gathered first;
+//   permute    S(dims[j]) -> S(j);
+//   expand     broadcast dims (size 1 -> n, new leading dims) replicated, others kept;
+//   contiguous identity;
+//   cat        the cat dim replicated in every input, the others shared by all inputs;
+//   split      the split dim replicated, each output keeps the input's placements;
+//   slice      the slice dim replicated unless the slice is the whole dim (step 1).
+// reshape and expand run the local kernel with the shape of this rank's output piece.
+
+bool linear_partial(const Placement& p) {
+  return p.is_partial() && (p.reduce == ReduceOp::sum || p.reduce == ReduceOp::avg);
+}
+
+// Input 0's placements with shards of `whole` dims, and Partials other than sum/avg, replaced by R.
+Placements keep_except(const SpmdCall& c, const std::vector<int64_t>& whole) {
+  Placements p = spmd::without(c.input_attrs[0].placements, whole, /*drop_partial=*/false);
+  for (Placement& x : p)
+    if (x.is_partial() && !linear_partial(x)) x = Replicate();
+  return p;
+}
+
+// The call's attrs with `key` set to the shape of this rank's piece of an output `shape` placed `out`.
+Attrs with_local_shape(const SpmdCall& c, const char* key, const Shape& shape, const Placements& out) {
+  Attrs a = c.attrs;
+  a.set(key, DistAttr(c.mesh(), out).local_shape(shape, c.rank));
+  return a;
+}
+
+// Input and output dims of a reshape (size-1 dims left out) whose products are equal: the
+// elements of a group stay together, in order.
+struct DimGroup {
+  std::vector<int64_t> in, out;
+};
+std::vector<DimGroup> reshape_groups(const Shape& in, const Shape& out) {
+  std::vector<int64_t> a, b;
+  for (size_t d = 0; d < in.size(); ++d)
+    if (in[d] != 1) a.push_back(static_cast<int64_t>(d));
+  for (size_t d = 0; d < out.size(); ++d)
+    if (out[d] != 1) b.push_back(static_cast<int64_t>(d));
+  std::vector<DimGroup> groups;
+  size_t i = 0, j = 0;
+  while (i < a.size() || j < b.size()) {
+    DimGroup g;
+    int64_t pa = 1, pb = 1;
+    do {
+      if (pa <= pb && i < a.size()) {
+        pa *= in[a[i]];
+        g.in.push_back(a[i++]);
+      } else {
+        TESSEL_ASSERT(j < b.size(), "reshape: {} and {} do not group", shape_str(in), shape_str(out));
+        pb *= out[b[j]];
+        g.out.push_back(b[j++]);
+      }
+    } while (pa != pb);
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+// Whether splitting n units of `rn` elements and m units of `rm` elements (n·rn = m·rm) by the
+// nested counts `ks` (balanced splits, each inside the piece of the one before) puts every
+// piece boundary at the same element.
+bool same_splits(int64_t n, int64_t rn, int64_t m, int64_t rm, std::span<const int64_t> ks) {
+  if (ks.empty()) return true;
+  const int64_t k = ks[0];
+  for (int64_t i = 0; i < k; ++i)
+    if (split_offset(n, k, i) * rn != split_offset(m, k, i) * rm ||
+        !same_splits(split_size(n, k, i), rn, split_size(m, k, i), rm, ks.subspan(1)))
+      return false;
+  return true;
+}
+
+int64_t dims_product(const Shape& s, std::span<const int64_t> dims) {
+  int64_t p = 1;
+  for (int64_t d : dims) p *= s[static_cast<size_t>(d)];
+  return p;
+}
+
+// x[in] -> out[out]: per group, the shard of its first input dim a (mesh dims in order, as
+// long as the nested splits of a and of the first output dim p agree) moves to p.
+SpmdDecision reshape_spmd(const SpmdCall& c) {
+  const Shape& in = c.inputs[0].shape;
+  const Shape out = view::infer_reshape(c.attrs.ints("shape"), c.inputs[0].numel(), "reshape");
+  const Placements& cur = c.input_attrs[0].placements;
+  Placements req = spmd::replicated(c), res = spmd::replicated(c);
+  for (size_t m = 0; m < cur.size(); ++m)
+    if (linear_partial(cur[m])) req[m] = res[m] = cur[m];
+  if (c.inputs[0].numel() > 0) {  // an empty tensor has no groups; it stays replicated
+    for (const DimGroup& g : reshape_groups(in, out)) {
+      const int64_t a = g.in[0], p = g.out[0];
+      const int64_t rest_in = dims_product(in, std::span(g.in).subspan(1));
+      const int64_t rest_out = dims_product(out, std::span(g.out).subspan(1));
+      std::vector<int64_t> ks;
+      for (int64_t m : c.input_attrs[0].mesh_dims_sharding(a)) {
+        ks.push_back(c.mesh().dim_size(m));
+        if (!same_splits(in[a], rest_in, out[p], rest_out, ks)) break;
+        req[m] = Shard(a);
+        res[m] = Shard(p);
+      }
+    }
+  }
+  SpmdDecision d{{req}, {res}};
+  d.local_attrs = with_local_shape(c, "shape", out, res);
+  return d;
+}
+
+// out dim j = x dim dims[j]: a shard of input dim dims[j] becomes a shard of output dim j.
+SpmdDecision permute_spmd(const SpmdCall& c) {
+  const std::vector<int64_t>& dims = c.attrs.ints("dims");
+  const int64_t r = static_cast<int64_t>(dims.size());
+  Placements in = keep_except(c, {}), out = in;
+  for (size_t m = 0; m < in.size(); ++m)
+    if (in[m].is_shard())
+      for (int64_t j = 0; j < r; ++j)
+        if (normalize_dim(dims[static_cast<size_t>(j)], r, "permute") == in[m].dim) out[m] = Shard(j);
+  return SpmdDecision{{in}, {out}};
+}
+
+// x[..., 1, n] -> out[L..., m, n]: dims that broadcast are replicated; kept dims keep their
+// shards, shifted by the L new leading dims.
+SpmdDecision expand_spmd(const SpmdCall& c) {
+  const Shape& x = c.inputs[0].shape;
+  const Shape out = expand_infer(MetaCall{op_expand, c.inputs, c.attrs})[0].shape;
+  const size_t lead = out.size() - x.size();
+  std::vector<int64_t> broadcast;
+  for (size_t d = 0; d < x.size(); ++d)
+    if (x[d] != out[lead + d]) broadcast.push_back(static_cast<int64_t>(d));
+  Placements in = keep_except(c, broadcast), res = in;
+  for (Placement& p : res)
+    if (p.is_shard()) p = Shard(p.dim + static_cast<int64_t>(lead));
+  SpmdDecision d{{in}, {res}};
+  d.local_attrs = with_local_shape(c, "shape", out, res);
+  return d;
+}
+
+// out = x, copied: placements unchanged.
+SpmdDecision contiguous_spmd(const SpmdCall& c) {
+  Placements p = keep_except(c, {});
+  return SpmdDecision{{p}, {p}};
+}
+
+// out[.., n0 + n1 + .., ..] = cat(x0, x1, ..): every input shards the same non-cat dim (or
+// none) per mesh dim, chosen by least resharding; Partial inputs stay Partial only together.
+SpmdDecision cat_spmd(const SpmdCall& c) {
+  const int64_t nd = static_cast<int64_t>(c.inputs[0].shape.size());
+  const int64_t dim = normalize_dim(c.attrs.i("dim"), nd, "cat");
+  spmd::LabelRule r;
+  r.linearity = spmd::Linearity::joint;
+  for (int64_t d = 0; d < nd; ++d) r.output += d == dim ? '.' : static_cast<char>('a' + d);
+  r.inputs.assign(c.inputs.size(), r.output);
+  return spmd::label_rule(c, r);
+}
+
+// x[.., n, ..] -> outs[.., sizes[i], ..]: the split dim whole, each output placed like x.
+SpmdDecision split_spmd(const SpmdCall& c) {
+  const int64_t dim = normalize_dim(c.attrs.i("dim"), static_cast<int64_t>(c.inputs[0].shape.size()), "split");
+  Placements p = keep_except(c, {dim});
+  return SpmdDecision{{p}, std::vector<Placements>(c.attrs.ints("sizes").size(), p)};
+}
+
+// x[.., n, ..] -> out[.., (end - start) / step, ..]: a slice inside the dim needs it whole; a
+// slice of the whole dim with step 1 keeps its shard, each rank taking its whole piece.
+SpmdDecision slice_spmd(const SpmdCall& c) {
+  const Shape& x = c.inputs[0].shape;
+  SliceArgs s = slice_args(x, c.attrs);
+  const bool whole = s.start == 0 && s.end == x[static_cast<size_t>(s.dim)] && s.step == 1;
+  Placements p = keep_except(c, whole ? std::vector<int64_t>{} : std::vector<int64_t>{s.dim});
+  SpmdDecision d{{p}, {p}};
+  if (whole) {
+    Attrs a = c.attrs;
+    a.set("dim", s.dim).set("start", int64_t{0}).set("end", x[static_cast<size_t>(s.dim)]).set("step", int64_t{1});
+    d.local_attrs = a;
+  }
+  return d;
+}
+
 }  // namespace
 
 const OpDef op_reshape{.name = "reshape", .num_inputs = 1, .infer = reshape_infer, .forward = reshape_forward,
-                       .backward = reshape_backward, .cost = view_cost, .bf16_via_f32 = false};
+                       .backward = reshape_backward, .cost = view_cost, .spmd = reshape_spmd, .bf16_via_f32 = false};
 const OpDef op_permute{.name = "permute", .num_inputs = 1, .infer = permute_infer, .forward = permute_forward,
-                       .backward = permute_backward, .cost = view_cost, .bf16_via_f32 = false};
+                       .backward = permute_backward, .cost = view_cost, .spmd = permute_spmd, .bf16_via_f32 = false};
 const OpDef op_expand{.name = "expand", .num_inputs = 1, .infer = expand_infer, .forward = expand_forward,
-                      .backward = expand_backward, .cost = view_cost, .bf16_via_f32 = false};
+                      .backward = expand_backward, .cost = view_cost, .spmd = expand_spmd, .bf16_via_f32 = false};
 const OpDef op_contiguous{.name = "contiguous", .num_inputs = 1, .infer = same_infer, .forward = contiguous_forward,
-                          .backward = identity_backward, .cost = copy_cost, .bf16_via_f32 = false};
+                          .backward = identity_backward, .cost = copy_cost, .spmd = contiguous_spmd,
+                          .bf16_via_f32 = false};
 const OpDef op_cat{.name = "cat", .num_inputs = -1, .infer = cat_infer, .forward = cat_forward,
-                   .backward = cat_backward, .cost = copy_cost, .bf16_via_f32 = false};
+                   .backward = cat_backward, .cost = copy_cost, .spmd = cat_spmd, .bf16_via_f32 = false};
 const OpDef op_split{.name = "split", .num_inputs = 1, .num_outputs = -1, .infer = split_infer,
-                     .forward = split_forward, .backward = split_backward, .cost = view_cost, .bf16_via_f32 = false};
+                     .forward = split_forward, .backward = split_backward, .cost = view_cost, .spmd = split_spmd,
+                     .bf16_via_f32 = false};
 const OpDef op_slice{.name = "slice", .num_inputs = 1, .infer = slice_infer, .forward = slice_forward,
-                     .backward = slice_backward, .cost = view_cost, .bf16_via_f32 = false};
+                     .backward = slice_backward, .cost = view_cost, .spmd = slice_spmd, .bf16_via_f32 = false};
 
 Tensor reshape(const Tensor& x, const Shape& shape) { return call_op1(op_reshape, {x}, Attrs{{"shape", shape}}); }
 

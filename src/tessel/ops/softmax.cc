@@ -19,6 +19,7 @@
 #include "tessel/ops/fast_math.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ops/op_list.h"
+#include "tessel/sharding/spmd_rules.h"
 
 namespace tessel {
 
@@ -418,18 +419,56 @@ Cost cross_entropy_cost(const MetaCall& c, std::span<const TensorMeta> out) {
   return Cost{4.0 * static_cast<double>(c.inputs[0].numel()), kernels::io_bytes(c, out)};
 }
 
+// ---------------------------------------------------------------- SPMD rules
+// softmax/log_softmax y[..., n, ...]: the softmax dim whole, every other dim keeps its shards;
+// Partial inputs are reduced first (nonlinear).
+// cross_entropy loss[] = f(logits[..., C], targets[...]): per mesh dim, split the rows (logits
+// and targets sharded alike on one leading dim) or the classes (logits S(last), targets R), or
+// replicate. Split calls are custom (the dist layer's cross_entropy, dist/custom_ops.cc): the
+// mean needs the global count of non-ignored targets, and split classes need the row max, the
+// sum of exponentials and the target logit reduced across the class shards. A mesh dim on
+// which both inputs are replicated stays replicated (no collectives for it).
+
+SpmdDecision softmax_spmd(const SpmdCall& c) {
+  const int64_t nd = static_cast<int64_t>(c.inputs[0].shape.size());
+  std::vector<int64_t> fixed;
+  if (nd > 0) fixed.push_back(normalize_dim(c.attrs.i("dim"), nd, c.op));
+  return spmd::keep_shape_rule(c, fixed, spmd::Linearity::none);
+}
+
+SpmdDecision cross_entropy_spmd(const SpmdCall& c) {
+  const size_t nd = c.inputs[0].shape.size();
+  if (nd == 0)  // infer rejects it
+    return SpmdDecision{{spmd::replicated(c), spmd::replicated(c)}, {spmd::replicated(c)}};
+  std::string lead;
+  for (size_t d = 0; d + 1 < nd; ++d) lead += static_cast<char>('a' + d);
+  spmd::LabelRule r;
+  r.inputs = {lead + "z", lead};  // z: the class label, contracted into the scalar loss
+  SpmdDecision d = spmd::label_rule(c, r);
+  bool split = false;
+  for (size_t m = 0; m < static_cast<size_t>(c.mesh_ndim()); ++m) {
+    if (c.input_attrs[0].placements[m].is_replicate() && c.input_attrs[1].placements[m].is_replicate())
+      d.inputs[0][m] = d.inputs[1][m] = Replicate();
+    split = split || !d.inputs[0][m].is_replicate();
+  }
+  d.outputs.assign(1, spmd::replicated(c));
+  d.custom = split;
+  return d;
+}
+
 }  // namespace
 
 const OpDef op_softmax{.name = "softmax", .num_inputs = 1, .infer = softmax_infer, .forward = softmax_forward<false>,
-                       .backward = softmax_backward<false>, .cost = softmax_cost, .save = {0, 1}};
+                       .backward = softmax_backward<false>, .cost = softmax_cost, .spmd = softmax_spmd,
+                       .save = {0, 1}};
 const OpDef op_log_softmax{.name = "log_softmax", .num_inputs = 1, .infer = softmax_infer,
                            .forward = softmax_forward<true>, .backward = softmax_backward<true>,
-                           .cost = softmax_cost, .save = {0, 1}};
+                           .cost = softmax_cost, .spmd = softmax_spmd, .save = {0, 1}};
 // Hidden output 1: the per-row logsumexp [R], saved with the logits and targets.
 const OpDef op_cross_entropy{.name = "cross_entropy", .num_inputs = 2, .num_hidden = 1,
                              .infer = cross_entropy_infer, .forward = cross_entropy_forward,
                              .backward = cross_entropy_backward, .cost = cross_entropy_cost,
-                             .save = {0b11, 0b10}};
+                             .spmd = cross_entropy_spmd, .save = {0b11, 0b10}};
 
 Tensor softmax(const Tensor& x, int64_t dim) { return call_op1(op_softmax, {x}, Attrs{{"dim", dim}}); }
 Tensor log_softmax(const Tensor& x, int64_t dim) { return call_op1(op_log_softmax, {x}, Attrs{{"dim", dim}}); }

@@ -11,21 +11,27 @@
 
 namespace tessel {
 
-ProcessMesh::ProcessMesh(Shape shape, std::vector<int64_t> ids, std::vector<std::string> dim_names)
-    : shape_(std::move(shape)), ids_(std::move(ids)), names_(std::move(dim_names)) {
-  TESSEL_CHECK(!shape_.empty(), "process mesh needs at least one dim");
-  for (int64_t s : shape_) TESSEL_CHECK(s > 0, "process mesh shape {} has a non-positive dim", shape_str(shape_));
-  TESSEL_CHECK(shape_numel(shape_) == static_cast<int64_t>(ids_.size()),
-               "process mesh shape {} holds {} ranks but {} process ids were given", shape_str(shape_),
-               shape_numel(shape_), ids_.size());
-  std::set<int64_t> unique(ids_.begin(), ids_.end());
-  TESSEL_CHECK(unique.size() == ids_.size(), "process mesh ids [{}] repeat a rank", fmt::join(ids_, ","));
-  for (int64_t id : ids_) TESSEL_CHECK(id >= 0, "process mesh id {} is negative", id);
-  if (names_.empty())
-    for (size_t i = 0; i < shape_.size(); ++i) names_.push_back(fmt::format("d{}", i));
-  TESSEL_CHECK(names_.size() == shape_.size(), "process mesh has {} dims but {} names", shape_.size(), names_.size());
-  std::set<std::string> unique_names(names_.begin(), names_.end());
-  TESSEL_CHECK(unique_names.size() == names_.size(), "process mesh dim names [{}] repeat", fmt::join(names_, ","));
+ProcessMesh::ProcessMesh(Shape shape, std::vector<int64_t> ids, std::vector<std::string> dim_names) {
+  Data data{std::move(shape), std::move(ids), std::move(dim_names)};
+  TESSEL_CHECK(!data.shape.empty(), "process mesh needs at least one dim");
+  for (int64_t s : data.shape) TESSEL_CHECK(s > 0, "process mesh shape {} has a non-positive dim", shape_str(data.shape));
+  TESSEL_CHECK(shape_numel(data.shape) == static_cast<int64_t>(data.ids.size()),
+               "process mesh shape {} holds {} ranks but {} process ids were given", shape_str(data.shape),
+               shape_numel(data.shape), data.ids.size());
+  std::set<int64_t> unique(data.ids.begin(), data.ids.end());
+  TESSEL_CHECK(unique.size() == data.ids.size(), "process mesh ids [{}] repeat a rank", fmt::join(data.ids, ","));
+  for (int64_t id : data.ids) TESSEL_CHECK(id >= 0, "process mesh id {} is negative", id);
+  if (data.names.empty())
+    for (size_t i = 0; i < data.shape.size(); ++i) data.names.push_back(fmt::format("d{}", i));
+  TESSEL_CHECK(data.names.size() == data.shape.size(), "process mesh has {} dims but {} names", data.shape.size(), data.names.size());
+  std::set<std::string> unique_names(data.names.begin(), data.names.end());
+  TESSEL_CHECK(unique_names.size() == data.names.size(), "process mesh dim names [{}] repeat", fmt::join(data.names, ","));
+  d_ = std::make_shared<const Data>(std::move(data));
+}
+
+const ProcessMesh::Data& ProcessMesh::empty_data() {
+  static const Data empty;
+  return empty;
 }
 
 ProcessMesh ProcessMesh::iota(Shape shape, std::vector<std::string> dim_names) {
@@ -85,40 +91,40 @@ ProcessMesh ProcessMesh::parse(std::string_view text) {
 }
 
 int64_t ProcessMesh::dim_index(std::string_view name) const {
-  for (size_t i = 0; i < names_.size(); ++i)
-    if (names_[i] == name) return static_cast<int64_t>(i);
-  TESSEL_THROW("mesh {} has no dim named '{}' (dims: {})", str(), name, fmt::join(names_, ", "));
+  for (size_t i = 0; i < data().names.size(); ++i)
+    if (data().names[i] == name) return static_cast<int64_t>(i);
+  TESSEL_THROW("mesh {} has no dim named '{}' (dims: {})", str(), name, fmt::join(data().names, ", "));
 }
 
-bool ProcessMesh::contains(int64_t rank) const { return std::find(ids_.begin(), ids_.end(), rank) != ids_.end(); }
+bool ProcessMesh::contains(int64_t rank) const { return std::find(data().ids.begin(), data().ids.end(), rank) != data().ids.end(); }
 
 std::vector<int64_t> ProcessMesh::coord(int64_t rank) const {
-  auto it = std::find(ids_.begin(), ids_.end(), rank);
-  TESSEL_CHECK(it != ids_.end(), "rank {} is not in mesh {}", rank, str());
-  int64_t linear = it - ids_.begin();
-  std::vector<int64_t> c(shape_.size());
-  for (size_t d = shape_.size(); d-- > 0;) {
-    c[d] = linear % shape_[d];
-    linear /= shape_[d];
+  auto it = std::find(data().ids.begin(), data().ids.end(), rank);
+  TESSEL_CHECK(it != data().ids.end(), "rank {} is not in mesh {}", rank, str());
+  int64_t linear = it - data().ids.begin();
+  std::vector<int64_t> c(data().shape.size());
+  for (size_t d = data().shape.size(); d-- > 0;) {
+    c[d] = linear % data().shape[d];
+    linear /= data().shape[d];
   }
   return c;
 }
 
 int64_t ProcessMesh::rank_at(const std::vector<int64_t>& coord) const {
-  TESSEL_CHECK(coord.size() == shape_.size(), "mesh {}: coordinate of {} dims", str(), coord.size());
+  TESSEL_CHECK(coord.size() == data().shape.size(), "mesh {}: coordinate of {} dims", str(), coord.size());
   int64_t linear = 0;
-  for (size_t d = 0; d < shape_.size(); ++d) {
-    TESSEL_CHECK(coord[d] >= 0 && coord[d] < shape_[d], "mesh {}: coordinate {} out of range in dim {}", str(),
+  for (size_t d = 0; d < data().shape.size(); ++d) {
+    TESSEL_CHECK(coord[d] >= 0 && coord[d] < data().shape[d], "mesh {}: coordinate {} out of range in dim {}", str(),
                  coord[d], d);
-    linear = linear * shape_[d] + coord[d];
+    linear = linear * data().shape[d] + coord[d];
   }
-  return ids_[static_cast<size_t>(linear)];
+  return data().ids[static_cast<size_t>(linear)];
 }
 
 std::vector<int64_t> ProcessMesh::group_along(int64_t dim, int64_t rank) const {
   std::vector<int64_t> c = coord(rank);
   std::vector<int64_t> out;
-  for (int64_t i = 0; i < shape_.at(static_cast<size_t>(dim)); ++i) {
+  for (int64_t i = 0; i < data().shape.at(static_cast<size_t>(dim)); ++i) {
     c[static_cast<size_t>(dim)] = i;
     out.push_back(rank_at(c));
   }
@@ -127,39 +133,39 @@ std::vector<int64_t> ProcessMesh::group_along(int64_t dim, int64_t rank) const {
 
 std::vector<std::vector<int64_t>> ProcessMesh::groups_along(int64_t dim) const {
   std::vector<std::vector<int64_t>> out;
-  for (int64_t id : ids_)
+  for (int64_t id : data().ids)
     if (coord(id)[static_cast<size_t>(dim)] == 0) out.push_back(group_along(dim, id));
   return out;
 }
 
 ProcessMesh ProcessMesh::sub_mesh(int64_t dim, int64_t index) const {
-  TESSEL_CHECK(dim >= 0 && dim < ndim() && index >= 0 && index < shape_[static_cast<size_t>(dim)],
+  TESSEL_CHECK(dim >= 0 && dim < ndim() && index >= 0 && index < data().shape[static_cast<size_t>(dim)],
                "mesh {}: no sub-mesh at index {} of dim {}", str(), index, dim);
-  if (ndim() == 1) return ProcessMesh({1}, {ids_[static_cast<size_t>(index)]}, {names_[0]});
+  if (ndim() == 1) return ProcessMesh({1}, {data().ids[static_cast<size_t>(index)]}, {data().names[0]});
   Shape shape;
   std::vector<std::string> names;
   for (int64_t d = 0; d < ndim(); ++d)
     if (d != dim) {
-      shape.push_back(shape_[d]);
-      names.push_back(names_[d]);
+      shape.push_back(data().shape[d]);
+      names.push_back(data().names[d]);
     }
   std::vector<int64_t> ids;
-  for (int64_t id : ids_)
+  for (int64_t id : data().ids)
     if (coord(id)[static_cast<size_t>(dim)] == index) ids.push_back(id);
   return ProcessMesh(shape, ids, names);
 }
 
 std::string ProcessMesh::str() const {
   std::string dims;
-  for (size_t i = 0; i < shape_.size(); ++i) dims += fmt::format("{}{}={}", i ? "," : "", names_[i], shape_[i]);
+  for (size_t i = 0; i < data().shape.size(); ++i) dims += fmt::format("{}{}={}", i ? "," : "", data().names[i], data().shape[i]);
   // Nested brackets, row-major.
   std::string body;
-  std::vector<int64_t> idx(shape_.size(), 0);
+  std::vector<int64_t> idx(data().shape.size(), 0);
   std::function<void(size_t, int64_t&)> emit = [&](size_t d, int64_t& pos) {
     body += '[';
-    for (int64_t i = 0; i < shape_[d]; ++i) {
+    for (int64_t i = 0; i < data().shape[d]; ++i) {
       if (i) body += ',';
-      if (d + 1 == shape_.size()) body += std::to_string(ids_[static_cast<size_t>(pos++)]);
+      if (d + 1 == data().shape.size()) body += std::to_string(data().ids[static_cast<size_t>(pos++)]);
       else emit(d + 1, pos);
     }
     body += ']';

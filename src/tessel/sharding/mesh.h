@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,14 +21,14 @@ class ProcessMesh {
   // Parses "mesh(dp=2,tp=2)[[0,1],[2,3]]", "mesh(dp=2,tp=2)" (iota) or "2x2" (iota, d0, d1).
   static ProcessMesh parse(std::string_view text);
 
-  int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
-  int64_t size() const { return static_cast<int64_t>(ids_.size()); }
-  const Shape& shape() const { return shape_; }
-  int64_t dim_size(int64_t dim) const { return shape_.at(static_cast<size_t>(dim)); }
-  const std::vector<std::string>& dim_names() const { return names_; }
+  int64_t ndim() const { return static_cast<int64_t>(data().shape.size()); }
+  int64_t size() const { return static_cast<int64_t>(data().ids.size()); }
+  const Shape& shape() const { return data().shape; }
+  int64_t dim_size(int64_t dim) const { return data().shape.at(static_cast<size_t>(dim)); }
+  const std::vector<std::string>& dim_names() const { return data().names; }
   // Index of the dim called `name`; throws listing the names when absent.
   int64_t dim_index(std::string_view name) const;
-  const std::vector<int64_t>& process_ids() const { return ids_; }
+  const std::vector<int64_t>& process_ids() const { return data().ids; }
 
   bool contains(int64_t rank) const;
   // Coordinates of `rank` in the mesh; throws when absent.
@@ -41,12 +42,18 @@ class ProcessMesh {
   ProcessMesh sub_mesh(int64_t dim, int64_t index) const;
 
   std::string str() const;  // "mesh(dp=2,tp=2)[[0,1],[2,3]]"
-  bool operator==(const ProcessMesh& o) const { return shape_ == o.shape_ && ids_ == o.ids_; }
+  bool operator==(const ProcessMesh& o) const { return d_ == o.d_ || (data().shape == o.data().shape && data().ids == o.data().ids); }
 
  private:
-  Shape shape_;
-  std::vector<int64_t> ids_;
-  std::vector<std::string> names_;
+  // Immutable and shared: copying a mesh (every DistAttr holds one) costs a reference count.
+  struct Data {
+    Shape shape;
+    std::vector<int64_t> ids;
+    std::vector<std::string> names;
+  };
+  static const Data& empty_data();
+  const Data& data() const { return d_ ? *d_ : empty_data(); }
+  std::shared_ptr<const Data> d_;
 };
 
 }  // namespace tessel

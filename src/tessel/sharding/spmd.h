@@ -1,8 +1,14 @@
-// The shape of an SPMD rule: given the global metas and current DistAttrs of an op's inputs,
-// the DistAttrs the op needs its inputs in and those its outputs will have. Each op's rule
-// lives in its definition (ops layer); the dist layer applies it.
+// SPMD rules: given the global metas and current DistAttrs of an op's inputs, the placements
+// the op needs its inputs in and those its outputs will have. Each op's rule lives in its
+// definition (the ops layer); the dist layer applies it: it reshards the inputs, runs the
+// op's local kernel on the local pieces (with attrs the rule may rewrite for the piece, e.g.
+// the offset of a shard), and wraps the outputs. A rule may instead hand the call to a
+// composition of other ops (decompose) or to the dist layer's own implementation (custom).
+//
+// All inputs of one call live on one mesh; a rule returns placements for that mesh.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -13,16 +19,33 @@
 namespace tessel {
 
 struct SpmdCall {
-  std::span<const TensorMeta> inputs;  // global metas
+  std::string_view op;                   // for error messages
+  std::span<const TensorMeta> inputs;    // global metas
   std::span<const DistAttr> input_attrs;
   const Attrs& attrs;
+  int64_t rank = 0;  // this world rank, for local attrs that depend on its piece
+  const ProcessMesh& mesh() const { return input_attrs[0].mesh; }
+  int64_t mesh_ndim() const { return mesh().ndim(); }
 };
 
+using Decomposition = std::vector<Tensor> (*)(const std::vector<Tensor>& inputs, const Attrs& attrs);
+
 struct SpmdDecision {
-  std::vector<DistAttr> inputs;   // what each input must be resharded to
-  std::vector<DistAttr> outputs;  // what the local kernel's outputs then are
+  std::vector<Placements> inputs;    // what each input is resharded to
+  std::vector<Placements> outputs;   // the placements of the visible outputs
+  std::optional<Attrs> local_attrs;  // attrs for the local kernel on this rank's piece
+  Decomposition decompose = nullptr; // run this composition of ops on the distributed inputs instead
+  bool custom = false;               // the dist layer implements this op itself
 };
 
 using SpmdRule = SpmdDecision (*)(const SpmdCall&);
+
+// The distributed form of a tensor: its DistAttr and this rank's local piece. A tensor whose
+// TensorImpl carries one is a distributed tensor: its shape is the global shape and its data
+// live in `local` (empty on ranks outside the mesh).
+struct DistSpec {
+  DistAttr attr;
+  Tensor local;
+};
 
 }  // namespace tessel

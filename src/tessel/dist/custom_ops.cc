@@ -1,0 +1,211 @@
+// Custom distributed implementations (custom_ops.h).
+//
+// cross_entropy over logits [..., C] and integer targets [...], with the rows (leading dims)
+// split over some mesh dims ("row dims": logits and targets sharded alike) and the classes
+// over others ("class dims": vocab-parallel, as in Megatron; targets replicated there). A rank
+// holds x[R, Cl] — its R rows, classes [c0, c0 + Cl) — and the targets t[R] of those rows:
+//   m[r]  = max over class dims of max_c x[r, c]                               all_reduce(max)
+//   s[r]  = Σ over class dims of Σ_c exp(x[r, c] - m[r]),  lse[r] = m[r] + log s[r]
+//   xt[r] = Σ over class dims of x[r, t[r] - c0] from the rank owning t[r]    (one all_reduce)
+//   loss  = Σ over row dims of Σ_{r not ignored} (lse[r] - xt[r]), divided for mean by the
+//           global count of non-ignored targets                                all_reduce(sum)
+//   dx[r, c] = (exp(x[r, c] - lse[r]) - [c0 + c == t[r]]) · g / count (g for sum); 0 for
+//           ignored rows.
+// Ranks along a class or replicated mesh dim hold the same rows, so only row dims add up losses
+// and counts. Every rank of the mesh takes part in every collective whatever its piece: empty
+// class pieces reduce as -inf and 0 (a group without rows skips its row statistics, all its
+// members alike). A target outside [0, C) is counted across the row dims, so every
+// rank throws together rather than leaving the others waiting. The loss is a replicated scalar;
+// the logits' gradient has the placements the rule gave the logits (no Partial).
+#include "tessel/dist/custom_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include "tessel/autograd/function.h"
+#include "tessel/core/error.h"
+#include "tessel/core/thread_pool.h"
+#include "tessel/core/view.h"
+#include "tessel/dist/dispatch.h"
+#include "tessel/dist/dtensor.h"
+#include "tessel/dist/mesh_comm.h"
+#include "tessel/ops/dispatch.h"
+#include "tessel/ops/fast_math.h"
+#include "tessel/ops/kernel_util.h"
+#include "tessel/sharding/spmd.h"
+
+namespace tessel {
+
+namespace {
+
+// ---------------------------------------------------------------- cross_entropy
+
+// One call's pieces and statistics, kept for the backward.
+struct CrossEntropyState {
+  ProcessMesh mesh;
+  DistAttr logits_attr;
+  Shape global;                  // the logits' global shape
+  Tensor x;                      // local logits, contiguous, viewed as [R, Cl]
+  std::vector<int64_t> targets;  // local targets [R]
+  std::vector<double> lse;       // [R]
+  DType dtype = DType::f32;
+  int64_t R = 0, Cl = 0, c0 = 0, ignore = -100;
+  double count = 0;  // global non-ignored targets
+  bool mean = true;
+};
+
+const Tensor& local_of(const Tensor& t) { return t.impl_ptr()->dist->local; }
+
+// Rows per parallel_for chunk: about kernels::kElementGrain logits.
+int64_t row_grain(int64_t Cl) { return std::max<int64_t>(1, kernels::kElementGrain / std::max<int64_t>(1, Cl)); }
+
+// Fills st.lse and returns the loss (sum or mean over every rank's rows).
+template <typename T>
+double cross_entropy_forward(CrossEntropyState& st, const std::vector<int64_t>& class_dims,
+                             const std::vector<int64_t>& row_dims, int64_t C) {
+  const int64_t R = st.R, Cl = st.Cl;
+  const T* px = st.x.data<T>();
+  // The members of a class dim's group hold the same rows, so they skip its reductions together
+  // when there are none.
+  const std::vector<int64_t> reduce_dims = R > 0 ? class_dims : std::vector<int64_t>{};
+  std::vector<T> m(static_cast<size_t>(R), -std::numeric_limits<T>::infinity());
+  std::vector<T> sx(static_cast<size_t>(2 * R), T(0));  // s[R] then xt[R]
+  parallel_for(0, R, row_grain(Cl), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r)
+      for (int64_t c = 0; c < Cl; ++c) m[r] = px[r * Cl + c] > m[r] ? px[r * Cl + c] : m[r];
+  });
+  for (int64_t d : reduce_dims) mesh_dim_group(st.mesh, d)->all_reduce(m.data(), R, dtype_of<T>, ReduceOp::max);
+  parallel_for(0, R, row_grain(Cl), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const T* row = px + r * Cl;
+      T s = 0;
+      for (int64_t c = 0; c < Cl; ++c) s += fast::exp_t<T>(row[c] - m[r]);
+      sx[r] = s;
+      const int64_t t = st.targets[r] - st.c0;
+      if (st.targets[r] != st.ignore && t >= 0 && t < Cl) sx[R + r] = row[t];
+    }
+  });
+  for (int64_t d : reduce_dims) mesh_dim_group(st.mesh, d)->all_reduce(sx.data(), 2 * R, dtype_of<T>, ReduceOp::sum);
+  st.lse.assign(static_cast<size_t>(R), 0.0);
+  double acc[3] = {0, 0, 0};  // loss sum, non-ignored count, targets out of range
+  int64_t bad_here = 0, bad_target = 0;  // this rank's count and first
+  for (int64_t r = 0; r < R; ++r) {
+    const T lse = m[r] + std::log(sx[r]);
+    st.lse[r] = static_cast<double>(lse);
+    const int64_t t = st.targets[r];
+    if (t == st.ignore) continue;
+    if (t < 0 || t >= C) {
+      if (bad_here++ == 0) bad_target = t;
+      acc[2] += 1;
+      continue;
+    }
+    acc[0] += static_cast<double>(lse - sx[R + r]);
+    acc[1] += 1;
+  }
+  for (int64_t d : row_dims) mesh_dim_group(st.mesh, d)->all_reduce(acc, 3, DType::f64, ReduceOp::sum);
+  TESSEL_CHECK(acc[2] == 0, "cross_entropy: targets outside [0, {}) for C={} classes (ignore_index {}): {} over the "
+               "ranks{}", C, C, st.ignore, acc[2],
+               bad_here > 0 ? fmt::format("; this rank's first: target {}", bad_target) : std::string());
+  st.count = acc[1];
+  return st.mean ? acc[0] / acc[1] : acc[0];  // mean of none: NaN, as serially
+}
+
+// dx[R, Cl] for the loss gradient g.
+template <typename T>
+Tensor cross_entropy_backward(const CrossEntropyState& st, double g) {
+  const int64_t R = st.R, Cl = st.Cl;
+  const T scale = static_cast<T>(st.mean ? g / std::max(st.count, 1.0) : g);
+  Tensor dx = Tensor::empty(st.x.shape(), st.x.dtype());
+  const T* px = st.x.data<T>();
+  T* pd = dx.data<T>();
+  parallel_for(0, R, row_grain(Cl), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      T* d = pd + r * Cl;
+      if (st.targets[r] == st.ignore) {
+        std::fill(d, d + Cl, T(0));
+        continue;
+      }
+      const T* row = px + r * Cl;
+      const T lse = static_cast<T>(st.lse[r]);
+      for (int64_t c = 0; c < Cl; ++c) d[c] = fast::exp_t<T>(row[c] - lse) * scale;
+      const int64_t t = st.targets[r] - st.c0;
+      if (t >= 0 && t < Cl) d[t] -= scale;
+    }
+  });
+  return dx;
+}
+
+// The loss gradient as a number on this rank (replicated first when it is distributed).
+double scalar_grad(const Tensor& g, const ProcessMesh& mesh) {
+  if (!is_dist(g)) return g.item();
+  Tensor r = reshard(g, mesh, Placements(static_cast<size_t>(mesh.ndim()), Replicate()));
+  return local_of(r).item();
+}
+
+std::vector<Tensor> dist_cross_entropy(const OpDef& op, std::vector<Tensor>& inputs, const Attrs& attrs,
+                                       const SpmdDecision& dec) {
+  {
+    std::vector<TensorMeta> metas{inputs[0].meta(), inputs[1].meta()};
+    infer_op(op, metas, attrs);  // shapes, dtypes and attrs: every rank throws alike
+  }
+  auto st = std::make_shared<CrossEntropyState>();
+  st->mesh = dist_attr(inputs[0]).mesh;
+  for (size_t i = 0; i < 2; ++i)
+    if (dist_attr(inputs[i]).placements != dec.inputs[i]) inputs[i] = reshard(inputs[i], st->mesh, dec.inputs[i]);
+  const Tensor& logits = inputs[0];
+  st->logits_attr = dist_attr(logits);
+  st->global = logits.shape();
+  st->ignore = attrs.i("ignore_index");
+  st->mean = attrs.s("reduction") == "mean";
+  const int64_t last = logits.dim() - 1, C = logits.size(-1);
+  const DType dtype = logits.dtype();
+  st->dtype = dtype;
+  const Placements all_r(static_cast<size_t>(st->mesh.ndim()), Replicate());
+  const int64_t rank = current_world_rank();
+
+  Tensor loss;
+  if (!st->mesh.contains(rank)) {
+    loss = wrap_dtensor(Tensor::zeros({}, dtype), DistAttr(st->mesh, all_r), {});
+  } else {
+    std::vector<int64_t> class_dims, row_dims;
+    for (int64_t d = 0; d < st->mesh.ndim(); ++d) {
+      if (dec.inputs[0][static_cast<size_t>(d)].is_shard(last)) class_dims.push_back(d);
+      else if (dec.inputs[1][static_cast<size_t>(d)].is_shard()) row_dims.push_back(d);
+    }
+    st->x = view::contiguous(local_of(logits));
+    st->Cl = st->x.size(-1);
+    st->c0 = st->logits_attr.local_offset(st->global, rank)[static_cast<size_t>(last)];
+    Tensor t = view::contiguous(local_of(inputs[1]));
+    st->R = t.numel();
+    st->targets.resize(static_cast<size_t>(st->R));
+    TESSEL_DISPATCH_INDEX(t.dtype(), "cross_entropy", [&]<typename I>() {
+      const I* pt = t.data<I>();
+      for (int64_t r = 0; r < st->R; ++r) st->targets[r] = static_cast<int64_t>(pt[r]);
+    });
+    const double value = TESSEL_DISPATCH_FLOAT(dtype, "cross_entropy", [&]<typename T>() {
+      return cross_entropy_forward<T>(*st, class_dims, row_dims, C);
+    });
+    loss = wrap_dtensor(Tensor::scalar(value, dtype), DistAttr(st->mesh, all_r), {});
+  }
+  record_function("cross_entropy (distributed)", {logits}, {loss}, [st](std::vector<Tensor>&& g) {
+    if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
+    Tensor dx;
+    if (!st->mesh.contains(current_world_rank())) {
+      dx = Tensor::zeros(Shape(st->global.size(), 0), st->dtype);  // outside the mesh: an empty piece
+    } else {
+      const double gv = scalar_grad(g[0], st->mesh);
+      dx = TESSEL_DISPATCH_FLOAT(st->x.dtype(), "cross_entropy",
+                                 [&]<typename T>() { return cross_entropy_backward<T>(*st, gv); });
+    }
+    return std::vector<Tensor>{wrap_dtensor(dx, st->logits_attr, st->global)};
+  });
+  return {loss};
+}
+
+}  // namespace
+
+void register_custom_ops() { register_dist_impl("cross_entropy", &dist_cross_entropy); }
+
+}  // namespace tessel

@@ -1,0 +1,62 @@
+// Building blocks for SPMD rules. Most ops are described by labels — one letter per tensor dim
+// naming the loop index it runs over, as in einsum notation — and the engine picks, for each
+// mesh dim on its own, the strategy whose input resharding costs least:
+//   replicate everything; shard one label (inputs with it shard that dim, the others stay
+//   replicated; the output shards the label's dim, or is Partial when the label is
+//   contracted); or, for ops linear in their inputs, keep Partial inputs Partial.
+// Ties go to the strategy listed first: Partial passthrough, then shards, then replicate.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tessel/sharding/spmd.h"
+
+namespace tessel::spmd {
+
+// Estimated bytes one rank moves to bring a tensor of `meta` from `from` to `to` along a mesh
+// dim of `k` ranks (ring volumes: all_gather and reduce_scatter (k-1)/k of the data, all_reduce
+// twice that, all_to_all (k-1)/k of the local piece); local moves cost nothing.
+double transition_cost(const TensorMeta& meta, const Placement& from, const Placement& to, int64_t k);
+
+// Which inputs may stay Partial together when the op is linear.
+enum class Linearity {
+  none,    // nonlinear: Partial inputs are reduced first
+  joint,   // every input Partial together (add, sub): sum of sums
+  single,  // one input Partial, the others replicated (mul, matmul, reductions, unary linear ops)
+  first,   // only input 0 Partial (div)
+};
+
+struct LabelRule {
+  std::vector<std::string> inputs;  // labels per covered input; '.' = a dim that is never sharded
+  std::string output;               // labels of the (single) output
+  Linearity linearity = Linearity::none;
+  ReduceOp contracted = ReduceOp::sum;  // Partial kind of an output whose sharded label was contracted
+};
+
+// Decides placements for inputs [0, rule.inputs.size()) and one output. Further inputs of the
+// call (index tensors, masks handled elsewhere) are not touched: callers fill them in.
+SpmdDecision label_rule(const SpmdCall& c, const LabelRule& rule);
+
+// Labels for elementwise ops over inputs [0, n) with numpy broadcasting; size-1 output dims
+// and broadcast input dims get '.'.
+LabelRule elementwise_labels(const SpmdCall& c, size_t n, Linearity linearity);
+// Elementwise over every input of the call.
+SpmdDecision elementwise_rule(const SpmdCall& c, Linearity linearity);
+
+// One input of rank r, output of the same shape, with `fixed` dims (normalised) never sharded
+// (a softmax or normalisation dim). Inputs after the first (weights) must be replicated.
+SpmdDecision keep_shape_rule(const SpmdCall& c, const std::vector<int64_t>& fixed, Linearity linearity);
+
+// Reduction of input 0 over `dims` (normalised): a sharded reduced dim makes the output
+// Partial(`partial`); kept dims keep their shards.
+SpmdDecision reduction_rule(const SpmdCall& c, const std::vector<int64_t>& dims, bool keepdim, ReduceOp partial);
+
+// Input i replicated everywhere.
+Placements replicated(const SpmdCall& c);
+// Placements with every shard of tensor dims in `dims` and every Partial replaced by R.
+Placements without(const Placements& p, const std::vector<int64_t>& dims, bool drop_partial = true);
+// "S(0),R on mesh(dp=2)" — the inputs' placements, for error messages.
+std::string inputs_str(const SpmdCall& c);
+
+}  // namespace tessel::spmd
