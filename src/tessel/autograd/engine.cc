@@ -1,6 +1,7 @@
 // Backward engine and custom functions.
 #include "tessel/autograd/engine.h"
 
+#include <algorithm>
 #include <queue>
 #include <unordered_map>
 
@@ -35,6 +36,13 @@ void check_grad_shape(const Tensor& g, const TensorMeta& expected, const std::st
                "backward: '{}' produced a gradient of shape {} for its input {}, which has shape {}", node,
                shape_str(g.shape()), input, shape_str(expected.shape));
 }
+
+// The B half of a split backward: leaves not in `immediate` are deferred.
+struct Split {
+  std::unordered_map<const AutogradMeta*, bool> immediate;
+  DeferredWeightGrads* out = nullptr;
+  bool deferred_leaf(const GradEdge& e) const { return e.leaf != nullptr && !immediate.count(e.leaf.get()); }
+};
 
 struct Capture {
   std::unordered_map<const AutogradMeta*, size_t> leaves;                  // leaf meta -> result slot
@@ -72,7 +80,7 @@ void accumulate_leaf(const std::shared_ptr<AutogradMeta>& leaf, const TensorMeta
 }
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads, bool retain_graph,
-                  Capture& cap) {
+                  Capture& cap, const Split* split = nullptr) {
   TESSEL_CHECK(root_grads.empty() || root_grads.size() == roots.size(),
                "backward: {} roots but {} gradients", roots.size(), root_grads.size());
   GradModeGuard no_grad(false);
@@ -109,6 +117,10 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
 
   // Dependency counts over the reachable graph.
   std::unordered_map<GradNode*, int> deps;
+  std::unordered_map<GradNode*, std::shared_ptr<GradNode>> owners;  // for deferred nodes
+  if (split != nullptr)
+    for (const Tensor& root : roots)
+      if (GradEdge e = gradient_edge(root); e.node) owners[e.node.get()] = e.node;
   std::vector<GradNode*> stack = starts;
   std::unordered_map<GradNode*, bool> seen;
   for (GradNode* n : starts) seen[n] = true;
@@ -118,6 +130,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
     for (const GradEdge& e : n->next_edges) {
       if (!e.node) continue;
       ++deps[e.node.get()];
+      if (split != nullptr) owners.emplace(e.node.get(), e.node);
       if (!seen[e.node.get()]) {
         seen[e.node.get()] = true;
         stack.push_back(e.node.get());
@@ -157,10 +170,28 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
                    "backward: trying to go through '{}' a second time, but its saved tensors were freed by the first "
                    "backward; pass retain_graph=true to the first backward",
                    node->name());
-      grads_in = node->apply(std::move(grads_out));
-      if (!retain_graph) {
-        node->release_saved();
-        node->released = true;
+      // A split backward keeps this node's parameter gradients for W: B computes the rest.
+      std::vector<char> later;
+      if (split != nullptr && node->supports_grad_mask()) {
+        for (const GradEdge& e : node->next_edges) later.push_back(split->deferred_leaf(e) ? 1 : 0);
+        if (std::find(later.begin(), later.end(), 1) == later.end()) later.clear();
+      }
+      if (!later.empty()) {
+        split->out->items.push_back({owners.at(node), grads_out, later});
+        node->grad_mask.resize(later.size());
+        bool rest = false;
+        for (size_t i = 0; i < later.size(); ++i) {
+          node->grad_mask[i] = later[i] ? 0 : 1;
+          rest = rest || (node->grad_mask[i] != 0 && node->next_edges[i].active());
+        }
+        if (rest) grads_in = node->apply(std::move(grads_out));
+        node->grad_mask.clear();
+      } else {
+        grads_in = node->apply(std::move(grads_out));
+        if (!retain_graph) {
+          node->release_saved();
+          node->released = true;
+        }
       }
     }
     grads_in.resize(node->next_edges.size());
@@ -224,6 +255,70 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
   }
   run_backward(outputs, grad_outputs, retain_graph, cap);
   return cap.results;
+}
+
+DeferredWeightGrads backward_inputs(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+                                    const std::vector<Tensor>& inputs, bool retain_graph) {
+  DeferredWeightGrads out;
+  out.retain_graph = retain_graph;
+  Split split;
+  split.out = &out;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad())
+      if (GradEdge e = gradient_edge(t); e.leaf) split.immediate[e.leaf.get()] = true;
+  Capture none;
+  run_backward(roots, grads, retain_graph, none, &split);
+  return out;
+}
+
+void backward_weights(DeferredWeightGrads&& deferred) {
+  GradModeGuard no_grad(false);
+  ProfileScope profile_scope("(autograd backward weights)");
+  Capture none;
+  for (DeferredWeightGrads::Item& item : deferred.items) {
+    GradNode& node = *item.node;
+    node.grad_mask = item.mask;
+    std::vector<Tensor> grads_in = node.apply(std::move(item.grad_outputs));
+    node.grad_mask.clear();
+    grads_in.resize(node.next_edges.size());
+    for (size_t i = 0; i < node.next_edges.size(); ++i) {
+      const GradEdge& e = node.next_edges[i];
+      if (!item.mask[i] || !e.leaf || !grads_in[i].defined()) continue;
+      check_grad_shape(grads_in[i], node.input_metas[i], node.name(), i);
+      accumulate_leaf(e.leaf, node.input_metas[i], std::move(grads_in[i]), none);
+    }
+    if (!deferred.retain_graph) {
+      node.release_saved();
+      node.released = true;
+    }
+    item.node.reset();
+  }
+  deferred.items.clear();
+}
+
+Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x, const std::function<void()>& restore) {
+  if (!grad_enabled() || !x.requires_grad()) return fn(x);
+  Tensor y;
+  {
+    GradModeGuard off(false);
+    y = fn(x);
+  }
+  y = y.detach();
+  Tensor saved = x.detach();
+  record_function("recompute", {x}, {y}, [fn, saved, restore](std::vector<Tensor>&& g) {
+    if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
+    if (restore) restore();
+    Tensor xi = saved.detach();
+    xi.set_requires_grad(true);
+    Tensor yi;
+    {
+      GradModeGuard on(true);
+      yi = fn(xi);
+    }
+    backward(yi, g[0]);
+    return std::vector<Tensor>{xi.grad()};
+  });
+  return y;
 }
 
 bool record_function(std::string name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,

@@ -3,8 +3,11 @@
 // the leaves' .grad. Backward ops run with gradient recording off.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <vector>
 
+#include "tessel/core/grad_node.h"
 #include "tessel/core/tensor.h"
 
 namespace tessel {
@@ -19,5 +22,31 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
 // instead of accumulated: no .grad is touched. Undefined where an input gets no gradient.
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false);
+
+// A backward split in two, as zero-bubble pipeline schedules need: backward_inputs computes the
+// gradients that flow towards the given inputs (B) and leaves the parameter (leaf) gradients of
+// every op that can compute them separately for backward_weights (W), which accumulates them
+// into the leaves' .grad. Ops that cannot split give all their gradients in B.
+struct DeferredWeightGrads {
+  struct Item {
+    std::shared_ptr<GradNode> node;
+    std::vector<Tensor> grad_outputs;
+    std::vector<char> mask;  // the leaf edges left for W
+  };
+  std::vector<Item> items;
+  bool retain_graph = false;
+};
+// Like backward(roots, grads), except that leaves other than `inputs` get their gradients only
+// from backward_weights. `inputs` (leaves) get theirs now, in .grad as usual.
+DeferredWeightGrads backward_inputs(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+                                    const std::vector<Tensor>& inputs, bool retain_graph = false);
+void backward_weights(DeferredWeightGrads&& deferred);
+
+// Activation recompute: y = fn(x) computed without keeping its intermediate activations; the
+// backward runs fn again with recording on and backpropagates through it (parameters used by
+// fn receive their gradients then). fn must be deterministic (dropout is: its mask is a
+// function of the seed, step and position, restored by `restore` before the rerun when given).
+Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x,
+                 const std::function<void()>& restore = {});
 
 }  // namespace tessel

@@ -3,7 +3,9 @@
 
 #include "tessel/cli/bench_train.h"
 #include "tessel/cli/commands.h"
+#include "tessel/cli/parallel_trainer.h"
 #include "tessel/cli/trainer.h"
+#include "tessel/comm/world.h"
 #include "tessel/core/log.h"
 
 namespace tessel {
@@ -20,8 +22,9 @@ RunConfig load_or_bad_input(const std::string& path, const std::vector<std::stri
 
 std::vector<Command> register_train(CLI::App& app) {
   struct Args {
-    std::string config, metrics, save, resume;
+    std::string config, metrics, save, resume, trace, backend = "thread";
     std::vector<std::string> sets;
+    int nproc = 0;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("train", "train a model from a YAML config");
@@ -30,9 +33,39 @@ std::vector<Command> register_train(CLI::App& app) {
   cmd->add_option("--metrics", a->metrics, "write one JSON line of metrics per step to this file");
   cmd->add_option("--save", a->save, "write checkpoints to DIR/step-NNNNNN/");
   cmd->add_option("--resume", a->resume, "resume from a step folder, or the newest one under DIR");
+  cmd->add_option("--nproc", a->nproc,
+                  "ranks to run on the thread backend (default: dp·tp·pp of the config's parallel section)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--backend", a->backend,
+                  "thread: --nproc ranks in this process; gloo: this process is one rank started by `tessel launch`")
+      ->check(CLI::IsMember({"thread", "gloo"}));
+  cmd->add_option("--trace", a->trace, "write a Chrome-trace/Perfetto timeline (one row per rank) to this JSON file");
   return {{cmd, [a] {
              RunConfig cfg = load_or_bad_input(a->config, a->sets);
-             TrainResult r = train(cfg, TrainOptions{.metrics_path = a->metrics, .save_dir = a->save, .resume_dir = a->resume});
+             const int64_t ranks = cfg.parallel.world_size();
+             const TrainOptions base{.metrics_path = a->metrics, .save_dir = a->save, .resume_dir = a->resume};
+             if (a->backend == "gloo" || ranks > 1 || a->nproc > 1 || !a->trace.empty()) {
+               ParallelTrainOptions po{.base = base, .trace_path = a->trace};
+               ParallelTrainResult r;
+               if (a->backend == "gloo") {
+                 auto world = init_world(WorldOptions{.backend = "gloo"});
+                 if (world->size() != ranks)
+                   throw BadInput(fmt::format("the config's parallel section needs dp·tp·pp = {} ranks but `tessel "
+                                              "launch` started {}", ranks, world->size()));
+                 r = train_parallel_rank(cfg, po);
+               } else {
+                 const int nproc = a->nproc > 0 ? a->nproc : static_cast<int>(ranks);
+                 if (nproc != ranks)
+                   throw BadInput(fmt::format("--nproc {} but the config's parallel section (dp {}, tp {}, pp {}) needs "
+                                              "{} ranks", nproc, cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, ranks));
+                 r = train_parallel_threads(cfg, nproc, po);
+               }
+               if (!r.train.steps.empty() && (a->backend != "gloo" || world_group()->rank() == 0))
+                 log_info("done: {} steps in {:.1f}s, final loss {:.4f}", r.train.steps.size(), r.train.seconds,
+                          r.train.steps.back().loss);
+               return 0;
+             }
+             TrainResult r = train(cfg, base);
              if (!r.steps.empty())
                log_info("done: {} steps in {:.1f}s, final loss {:.4f}", r.steps.size(), r.seconds, r.steps.back().loss);
              return 0;

@@ -254,6 +254,29 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   t.threads = train.get("threads", t.threads);
   train.finish();
 
+  Section par(root["parallel"], "parallel", source);
+  top.mark("parallel");
+  parallel::ParallelConfig& pc = c.parallel;
+  pc.dp = par.get("dp", pc.dp);
+  pc.tp = par.get("tp", pc.tp);
+  pc.pp = par.get("pp", pc.pp);
+  pc.vpp = par.get("vpp", pc.vpp);
+  pc.sharding_stage = par.get("sharding_stage", pc.sharding_stage);
+  pc.sp = par.get("sp", pc.sp);
+  const int64_t micro_batches = par.get("micro_batches", int64_t{0});
+  pc.schedule = par.get("schedule", pc.schedule);
+  pc.recompute = par.get("recompute", pc.recompute);
+  pc.stage_layers = par.get("stage_layers", pc.stage_layers);
+  par.finish();
+  // One source for the micro-batch count: parallel.micro_batches, when given, sets
+  // train.micro_batch.
+  if (micro_batches != 0) {
+    TESSEL_CHECK(micro_batches > 0 && t.global_batch % micro_batches == 0,
+                 "{}: config 'parallel.micro_batches' ({}) must divide 'train.global_batch' ({})", source,
+                 micro_batches, t.global_batch);
+    t.micro_batch = t.global_batch / micro_batches;
+  }
+
   Section log(root["log"], "log", source);
   top.mark("log");
   c.log.every = log.get("every", c.log.every);
@@ -277,6 +300,7 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   TESSEL_CHECK(t.optimizer == "adamw" || t.optimizer == "sgd", "{}: config 'train.optimizer' must be adamw or sgd, got '{}'",
                source, t.optimizer);
   optim::LrSchedule::parse_kind(t.schedule);
+  pc.micro_batches = t.global_batch / t.micro_batch;
   TESSEL_CHECK(t.dropout < 1.0, "{}: config 'train.dropout' must be below 1, got {}", source, t.dropout);
   TESSEL_CHECK(t.warmup >= 0 && t.warmup <= t.steps, "{}: config 'train.warmup' ({}) must be in [0, train.steps={}]", source,
                t.warmup, t.steps);

@@ -12,6 +12,7 @@
 #include "tessel/data/dataset.h"
 #include "tessel/nn/models.h"
 #include "tessel/optim/optimizer.h"
+#include "tessel/parallel/layout.h"
 
 namespace tessel {
 
@@ -54,6 +55,7 @@ struct RunConfig {
   DataSection data;
   TrainSection train;
   LogSection log;
+  parallel::ParallelConfig parallel;  // degrees 1 when the config has no `parallel:` section
   Json resolved;  // every setting after defaults and overrides, for the checkpoint's record
 
   int64_t micro_batches() const { return train.global_batch / train.micro_batch; }

@@ -186,6 +186,8 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
   }
   if (!options.save_dir.empty() && start < t.steps) save(t.steps);
   result.seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
+  if (options.collect_params)
+    for (nn::Parameter* p : model->parameters()) result.final_params[p->name] = p->value;
   return result;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@ struct TrainOptions {
   std::string resume_dir;    // a step folder or a folder of them (the newest is used)
   bool progress = true;      // live line on a terminal, plain lines otherwise
   bool quiet = false;        // no log lines (tests)
+  bool collect_params = false;  // return the final parameters (tests compare layouts with them)
 };
 
 struct StepRecord {
@@ -27,6 +29,7 @@ struct StepRecord {
 struct TrainResult {
   std::vector<StepRecord> steps;  // one per step run (not including resumed-over steps)
   std::string last_checkpoint;
+  std::map<std::string, Tensor> final_params;  // with TrainOptions::collect_params
   double seconds = 0;
 };
 

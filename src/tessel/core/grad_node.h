@@ -30,6 +30,14 @@ class GradNode {
   // Drops saved tensors once a backward without retain_graph has used them.
   virtual void release_saved() {}
 
+  // Whether apply() honours grad_mask (computes only the gradients of inputs the mask keeps).
+  // Nodes that do can have their parameter gradients deferred (zero-bubble pipelines).
+  virtual bool supports_grad_mask() const { return false; }
+  // Per input: is its gradient wanted (empty: every active edge). Set by the engine around a
+  // call of apply().
+  std::vector<char> grad_mask;
+  bool wants_grad(size_t i) const { return next_edges[i].active() && (grad_mask.empty() || grad_mask[i] != 0); }
+
   std::vector<GradEdge> next_edges;     // one per input
   std::vector<TensorMeta> input_metas;  // to check gradient shapes
   std::vector<TensorMeta> output_metas;

@@ -55,14 +55,14 @@ class DistOpNode final : public GradNode {
       for (const Tensor& g : local_grads) any = any || g.defined();
       if (any) {
         std::vector<bool> needs(n_in);
-        for (size_t i = 0; i < n_in; ++i) needs[i] = next_edges[i].active();
+        for (size_t i = 0; i < n_in; ++i) needs[i] = wants_grad(i);
         GradCall call{op_, attrs_, inputs_, outputs_, local_metas_, local_grads, needs};
         local_in_grads = op_.backward(call);
         local_in_grads.resize(n_in);
       }
     }
     for (size_t i = 0; i < n_in; ++i) {
-      if (!next_edges[i].active()) continue;
+      if (!wants_grad(i)) continue;
       Tensor lg = local_in_grads[i];
       if (!lg.defined()) {
         if (in_mesh_) continue;
@@ -73,6 +73,7 @@ class DistOpNode final : public GradNode {
     return grads;
   }
   std::string name() const override { return std::string(op_.name) + " (distributed)"; }
+  bool supports_grad_mask() const override { return true; }
   void release_saved() override {
     inputs_.assign(inputs_.size(), Tensor());
     outputs_.assign(outputs_.size(), Tensor());

@@ -25,25 +25,26 @@ Linear::Linear(int64_t in, int64_t out, bool bias, Layout layout, double init_st
 }
 
 Tensor Linear::forward(const Tensor& x) const {
-  return linear(x, weight_->value, bias_ ? bias_->value : Tensor(), layout_ == Layout::in_out);
+  return prepare_output(
+      linear(prepare_input(x), weight_->use(), bias_ ? bias_->use() : Tensor(), layout_ == Layout::in_out));
 }
 
 Embedding::Embedding(int64_t num, int64_t dim, double init_std) {
   weight_ = &add_parameter("weight", {num, dim}, Init::normal(init_std));
 }
 
-Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight_->value, ids); }
+Tensor Embedding::forward(const Tensor& ids) const { return prepare_output(embedding(weight_->use(), prepare_input(ids))); }
 
 LayerNorm::LayerNorm(int64_t dim, double eps) : eps_(eps) {
   weight_ = &add_parameter("weight", {dim}, Init::ones());
   bias_ = &add_parameter("bias", {dim}, Init::zeros());
 }
 
-Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, weight_->value, bias_->value, eps_); }
+Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, weight_->use(), bias_->use(), eps_); }
 
 RMSNorm::RMSNorm(int64_t dim, double eps) : eps_(eps) { weight_ = &add_parameter("weight", {dim}, Init::ones()); }
 
-Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight_->value, eps_); }
+Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight_->use(), eps_); }
 
 Tensor Dropout::forward(const Tensor& x) const {
   if (!training() || p_ == 0.0) return x;

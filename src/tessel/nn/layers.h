@@ -28,6 +28,7 @@ class Linear : public Module {
   Tensor forward(const Tensor& x) const;
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }
+  Layout layout() const { return layout_; }
 
  private:
   Parameter* weight_;

@@ -50,15 +50,32 @@ Gpt2::Gpt2(const Gpt2Config& c) : config_(c) {
   finalize_names();
 }
 
-Tensor Gpt2::forward(const Tensor& ids) {
+int64_t Gpt2::num_blocks() const { return config_.n_layer; }
+
+Tensor Gpt2::embed(const Tensor& ids) {
   TESSEL_CHECK(ids.dim() == 2, "gpt2: token ids must be [B, T], got {}", ids.str());
   const int64_t T = ids.size(1);
   TESSEL_CHECK(T <= config_.n_positions, "gpt2: sequence length {} exceeds n_positions {}", T, config_.n_positions);
-  Tensor pos = slice(wpe_->weight().value, 0, 0, T);  // [T, C], broadcast over B
-  Tensor x = drop_->forward(add(wte_->forward(ids), pos));
-  for (Gpt2Block* block : *h_) x = block->forward(x);
-  // Tied head: logits = ln_f(x) @ wte^T (wte is [V, C], the [out, in] layout).
-  return linear(ln_f_->forward(x), wte_->weight().value);
+  Tensor pos = slice(wpe_->weight().use(), 0, 0, T);  // [T, C], broadcast over B
+  return drop_->forward(add(wte_->forward(ids), pos));
+}
+
+Tensor Gpt2::block(int64_t i, const Tensor& x) { return (*h_)[static_cast<size_t>(i)].forward(x); }
+
+// Tied head: logits = ln_f(x) @ wte^T (wte is [V, C], the [out, in] layout).
+Tensor Gpt2::head(const Tensor& x) { return linear(ln_f_->forward(x), wte_->weight().use()); }
+
+std::vector<Parameter*> Gpt2::part_parameters(Part part, int64_t block) {
+  switch (part) {
+    case Part::embed: return {&wte_->weight(), &wpe_->weight()};
+    case Part::block: return (*h_)[static_cast<size_t>(block)].parameters();
+    case Part::head: {
+      std::vector<Parameter*> out = ln_f_->parameters();
+      out.push_back(&wte_->weight());
+      return out;
+    }
+  }
+  return {};
 }
 
 double Gpt2::train_flops_per_token(int64_t seq_len) const {
@@ -112,15 +129,33 @@ const Rope& Llama::rope(int64_t seq_len, DType dtype) {
   return *rope_;
 }
 
-Tensor Llama::forward(const Tensor& ids) {
+int64_t Llama::num_blocks() const { return config_.num_hidden_layers; }
+
+Tensor Llama::embed(const Tensor& ids) {
   TESSEL_CHECK(ids.dim() == 2, "llama: token ids must be [B, T], got {}", ids.str());
   const int64_t T = ids.size(1);
   TESSEL_CHECK(T <= config_.max_position_embeddings, "llama: sequence length {} exceeds max_position_embeddings {}", T,
                config_.max_position_embeddings);
-  Tensor x = embed_tokens_->forward(ids);
-  const Rope& r = rope(T, x.dtype());
-  for (LlamaBlock* block : *layers_) x = block->forward(x, r);
-  return lm_head_->forward(norm_->forward(x));
+  return embed_tokens_->forward(ids);
+}
+
+Tensor Llama::block(int64_t i, const Tensor& x) {
+  return (*layers_)[static_cast<size_t>(i)].forward(x, rope(x.size(1), x.dtype()));
+}
+
+Tensor Llama::head(const Tensor& x) { return lm_head_->forward(norm_->forward(x)); }
+
+std::vector<Parameter*> Llama::part_parameters(Part part, int64_t block) {
+  switch (part) {
+    case Part::embed: return embed_tokens_->parameters();
+    case Part::block: return (*layers_)[static_cast<size_t>(block)].parameters();
+    case Part::head: {
+      std::vector<Parameter*> out = norm_->parameters();
+      for (Parameter* p : lm_head_->parameters()) out.push_back(p);
+      return out;
+    }
+  }
+  return {};
 }
 
 double Llama::train_flops_per_token(int64_t seq_len) const {
@@ -130,6 +165,12 @@ double Llama::train_flops_per_token(int64_t seq_len) const {
 
 bool Llama::ignorable_checkpoint_key(const std::string& name) const {
   return name.find("rotary_emb.inv_freq") != std::string::npos;
+}
+
+Tensor LanguageModel::forward(const Tensor& ids) {
+  Tensor x = embed(ids);
+  for (int64_t i = 0; i < num_blocks(); ++i) x = block(i, x);
+  return head(x);
 }
 
 Tensor lm_loss(LanguageModel& model, const Tensor& inputs, const Tensor& targets) {

@@ -22,10 +22,19 @@ struct LlamaConfig {
   double rope_theta = 10000.0, rms_norm_eps = 1e-6, initializer_range = 0.02;
 };
 
-// A causal language model: token ids [B, T] -> logits [B, T, V].
+// A causal language model: token ids [B, T] -> logits [B, T, V], written as a chain
+// embed -> block 0 -> ... -> block n-1 -> head so pipeline stages can run a piece of it.
 class LanguageModel : public Module {
  public:
-  virtual Tensor forward(const Tensor& ids) = 0;
+  Tensor forward(const Tensor& ids);
+  virtual int64_t num_blocks() const = 0;
+  virtual Tensor embed(const Tensor& ids) = 0;               // [B, T] -> [B, T, C]
+  virtual Tensor block(int64_t i, const Tensor& x) = 0;      // [B, T, C] -> [B, T, C]
+  virtual Tensor head(const Tensor& x) = 0;                  // [B, T, C] -> [B, T, V]
+  // The parameters each part uses. A parameter may serve two parts (GPT-2's token embedding
+  // is also its LM head).
+  enum class Part { embed, block, head };
+  virtual std::vector<Parameter*> part_parameters(Part part, int64_t block = 0) = 0;
   virtual std::string arch() const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual int64_t max_seq_len() const = 0;
@@ -54,7 +63,11 @@ class Gpt2Block : public Module {
 class Gpt2 : public LanguageModel {
  public:
   explicit Gpt2(const Gpt2Config& c);
-  Tensor forward(const Tensor& ids) override;
+  int64_t num_blocks() const override;
+  Tensor embed(const Tensor& ids) override;
+  Tensor block(int64_t i, const Tensor& x) override;
+  Tensor head(const Tensor& x) override;
+  std::vector<Parameter*> part_parameters(Part part, int64_t block = 0) override;
   std::string arch() const override { return "gpt2"; }
   int64_t vocab_size() const override { return config_.vocab_size; }
   int64_t max_seq_len() const override { return config_.n_positions; }
@@ -88,7 +101,11 @@ class LlamaBlock : public Module {
 class Llama : public LanguageModel {
  public:
   explicit Llama(const LlamaConfig& c);
-  Tensor forward(const Tensor& ids) override;
+  int64_t num_blocks() const override;
+  Tensor embed(const Tensor& ids) override;
+  Tensor block(int64_t i, const Tensor& x) override;
+  Tensor head(const Tensor& x) override;
+  std::vector<Parameter*> part_parameters(Part part, int64_t block = 0) override;
   std::string arch() const override { return "llama"; }
   int64_t vocab_size() const override { return config_.vocab_size; }
   int64_t max_seq_len() const override { return config_.max_position_embeddings; }

@@ -46,6 +46,19 @@ std::vector<const Parameter*> Module::parameters() const {
   return out;
 }
 
+std::vector<Module*> Module::modules() {
+  std::vector<Module*> out{this};
+  for (auto& [n, c] : children_)
+    for (Module* m : c->modules()) out.push_back(m);
+  return out;
+}
+
+std::vector<Parameter*> Module::own_parameters() {
+  std::vector<Parameter*> out;
+  for (auto& [n, p] : params_) out.push_back(p.get());
+  return out;
+}
+
 Parameter& Module::parameter(const std::string& name) {
   std::vector<Parameter*> all = parameters();
   for (Parameter* p : all)

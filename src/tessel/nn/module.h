@@ -38,6 +38,12 @@ struct Parameter {
   DType dtype = DType::f32;
   Init init;
   Tensor value;  // this rank's tensor; undefined until materialised
+  // Set by parallel layouts that store the parameter sharded (ZeRO stage 3): turns `value`
+  // into the tensor a forward uses (gathered), just before the use.
+  std::function<Tensor(const Tensor&)> gather;
+
+  // The tensor a forward computes with: `value`, or its gathered form.
+  Tensor use() const { return gather ? gather(value) : value; }
 };
 
 class Module {
@@ -52,10 +58,20 @@ class Module {
   std::vector<const Parameter*> parameters() const;
   // The parameter with full name `name`; throws listing a few names when absent.
   Parameter& parameter(const std::string& name);
+  // This module and every module below it, depth first.
+  std::vector<Module*> modules();
+  // The parameters this module holds itself (not its children's).
+  std::vector<Parameter*> own_parameters();
   // Full name of this module ("" for the root).
   const std::string& path() const { return path_; }
   // Sets the full names of every module and parameter below, rooted at `prefix`.
   void finalize_names(const std::string& prefix = "");
+
+  // Layout hooks set by parallelize (PrepareInput/PrepareOutput): applied by modules that
+  // honour them (Linear, Embedding) to the input before and the output after their forward.
+  std::function<Tensor(const Tensor&)> input_hook, output_hook;
+  Tensor prepare_input(const Tensor& x) const { return input_hook ? input_hook(x) : x; }
+  Tensor prepare_output(const Tensor& y) const { return output_hook ? output_hook(y) : y; }
 
   void train(bool on = true);
   bool training() const { return training_; }

@@ -36,7 +36,7 @@ class OpNode final : public GradNode {
     ProfileScope profile_scope(backward_name_);
     grad_outputs.resize(outputs_.size());
     std::vector<bool> needs(next_edges.size());
-    for (size_t i = 0; i < next_edges.size(); ++i) needs[i] = next_edges[i].active();
+    for (size_t i = 0; i < next_edges.size(); ++i) needs[i] = wants_grad(i);
     GradCall call{op_, attrs_, inputs_, outputs_, input_metas, grad_outputs, needs};
     std::vector<Tensor> grads = op_.backward(call);
     TESSEL_ASSERT(grads.size() == next_edges.size(), "{} backward returned {} gradients for {} inputs", op_.name,
@@ -44,6 +44,7 @@ class OpNode final : public GradNode {
     return grads;
   }
   std::string name() const override { return std::string(op_.name); }
+  bool supports_grad_mask() const override { return true; }
   void release_saved() override {
     inputs_.assign(inputs_.size(), Tensor());
     outputs_.assign(outputs_.size(), Tensor());

@@ -1,0 +1,293 @@
+// The hybrid-parallel training loop.
+#include "tessel/cli/parallel_trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <mutex>
+#include <set>
+
+#include "tessel/autograd/engine.h"
+#include "tessel/comm/thread_backend.h"
+#include "tessel/comm/world.h"
+#include "tessel/core/context.h"
+#include "tessel/core/log.h"
+#include "tessel/core/storage.h"
+#include "tessel/core/thread_pool.h"
+#include "tessel/dist/dtensor.h"
+#include "tessel/ops/ops.h"
+#include "tessel/parallel/data.h"
+#include "tessel/parallel/parallelize.h"
+#include "tessel/parallel/pipeline.h"
+#include "tessel/parallel/sharded_optimizer.h"
+
+namespace tessel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace parallel;
+
+double micros_since_epoch(Clock::time_point t) {
+  return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count();
+}
+
+// One timeline slice.
+struct TraceEvent {
+  std::string name, category;
+  double start_us = 0, dur_us = 0;
+};
+
+// Every rank's events to rank 0 (as JSON text), which writes the Chrome-trace file: one row
+// (pid) per rank.
+void write_trace(const std::string& path, const std::vector<TraceEvent>& events, const std::string& label) {
+  auto world = world_group();
+  Json mine = Json::Array{};
+  for (const TraceEvent& e : events) {
+    Json j = Json::Object{};
+    j["name"] = e.name;
+    j["cat"] = e.category;
+    j["ph"] = "X";
+    j["ts"] = e.start_us;
+    j["dur"] = e.dur_us;
+    j["pid"] = world->rank();
+    j["tid"] = 0;
+    mine.push_back(j);
+  }
+  std::string text = mine.dump();
+  const int n = world->size();
+  std::vector<int64_t> sizes(static_cast<size_t>(n));
+  int64_t my_size = static_cast<int64_t>(text.size());
+  world->all_gather(&my_size, sizes.data(), 1, DType::i64);
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  std::string all(static_cast<size_t>(total), ' ');
+  world->all_gather_v(text.data(), all.data(), sizes, DType::b8);
+  if (world->rank() != 0) return;
+  std::ofstream out(path);
+  TESSEL_CHECK(out.good(), "cannot write trace file '{}'", path);
+  out << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"layout\":" << Json(label).dump() << "},\"traceEvents\":[";
+  int64_t at = 0;
+  bool first = true;
+  for (int r = 0; r < n; ++r) {
+    std::string part = all.substr(static_cast<size_t>(at), static_cast<size_t>(sizes[static_cast<size_t>(r)]));
+    at += sizes[static_cast<size_t>(r)];
+    Json meta = Json::Object{};
+    meta["name"] = "process_name";
+    meta["ph"] = "M";
+    meta["pid"] = r;
+    Json args = Json::Object{};
+    args["name"] = fmt::format("rank {}", r);
+    meta["args"] = args;
+    out << (first ? "" : ",") << meta.dump();
+    first = false;
+    if (part.size() > 2) out << "," << part.substr(1, part.size() - 2);
+  }
+  out << "]}\n";
+  TESSEL_CHECK(out.good(), "failed writing trace file '{}'", path);
+}
+
+std::string bytes_str(int64_t b) {
+  if (b >= (int64_t{1} << 30)) return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1 << 30));
+  if (b >= (int64_t{1} << 20)) return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1 << 20));
+  return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024);
+}
+
+}  // namespace
+
+ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrainOptions& options) {
+  const TrainSection& t = cfg.train;
+  const ParallelConfig& pc = cfg.parallel;
+  auto world = world_group();
+  TESSEL_CHECK(world->size() == pc.world_size(),
+               "the config's parallel section needs dp·tp·pp = {}·{}·{} = {} ranks, but {} were started", pc.dp, pc.tp,
+               pc.pp, pc.world_size(), world->size());
+  // Thread ranks get their intra-op threads from spawn; a process rank sets its own.
+  if (t.threads > 0 && world->backend() != "thread") set_default_num_threads(static_cast<int>(t.threads));
+  TESSEL_CHECK(options.base.save_dir.empty() && options.base.resume_dir.empty(),
+               "--save/--resume are not supported with parallel layouts yet (train on one rank to checkpoint)");
+  const bool lead = world->rank() == 0;
+  auto say = [&](const std::string& m) {
+    if (lead && !options.base.quiet) log_info("{}", m);
+  };
+
+  auto data = std::make_shared<TokenDataset>(TokenDataset::open(cfg.data.path, cfg.data.format));
+  std::unique_ptr<nn::LanguageModel> model = build_model(cfg);
+  TESSEL_CHECK(data->max_token() < model->vocab_size(), "data file '{}' holds token id {} but model.vocab_size is {}",
+               cfg.data.path, data->max_token(), model->vocab_size());
+  TESSEL_CHECK(cfg.model.init_from.empty(), "model.init_from is not supported with parallel layouts yet");
+  pc.validate(model->num_blocks(), t.global_batch);
+  Layout layout(pc, world->rank());
+  const ProcessMesh mesh = layout.stage_mesh();
+
+  // This rank's virtual stages and their parameters.
+  const Schedule schedule = make_schedule(pc.pp == 1 && pc.schedule == "VPP" ? "1F1B" : pc.schedule,
+                                          static_cast<int>(pc.pp), static_cast<int>(pc.micro_batches),
+                                          static_cast<int>(pc.vpp));
+  const int V = schedule.virtual_stages();
+  const auto blocks = stage_blocks(pc, model->num_blocks());
+  using Part = nn::LanguageModel::Part;
+  std::vector<nn::Parameter*> params;
+  std::set<nn::Parameter*> seen;
+  auto take = [&](const std::vector<nn::Parameter*>& ps) {
+    for (nn::Parameter* p : ps)
+      if (seen.insert(p).second) params.push_back(p);
+  };
+  bool first_stage = false, last_stage = false;
+  for (int c = 0; c < schedule.chunks; ++c) {
+    const int vs = schedule.virtual_stage(static_cast<int>(layout.pp_rank), c);
+    if (vs == 0) {
+      take(model->part_parameters(Part::embed));
+      first_stage = true;
+    }
+    for (int64_t b = blocks[static_cast<size_t>(vs)].first; b < blocks[static_cast<size_t>(vs)].second; ++b)
+      take(model->part_parameters(Part::block, b));
+    if (vs == V - 1) {
+      take(model->part_parameters(Part::head));
+      last_stage = true;
+    }
+  }
+  parallelize(*model, params, mesh, plan_for(model->arch()), layout, t.seed);
+  model->train(true);
+
+  // GPT-2's token embedding is also its head: with several pipeline ranks the first and the
+  // last hold a copy each, kept equal by summing their gradients.
+  std::vector<nn::Parameter*> tied;
+  std::shared_ptr<ProcessGroup> tied_group;
+  if (model->arch() == "gpt2" && pc.pp > 1 && (first_stage || last_stage)) {
+    tied.push_back(model->part_parameters(Part::embed)[0]);
+    tied_group = world->new_group({static_cast<int>(layout.world_rank(0, layout.dp_rank, layout.tp_rank)),
+                                   static_cast<int>(layout.world_rank(pc.pp - 1, layout.dp_rank, layout.tp_rank))});
+  }
+  OptimizerOptions oo{.kind = t.optimizer,
+                      .adamw = {.lr = t.lr, .beta1 = t.beta1, .beta2 = t.beta2, .eps = t.eps, .weight_decay = t.weight_decay},
+                      .sgd = {.lr = t.lr, .momentum = t.momentum, .weight_decay = t.weight_decay, .nesterov = t.nesterov}};
+  ShardedOptimizer optimizer(params, layout, oo, tied, tied_group, first_stage);
+  optim::LrSchedule lr_schedule{.kind = optim::LrSchedule::parse_kind(t.schedule),
+                                .lr = t.lr,
+                                .min_lr = t.min_lr,
+                                .warmup = t.warmup,
+                                .total = t.steps};
+  Sampler sampler(data->size(), t.seq_len, t.global_batch, cfg.data.order, t.seed);
+  ShardedLoader loader(data, sampler, layout, t.global_batch, first_stage, last_stage);
+  const int64_t M = pc.micro_batches, mb = t.global_batch / M;
+  const int64_t width = cfg.model.arch == "gpt2" ? cfg.model.gpt2.n_embd : cfg.model.llama.hidden_size;
+  PipelineRuntime runtime(schedule, layout, {mb, t.seq_len, width}, DType::f32);
+  say(fmt::format("{} model, {:.3f}M parameters; {} ranks: {}; {} steps of {} x {} tokens", model->arch(),
+                  static_cast<double>(model->num_parameters()) / 1e6, pc.world_size(), pc.str(), t.steps,
+                  t.global_batch, t.seq_len));
+  if (pc.pp > 1 && lead && !options.base.quiet) log_info("pipeline schedule (unit-time view):\n{}", schedule.grid());
+
+  std::ofstream metrics;
+  const std::string metrics_path = options.base.metrics_path.empty() ? cfg.log.metrics : options.base.metrics_path;
+  if (lead && !metrics_path.empty()) {
+    metrics.open(metrics_path, std::ios::trunc);
+    TESSEL_CHECK(metrics.good(), "cannot write metrics file '{}'", metrics_path);
+  }
+
+  std::vector<TraceEvent> trace;
+  ParallelTrainResult result;
+  MemoryStats& mem = *rank_context().memory;
+  const auto run_start = Clock::now();
+  for (int64_t step = 0; step < t.steps; ++step) {
+    const auto t0 = Clock::now();
+    const int64_t base_bytes = mem.current.load();
+    mem.reset_peak();
+    std::vector<MicroBatch> batches = loader.batch(step);
+    const double lr = lr_schedule.at(step);
+    auto chunk_forward = [&](int chunk, int m, const Tensor& input) -> Tensor {
+      const int vs = schedule.virtual_stage(static_cast<int>(layout.pp_rank), chunk);
+      const nn::DropoutState ds{.seed = t.seed, .step = static_cast<uint64_t>(step), .global_rows = t.global_batch,
+                                .row_offset = batches[static_cast<size_t>(m)].first_row};
+      nn::dropout_state() = ds;
+      Tensor x = vs == 0 ? model->embed(batches[static_cast<size_t>(m)].inputs) : input;
+      for (int64_t b = blocks[static_cast<size_t>(vs)].first; b < blocks[static_cast<size_t>(vs)].second; ++b) {
+        if (pc.recompute == "full")
+          x = recompute([&model, b](const Tensor& h) { return model->block(b, h); }, x,
+                        [ds] { nn::dropout_state() = ds; });
+        else
+          x = model->block(b, x);
+      }
+      if (vs == V - 1) return cross_entropy(model->head(x), batches[static_cast<size_t>(m)].targets);
+      return x;
+    };
+    const double loss_here = runtime.run(chunk_forward);
+    const auto t_opt = Clock::now();
+    const int64_t peak_activations = mem.peak.load() - base_bytes;
+    const double norm = optimizer.step(lr, t.grad_clip);
+    // The loss lives on the last stage's ranks: its (dp 0, tp 0) rank tells everyone.
+    double loss = layout.pp_rank == pc.pp - 1 && layout.dp_rank == 0 && layout.tp_rank == 0 ? loss_here / M : 0.0;
+    world->all_reduce(&loss, 1, DType::f64, ReduceOp::sum);
+    TESSEL_CHECK(std::isfinite(loss), "training diverged: the loss is {} at step {}", loss, step);
+    const auto t1 = Clock::now();
+    const double secs = std::chrono::duration<double>(t1 - t0).count();
+    StepRecord rec{step, loss, lr, norm, static_cast<double>(t.global_batch * t.seq_len) / secs, secs};
+    result.train.steps.push_back(rec);
+
+    if (!options.trace_path.empty()) {
+      const double base_us = micros_since_epoch(t0);
+      for (const ActionTiming& a : runtime.timings()) {
+        const bool compute = a.kind == ActionKind::F || a.kind == ActionKind::B || a.kind == ActionKind::W;
+        if (!compute && a.end - a.start < 1e-6) continue;
+        trace.push_back({a.name, compute ? "compute" : "communication", base_us + a.start * 1e6, (a.end - a.start) * 1e6});
+      }
+      trace.push_back({"optimizer (grad sync + update)", "communication", micros_since_epoch(t_opt),
+                       std::chrono::duration<double, std::micro>(t1 - t_opt).count()});
+    }
+    if (step == 0) {
+      // Per-rank memory: every rank logs its own line.
+      StateBytes sb = optimizer.state_bytes();
+      if (!options.base.quiet)
+        log_info("rank {} memory: parameters {}, gradients {}, optimizer states {}, peak activations {}", world->rank(),
+                 bytes_str(sb.params), bytes_str(sb.grads), bytes_str(sb.optimizer), bytes_str(peak_activations));
+    }
+    if (lead && metrics.is_open()) {
+      Json line = Json::Object{};
+      line["step"] = step;
+      line["loss"] = loss;
+      line["lr"] = lr;
+      line["grad_norm"] = norm;
+      line["tokens_per_s"] = rec.tokens_per_s;
+      line["step_time_s"] = secs;
+      metrics << line.dump() << '\n';
+      metrics.flush();
+    }
+    if (lead && !options.base.quiet && (step == 0 || (step + 1) % cfg.log.every == 0 || step + 1 == t.steps))
+      log_info("step {}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  {:.0f} tok/s", step + 1, t.steps, loss, lr, norm,
+               rec.tokens_per_s);
+  }
+  result.train.seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
+  result.idle_share = runtime.idle_share();
+  if (!options.trace_path.empty()) {
+    write_trace(options.trace_path, trace, pc.str());
+    say(fmt::format("timeline written to {} (open it in https://ui.perfetto.dev or chrome://tracing)", options.trace_path));
+  }
+  if (options.base.collect_params)
+    for (nn::Parameter* p : params) result.final_params[p->name] = full_tensor(p->value);
+  return result;
+}
+
+ParallelTrainResult train_parallel_threads(const RunConfig& cfg, int nproc, const ParallelTrainOptions& options) {
+  ParallelTrainResult out;
+  std::mutex mu;
+  // The cores are split among the ranks unless the config gives threads per rank.
+  SpawnOptions so;
+  so.threads_per_rank = static_cast<int>(cfg.train.threads);
+  spawn(nproc, [&](int rank) {
+    ParallelTrainResult r = train_parallel_rank(cfg, options);
+    std::lock_guard<std::mutex> lock(mu);
+    std::map<std::string, Tensor> params = std::move(r.final_params);
+    if (rank == 0) {
+      params.merge(out.final_params);
+      out = std::move(r);
+      out.final_params = std::move(params);
+    } else {
+      out.final_params.merge(params);
+    }
+  }, so);
+  return out;
+}
+
+}  // namespace tessel

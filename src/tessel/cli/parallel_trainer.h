@@ -1,0 +1,32 @@
+// The hybrid-parallel training loop behind `tessel train --nproc N` (thread ranks) and
+// `tessel launch ... tessel train --backend gloo` (one process per rank): the config's
+// `parallel:` section gives the degrees; each rank builds only its pieces of the model, runs
+// its pipeline schedule, and steps its shard of the optimizer.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "tessel/cli/trainer.h"
+
+namespace tessel {
+
+struct ParallelTrainOptions {
+  TrainOptions base;
+  std::string trace_path;     // Chrome-trace/Perfetto JSON timeline (written by rank 0)
+};
+
+struct ParallelTrainResult {
+  TrainResult train;                            // steps as every rank saw them
+  std::map<std::string, Tensor> final_params;   // whole parameters this rank held (base.collect_params)
+  double idle_share = 0;                        // this rank's pipeline idle share, last step
+};
+
+// Runs on every rank of an initialised world (world_group() of dp·tp·pp ranks).
+ParallelTrainResult train_parallel_rank(const RunConfig& config, const ParallelTrainOptions& options);
+
+// `--nproc N` on the thread backend: spawns N ranks in this process; returns rank 0's result
+// with the whole parameters of every rank (base.collect_params).
+ParallelTrainResult train_parallel_threads(const RunConfig& config, int nproc, const ParallelTrainOptions& options);
+
+}  // namespace tessel

@@ -1,0 +1,40 @@
+// Sharded data loading.
+#include "tessel/parallel/data.h"
+
+#include "tessel/dist/dtensor.h"
+
+namespace tessel::parallel {
+
+std::pair<int64_t, int64_t> balanced_piece(int64_t n, int64_t parts, int64_t index) {
+  const int64_t base = n / parts, extra = n % parts;
+  return {index * base + std::min(index, extra), base + (index < extra ? 1 : 0)};
+}
+
+ShardedLoader::ShardedLoader(std::shared_ptr<const TokenDataset> data, Sampler sampler, const Layout& layout,
+                             int64_t global_batch, bool want_inputs, bool want_targets)
+    : data_(std::move(data)),
+      sampler_(std::move(sampler)),
+      layout_(layout),
+      global_batch_(global_batch),
+      want_inputs_(want_inputs),
+      want_targets_(want_targets) {}
+
+std::vector<MicroBatch> ShardedLoader::batch(int64_t step) const {
+  const ParallelConfig& c = layout_.config();
+  const int64_t M = c.micro_batches, mb = global_batch_ / M;
+  const ProcessMesh mesh = layout_.stage_mesh();
+  std::vector<MicroBatch> out(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m) {
+    MicroBatch& b = out[static_cast<size_t>(m)];
+    b.first_row = m * mb;
+    if (!want_inputs_ && !want_targets_) continue;
+    auto [offset, rows] = balanced_piece(mb, c.dp, layout_.dp_rank);
+    Batch local = make_batch(*data_, sampler_, step, m * mb + offset, rows);
+    const Shape global{mb, local.inputs.size(1)};
+    if (want_inputs_) b.inputs = dtensor_from_local(local.inputs, mesh, layout_.ids_placements(), global);
+    if (want_targets_) b.targets = dtensor_from_local(local.targets, mesh, layout_.ids_placements(), global);
+  }
+  return out;
+}
+
+}  // namespace tessel::parallel

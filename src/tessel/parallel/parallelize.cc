@@ -1,0 +1,132 @@
+// parallelize and the ready plans.
+#include "tessel/parallel/parallelize.h"
+
+#include <set>
+
+#include "tessel/core/error.h"
+#include "tessel/dist/dtensor.h"
+
+namespace tessel::parallel {
+
+namespace {
+
+// '*' matches exactly one dot-separated part.
+bool matches(const std::string& pattern, const std::string& path) {
+  size_t i = 0, j = 0;
+  while (i < pattern.size() && j <= path.size()) {
+    if (pattern[i] == '*') {
+      size_t end = path.find('.', j);
+      j = end == std::string::npos ? path.size() : end;
+      ++i;
+    } else {
+      if (j >= path.size() || pattern[i] != path[j]) return false;
+      ++i;
+      ++j;
+    }
+  }
+  return i == pattern.size() && j == path.size();
+}
+
+// `t` with its tp placement changed to `tp` (its dp placement kept).
+Tensor with_tp(const Tensor& t, const Placement& tp) {
+  if (!is_dist(t)) return t;
+  const DistAttr& a = dist_attr(t);
+  if (a.placements.size() != 2 || a.placements[1] == tp) return t;
+  return reshard(t, a.mesh, {a.placements[0], tp});
+}
+
+}  // namespace
+
+Style ParallelPlan::style_of(const std::string& module_path) const {
+  for (const PlanRule& r : rules)
+    if (matches(r.pattern, module_path)) return r.style;
+  return Style::replicate;
+}
+
+ParallelPlan gpt2_plan() {
+  return {{{"transformer.wte", Style::vocabwise},
+           {"transformer.h.*.attn.c_attn", Style::colwise},
+           {"transformer.h.*.attn.c_proj", Style::rowwise},
+           {"transformer.h.*.mlp.c_fc", Style::colwise},
+           {"transformer.h.*.mlp.c_proj", Style::rowwise}}};
+}
+
+ParallelPlan llama_plan() {
+  return {{{"model.embed_tokens", Style::vocabwise},
+           {"model.layers.*.self_attn.q_proj", Style::colwise},
+           {"model.layers.*.self_attn.k_proj", Style::colwise},
+           {"model.layers.*.self_attn.v_proj", Style::colwise},
+           {"model.layers.*.self_attn.o_proj", Style::rowwise},
+           {"model.layers.*.mlp.gate_proj", Style::colwise},
+           {"model.layers.*.mlp.up_proj", Style::colwise},
+           {"model.layers.*.mlp.down_proj", Style::rowwise},
+           {"lm_head", Style::colwise}}};
+}
+
+ParallelPlan plan_for(const std::string& arch) {
+  if (arch == "gpt2") return gpt2_plan();
+  if (arch == "llama") return llama_plan();
+  TESSEL_THROW("no parallel plan for model.arch '{}' (have: gpt2, llama)", arch);
+}
+
+Placements param_placements(const nn::Parameter& p, Style style, bool in_out_layout) {
+  const bool matrix = p.shape.size() == 2;
+  // The tensor dims holding a Linear's output and input features.
+  const int64_t out_dim = in_out_layout ? 1 : 0, in_dim = in_out_layout ? 0 : 1;
+  Placement tp = Replicate();
+  switch (style) {
+    case Style::replicate: break;
+    case Style::colwise: tp = Shard(matrix ? out_dim : 0); break;  // weight, or bias [out]
+    case Style::rowwise: tp = matrix ? Placement(Shard(in_dim)) : Placement(Replicate()); break;
+    case Style::vocabwise: tp = matrix ? Placement(Shard(0)) : Placement(Replicate()); break;
+  }
+  return {Replicate(), tp};
+}
+
+void parallelize(nn::LanguageModel& model, const std::vector<nn::Parameter*>& params, const ProcessMesh& mesh,
+                 const ParallelPlan& plan, const Layout& layout, uint64_t seed) {
+  const bool sp = layout.config().sp;
+  const bool zero3 = layout.config().sharding_stage == 3;
+  const std::set<const nn::Parameter*> wanted(params.begin(), params.end());
+  for (nn::Module* m : model.modules()) {
+    const Style style = plan.style_of(m->path());
+    bool holds = false;
+    for (nn::Parameter* p : m->own_parameters()) {
+      if (!wanted.count(p)) continue;
+      holds = true;
+      auto* linear = dynamic_cast<nn::Linear*>(m);
+      const bool in_out = linear != nullptr && linear->layout() == nn::Linear::Layout::in_out;
+      TESSEL_CHECK(style == Style::replicate || style == Style::vocabwise || linear != nullptr,
+                   "parallel plan: '{}' is not a Linear, so it cannot be ColWise/RowWise", m->path());
+      Placements gathered = param_placements(*p, style, in_out);
+      Placements stored = gathered;
+      if (zero3 && !p->shape.empty()) stored[0] = Shard(dp_shard_dim(gathered, p->shape.size()));  // ZeRO-3
+      const nn::Init init = p->init;
+      const std::string name = p->name;
+      Tensor v = make_dtensor(p->shape, p->dtype, mesh, stored, [&](const Tensor& local, const GlobalBox& box) {
+        nn::init_fill(local, init, seed, name, box);
+      });
+      v.set_name(p->name);
+      v.set_requires_grad(true);
+      p->value = v;
+      if (stored != gathered)
+        p->gather = [mesh, gathered](const Tensor& t) { return reshard(t, mesh, gathered); };
+      else
+        p->gather = nullptr;
+    }
+    if (!holds) continue;
+    const Placement seq = sp ? Placement(Shard(1)) : Placement(Replicate());
+    switch (style) {
+      case Style::colwise:
+        m->input_hook = [](const Tensor& x) { return with_tp(x, Replicate()); };
+        break;
+      case Style::rowwise:
+      case Style::vocabwise:
+        m->output_hook = [seq](const Tensor& y) { return with_tp(y, seq); };
+        break;
+      case Style::replicate: break;
+    }
+  }
+}
+
+}  // namespace tessel::parallel

@@ -1,0 +1,146 @@
+// Hybrid-parallel training equals single-rank training. GPT-2 tiny and Llama tiny, 10 steps,
+// every pair of values of dp, tp, pp, sharding stage, sp, schedule, micro-batches, model and
+// dropout covered by some layout (a greedy pairwise covering set), plus the full corner
+// dp2·tp2·pp2·stage 3·sp·interleaved. The oracle is the single-rank trainer on the same config:
+// the loss at every step and every parameter after the last must agree to 1e-4 (relative).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "tessel/cli/parallel_trainer.h"
+#include "tessel/cli/trainer.h"
+
+namespace tessel {
+namespace {
+
+struct Layout {
+  int dp, tp, pp, stage, sp, schedule, mb4, llama, dropout;
+};
+const char* kSchedules[] = {"FThenB", "1F1B", "VPP", "ZBH1"};
+
+std::string describe(const Layout& l) {
+  return fmt::format("{} dp{} tp{} pp{} stage{} sp{} {} m{} dropout{}", l.llama ? "llama" : "gpt2", l.dp, l.tp, l.pp,
+                     l.stage, l.sp, kSchedules[l.schedule], l.mb4 ? 4 : 1, l.dropout);
+}
+
+bool valid(const Layout& l) {
+  // The interleaved schedule needs micro-batches in multiples of the pipeline ranks.
+  return !(l.schedule == 2 && l.pp == 2 && !l.mb4);
+}
+
+// Greedy pairwise covering: repeatedly take the layout that covers most uncovered value pairs.
+std::vector<Layout> pairwise_layouts() {
+  const std::vector<std::vector<int>> values = {{1, 2}, {1, 2}, {1, 2}, {0, 1, 2, 3}, {0, 1}, {0, 1, 2, 3}, {0, 1}, {0, 1}, {0, 1}};
+  std::vector<Layout> all;
+  for (int a : values[0]) for (int b : values[1]) for (int c : values[2]) for (int d : values[3]) for (int e : values[4])
+    for (int f : values[5]) for (int g : values[6]) for (int h : values[7]) for (int i : values[8]) {
+      Layout l{a, b, c, d, e, f, g, h, i};
+      if (valid(l)) all.push_back(l);
+    }
+  auto fields = [](const Layout& l) { return std::vector<int>{l.dp, l.tp, l.pp, l.stage, l.sp, l.schedule, l.mb4, l.llama, l.dropout}; };
+  std::set<std::tuple<int, int, int, int>> uncovered;
+  for (const Layout& l : all) {
+    auto f = fields(l);
+    for (int i = 0; i < 9; ++i)
+      for (int j = i + 1; j < 9; ++j) uncovered.insert({i, f[i], j, f[j]});
+  }
+  std::vector<Layout> chosen;
+  while (!uncovered.empty()) {
+    const Layout* best = nullptr;
+    int best_gain = 0;
+    for (const Layout& l : all) {
+      auto f = fields(l);
+      int gain = 0;
+      for (int i = 0; i < 9; ++i)
+        for (int j = i + 1; j < 9; ++j) gain += uncovered.count({i, f[i], j, f[j]}) ? 1 : 0;
+      if (gain > best_gain) {
+        best_gain = gain;
+        best = &l;
+      }
+    }
+    auto f = fields(*best);
+    for (int i = 0; i < 9; ++i)
+      for (int j = i + 1; j < 9; ++j) uncovered.erase({i, f[i], j, f[j]});
+    chosen.push_back(*best);
+  }
+  chosen.push_back(Layout{2, 2, 2, 3, 1, 2, 1, 0, 1});  // the full corner, GPT-2
+  chosen.push_back(Layout{2, 2, 2, 3, 1, 2, 1, 1, 0});  // and Llama
+  return chosen;
+}
+
+RunConfig config_for(const Layout& l) {
+  std::vector<std::string> sets = {"train.steps=10", "train.warmup=2", "train.global_batch=8", "train.seq_len=16",
+                                   "train.save_every=0", "train.threads=1", "log.every=1000",
+                                   fmt::format("train.micro_batch={}", l.mb4 ? 2 : 8),
+                                   fmt::format("train.dropout={}", l.dropout ? 0.1 : 0.0)};
+  std::string path = std::string(TESSEL_SOURCE_DIR) + (l.llama ? "/configs/llama-tiny.yaml" : "/configs/gpt2-tiny.yaml");
+  if (l.llama) {
+    for (const char* s : {"model.num_hidden_layers=4", "model.hidden_size=32", "model.num_attention_heads=4",
+                          "model.num_key_value_heads=2", "model.intermediate_size=64", "model.max_position_embeddings=32"})
+      sets.push_back(s);
+    sets.erase(std::remove(sets.begin(), sets.end(), fmt::format("train.dropout={}", l.dropout ? 0.1 : 0.0)), sets.end());
+  } else {
+    for (const char* s : {"model.n_layer=4", "model.n_embd=32", "model.n_head=4", "model.n_positions=32"}) sets.push_back(s);
+  }
+  return load_run_config(path, sets);
+}
+
+double rel_diff(const Tensor& a, const Tensor& b) {
+  std::vector<double> x = a.to_doubles(), y = b.to_doubles();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    num += (x[i] - y[i]) * (x[i] - y[i]);
+    den += y[i] * y[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-12);
+}
+
+TEST(HybridParallel, EveryLayoutTrainsLikeOneRank) {
+  std::map<std::string, TrainResult> oracles;  // by model/dropout/micro-batches
+  const std::vector<Layout> layouts = pairwise_layouts();
+  std::printf("%zu layouts (pairwise cover + corners)\n", layouts.size());
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(describe(l));
+    RunConfig base = config_for(l);
+    const std::string key = fmt::format("{}{}{}", l.llama, l.dropout, l.mb4);
+    if (!oracles.count(key)) oracles[key] = train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
+    const TrainResult& one = oracles[key];
+
+    RunConfig cfg = base;
+    cfg.parallel.dp = l.dp;
+    cfg.parallel.tp = l.tp;
+    cfg.parallel.pp = l.pp;
+    cfg.parallel.vpp = l.schedule == 2 && l.pp == 2 ? 2 : 1;
+    cfg.parallel.sharding_stage = l.stage;
+    cfg.parallel.sp = l.sp != 0;
+    cfg.parallel.schedule = kSchedules[l.schedule];
+    ParallelTrainResult r = train_parallel_threads(
+        cfg, static_cast<int>(cfg.parallel.world_size()),
+        ParallelTrainOptions{.base = TrainOptions{.progress = false, .quiet = true, .collect_params = true}});
+    ASSERT_EQ(r.train.steps.size(), one.steps.size());
+    double worst_loss = 0, worst_param = 0;
+    std::string worst_name;
+    for (size_t s = 0; s < one.steps.size(); ++s) {
+      const double d = std::abs(r.train.steps[s].loss - one.steps[s].loss) / std::abs(one.steps[s].loss);
+      worst_loss = std::max(worst_loss, d);
+      EXPECT_LE(d, 1e-4) << "step " << s << ": loss " << r.train.steps[s].loss << " vs one rank " << one.steps[s].loss;
+    }
+    ASSERT_EQ(r.final_params.size(), one.final_params.size());
+    for (const auto& [name, full] : one.final_params) {
+      ASSERT_TRUE(r.final_params.count(name)) << name;
+      const double d = rel_diff(r.final_params.at(name), full);
+      if (d > worst_param) {
+        worst_param = d;
+        worst_name = name;
+      }
+      EXPECT_LE(d, 1e-4) << "parameter " << name;
+    }
+    std::printf("  %-52s loss rel diff %.1e, parameters %.1e (%s)\n", describe(l).c_str(), worst_loss, worst_param,
+                worst_name.c_str());
+  }
+}
+
+}  // namespace
+}  // namespace tessel
