@@ -2,7 +2,8 @@
 # The entry point for newcomers and CI. Every mode first installs what it needs from
 # Debian's archive (scripts/install-deps.sh, idempotent) and builds with CMake + Ninja.
 #
-#   ./run.sh demo    the main job: build, then train the demo GPT-2 (a few minutes)
+#   ./run.sh demo    the main job: build, then train the demo GPT-2 on 4 local ranks
+#                    (data x pipeline parallel, ZeRO-1; a few minutes) and write its timeline
 #   ./run.sh test    the whole test suite: release build + ctest, then the sanitizer build
 #                    (AddressSanitizer + UBSan) of the core, ops and autograd tests
 #   ./run.sh bench   benchmarks (installs PyTorch 1.13 too, for side-by-side figures)
@@ -35,8 +36,12 @@ case "$mode" in
     scripts/install-deps.sh
     build release
     echo "== demo: GPT-2 (4 layers, 3.3M parameters) trained on the shipped King James corpus"
+    echo "   on 4 ranks: 2 data-parallel x 2 pipeline stages (1F1B, 4 micro-batches), ZeRO stage 1"
     mkdir -p runs/demo
-    build/release/tessel train configs/gpt2-tiny.yaml --metrics runs/demo/metrics.jsonl --save runs/demo "$@"
+    build/release/tessel train configs/gpt2-tiny.yaml --set parallel.dp=2 --set parallel.pp=2 \
+      --set parallel.micro_batches=4 --set parallel.sharding_stage=1 \
+      --metrics runs/demo/metrics.jsonl --trace runs/demo/trace.json "$@"
+    echo "== timeline: open runs/demo/trace.json in https://ui.perfetto.dev (or chrome://tracing)"
     ;;
   test)
     scripts/install-deps.sh
@@ -52,6 +57,8 @@ case "$mode" in
     build release
     build/release/bench/ops_bench "$@"
     build/release/bench/dist_bench
+    build/release/bench/pipeline_bench
+    bench/ddp_vs_pytorch.py
     build/release/tessel bench comm --np 2
     bench/train_vs_pytorch.py
     ;;

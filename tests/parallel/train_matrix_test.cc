@@ -144,3 +144,39 @@ TEST(HybridParallel, EveryLayoutTrainsLikeOneRank) {
 
 }  // namespace
 }  // namespace tessel
+
+namespace tessel {
+namespace {
+
+// ZeRO (Rajbhandari et al. 2020) with f32 parameters and gradients and AdamW's two f32
+// moments: per rank, Ψ parameters hold 4Ψ + 4Ψ + 8Ψ bytes at stage 0; stage 1 shards the 8Ψ
+// of optimizer states over N data-parallel ranks, stage 2 also the gradients, stage 3 also the
+// parameters.
+TEST(HybridParallel, StateBytesFollowTheZeroFormulas) {
+  for (int dp : {2, 4}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      RunConfig cfg = load_run_config(std::string(TESSEL_SOURCE_DIR) + "/configs/gpt2-tiny.yaml",
+                                      {"train.steps=1", "train.warmup=0", "train.global_batch=8", "train.micro_batch=8",
+                                       "train.seq_len=16", "train.save_every=0", "train.threads=1", "model.n_layer=2",
+                                       "model.n_embd=64", "model.n_head=2", "model.n_positions=16"});
+      cfg.parallel.dp = dp;
+      cfg.parallel.sharding_stage = stage;
+      const double psi = static_cast<double>(build_model(cfg)->num_parameters()), n = dp;
+      ParallelTrainResult r = train_parallel_threads(cfg, dp, ParallelTrainOptions{.base = TrainOptions{.quiet = true}});
+      const double expect_params = 4 * psi / (stage >= 3 ? n : 1), expect_grads = 4 * psi / (stage >= 2 ? n : 1),
+                   expect_states = 8 * psi / (stage >= 1 ? n : 1);
+      const parallel::StateBytes& b = r.state_bytes;
+      const double got = static_cast<double>(b.params + b.grads + b.optimizer), expect = expect_params + expect_grads + expect_states;
+      std::printf("dp %d stage %d: parameters %lld (formula %.0f), gradients %lld (%.0f), states %lld (%.0f): %.2f%% off\n",
+                  dp, stage, static_cast<long long>(b.params), expect_params, static_cast<long long>(b.grads), expect_grads,
+                  static_cast<long long>(b.optimizer), expect_states, 100 * std::abs(got - expect) / expect);
+      EXPECT_NEAR(got, expect, 0.05 * expect) << "dp " << dp << " stage " << stage;
+      EXPECT_NEAR(static_cast<double>(b.params), expect_params, 0.05 * expect_params);
+      EXPECT_NEAR(static_cast<double>(b.grads), expect_grads, 0.05 * expect_grads);
+      EXPECT_NEAR(static_cast<double>(b.optimizer), expect_states, 0.05 * expect_states);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessel

@@ -225,6 +225,7 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     const double secs = std::chrono::duration<double>(t1 - t0).count();
     StepRecord rec{step, loss, lr, norm, static_cast<double>(t.global_batch * t.seq_len) / secs, secs};
     result.train.steps.push_back(rec);
+    result.idle_shares.push_back(runtime.idle_share());
 
     if (!options.trace_path.empty()) {
       const double base_us = micros_since_epoch(t0);
@@ -259,7 +260,7 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
                rec.tokens_per_s);
   }
   result.train.seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
-  result.idle_share = runtime.idle_share();
+  result.state_bytes = optimizer.state_bytes();
   if (!options.trace_path.empty()) {
     write_trace(options.trace_path, trace, pc.str());
     say(fmt::format("timeline written to {} (open it in https://ui.perfetto.dev or chrome://tracing)", options.trace_path));
@@ -278,6 +279,9 @@ ParallelTrainResult train_parallel_threads(const RunConfig& cfg, int nproc, cons
   spawn(nproc, [&](int rank) {
     ParallelTrainResult r = train_parallel_rank(cfg, options);
     std::lock_guard<std::mutex> lock(mu);
+    out.rank_idle_shares.resize(static_cast<size_t>(nproc));
+    std::vector<std::vector<double>> idle = std::move(out.rank_idle_shares);
+    idle[static_cast<size_t>(rank)] = r.idle_shares;
     std::map<std::string, Tensor> params = std::move(r.final_params);
     if (rank == 0) {
       params.merge(out.final_params);
@@ -286,6 +290,7 @@ ParallelTrainResult train_parallel_threads(const RunConfig& cfg, int nproc, cons
     } else {
       out.final_params.merge(params);
     }
+    out.rank_idle_shares = std::move(idle);
   }, so);
   return out;
 }

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <map>
+#include <vector>
 #include <string>
 
 #include "tessel/cli/trainer.h"
+#include "tessel/parallel/sharded_optimizer.h"
 
 namespace tessel {
 
@@ -19,7 +21,9 @@ struct ParallelTrainOptions {
 struct ParallelTrainResult {
   TrainResult train;                            // steps as every rank saw them
   std::map<std::string, Tensor> final_params;   // whole parameters this rank held (base.collect_params)
-  double idle_share = 0;                        // this rank's pipeline idle share, last step
+  std::vector<double> idle_shares;              // this rank's pipeline idle share per step
+  std::vector<std::vector<double>> rank_idle_shares;  // every rank's (thread backend)
+  parallel::StateBytes state_bytes;             // this rank's parameters, gradients, optimizer states
 };
 
 // Runs on every rank of an initialised world (world_group() of dp·tp·pp ranks).

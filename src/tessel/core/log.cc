@@ -33,7 +33,9 @@ void log_write(LogLevel level, std::string_view message) {
   static std::mutex mutex;
   static constexpr const char* kNames[] = {"debug", "info", "warn", "error"};
   const RankContext& c = rank_context();
-  std::string line = c.world_size > 1 ? fmt::format("[rank {}] {}: {}\n", c.rank, kNames[static_cast<int>(level)], message)
+  // `tessel launch` prefixes each process's lines with its rank already (and sets LOCAL_RANK).
+  static const bool launched = std::getenv("LOCAL_RANK") != nullptr;
+  std::string line = c.world_size > 1 && !launched ? fmt::format("[rank {}] {}: {}\n", c.rank, kNames[static_cast<int>(level)], message)
                                       : fmt::format("{}: {}\n", kNames[static_cast<int>(level)], message);
   std::lock_guard lock(mutex);
   std::fwrite(line.data(), 1, line.size(), stderr);

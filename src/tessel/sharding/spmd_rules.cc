@@ -101,11 +101,20 @@ SpmdDecision label_rule(const SpmdCall& c, const LabelRule& rule) {
       for (size_t i = 0; i < n; ++i) total += transition_cost(c.inputs[i], current(i), input_for(choice, i), k);
       return total;
     };
-    int best = kReplicate;
+    // Ties (common on mesh dims of size 1, where every move is free) go to the choice that
+    // changes fewest input placements: no reshard at all when the inputs already fit.
+    auto changes = [&](int choice) {
+      int count = 0;
+      for (size_t i = 0; i < n; ++i) count += input_for(choice, i) == current(i) ? 0 : 1;
+      return count;
+    };
+    int best = kReplicate, best_changes = std::numeric_limits<int>::max();
     double best_cost = std::numeric_limits<double>::infinity();
     auto consider = [&](int choice) {
-      double v = cost(choice);
-      if (v < best_cost) best = choice, best_cost = v;
+      const double v = cost(choice);
+      if (v > best_cost) return;
+      const int ch = changes(choice);
+      if (v < best_cost || ch < best_changes) best = choice, best_cost = v, best_changes = ch;
     };
     if (passthrough) consider(kPartial);
     for (size_t l = 0; l < labels.size(); ++l) consider(static_cast<int>(l));

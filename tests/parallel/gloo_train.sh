@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Hybrid layouts on Gloo ranks as real processes (started by `tessel launch`) train like one
+# rank: the loss of every step agrees with the single-rank trainer to 1e-4 (relative).
+#   tests/parallel/gloo_train.sh TESSEL_BINARY SOURCE_DIR
+set -euo pipefail
+tessel=$1
+src=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+common=(--set model.n_layer=4 --set model.n_embd=32 --set model.n_head=4 --set model.n_positions=32
+        --set train.seq_len=16 --set train.global_batch=8 --set train.micro_batch=2 --set train.steps=6
+        --set train.warmup=1 --set train.save_every=0 --set train.threads=1 --set train.dropout=0.1
+        --set log.every=1000)
+"$tessel" train "$src/configs/gpt2-tiny.yaml" "${common[@]}" --metrics "$work/one.jsonl" >/dev/null 2>&1
+
+compare() {  # compare FILE LABEL
+  awk -v label="$2" '
+    function loss(line) { match(line, /"loss":[-0-9.eE+]+/); return substr(line, RSTART + 7, RLENGTH - 7) + 0 }
+    NR == FNR { ref[FNR] = loss($0); n = FNR; next }
+    { got = loss($0); d = got - ref[FNR]; if (d < 0) d = -d; rel = d / (ref[FNR] < 0 ? -ref[FNR] : ref[FNR]);
+      if (rel > worst) worst = rel; if (rel > 1e-4) { printf "%s: step %d loss %s vs one rank %s\n", label, FNR - 1, got, ref[FNR]; bad = 1 } ; m = FNR }
+    END { if (m != n) { printf "%s: %d steps, one rank ran %d\n", label, m, n; bad = 1 }
+          printf "%s: %d steps, worst relative loss difference %.1e\n", label, m, worst; exit bad }' \
+    "$work/one.jsonl" "$1"
+}
+
+run() {  # run LABEL NPROC SETTINGS...
+  local label=$1 nproc=$2
+  shift 2
+  "$tessel" launch --nproc-per-node "$nproc" -- "$tessel" train "$src/configs/gpt2-tiny.yaml" "${common[@]}" "$@" \
+    --backend gloo --metrics "$work/$label.jsonl" >"$work/$label.log" 2>&1 || { cat "$work/$label.log"; exit 1; }
+  compare "$work/$label.jsonl" "$label"
+}
+
+run dp2-pp2-zbh1-stage2 4 --set parallel.dp=2 --set parallel.pp=2 --set parallel.schedule=ZBH1 --set parallel.sharding_stage=2
+run dp2-tp2-sp-stage3 4 --set parallel.dp=2 --set parallel.tp=2 --set parallel.sp=true --set parallel.sharding_stage=3
+run tp2-pp2-vpp 4 --set parallel.tp=2 --set parallel.pp=2 --set parallel.vpp=2 --set parallel.schedule=VPP
