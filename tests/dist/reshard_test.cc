@@ -14,6 +14,7 @@
 #include "tessel/dist/dtensor.h"
 #include "tessel/dist/mesh_comm.h"
 #include "tessel/dist/reshard.h"
+#include "validator.h"
 
 namespace tessel {
 namespace {
@@ -22,23 +23,6 @@ Tensor values(const Shape& s) {
   Tensor t = Tensor::empty(s, DType::f64);
   rng_fill(t, Distribution::uniform, -1, 1, 3, 4);
   return t;
-}
-
-std::vector<Placements> all_lists(int64_t rank, int64_t ndim) {
-  std::vector<Placement> one{Replicate(), Partial()};
-  for (int64_t d = 0; d < rank; ++d) one.push_back(Shard(d));
-  std::vector<Placements> out{{}};
-  for (int64_t m = 0; m < ndim; ++m) {
-    std::vector<Placements> next;
-    for (const Placements& p : out)
-      for (const Placement& q : one) {
-        Placements e = p;
-        e.push_back(q);
-        next.push_back(e);
-      }
-    out = next;
-  }
-  return out;
 }
 
 using Counts = std::map<std::string, std::pair<int64_t, int64_t>>;  // op -> (calls, bytes)
@@ -84,7 +68,7 @@ int minimum_collectives(const Placement& a, const Placement& b) {
 void check_mesh(const Shape& mesh_shape, const Shape& shape) {
   ProcessMesh mesh = ProcessMesh::iota(mesh_shape);
   Tensor full = values(shape);
-  std::vector<Placements> lists = all_lists(static_cast<int64_t>(shape.size()), mesh.ndim());
+  std::vector<Placements> lists = testing::placement_lists(static_cast<int64_t>(shape.size()), /*floating=*/true, mesh.ndim());
   std::vector<std::string> failures;
   std::mutex m;
   int checked = 0;

@@ -34,8 +34,6 @@ Serial serial_run(const OpCase& c) {
   return s;
 }
 
-namespace {
-// Every placement list for an input of rank r on a mesh of `ndim` dims.
 std::vector<Placements> placement_lists(int64_t rank, bool floating, int64_t ndim) {
   std::vector<Placement> one{Replicate()};
   for (int64_t d = 0; d < rank; ++d) one.push_back(Shard(d));
@@ -53,8 +51,6 @@ std::vector<Placements> placement_lists(int64_t rank, bool floating, int64_t ndi
   }
   return out;
 }
-
-}  // namespace
 
 std::vector<std::vector<Placements>> combinations(const Tensors& inputs, int64_t ndim, size_t limit, uint64_t seed) {
   std::vector<std::vector<Placements>> per;

@@ -17,6 +17,9 @@ struct Serial {
 
 // The case run on one rank: outputs, the fixed weights of its loss, and the input gradients.
 Serial serial_run(const OpCase& c);
+// Every placement list (R, S(d) for each dim, and P(sum) when `floating`) for a tensor of rank
+// `rank` on a mesh of `ndim` dims.
+std::vector<Placements> placement_lists(int64_t rank, bool floating, int64_t ndim);
 // Every placement combination for the inputs on a mesh of `ndim` dims, or `limit` of them
 // drawn deterministically from `seed` when there are more.
 std::vector<std::vector<Placements>> combinations(const Tensors& inputs, int64_t ndim, size_t limit, uint64_t seed);

@@ -245,14 +245,7 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
                  bytes_str(sb.params), bytes_str(sb.grads), bytes_str(sb.optimizer), bytes_str(peak_activations));
     }
     if (lead && metrics.is_open()) {
-      Json line = Json::Object{};
-      line["step"] = step;
-      line["loss"] = loss;
-      line["lr"] = lr;
-      line["grad_norm"] = norm;
-      line["tokens_per_s"] = rec.tokens_per_s;
-      line["step_time_s"] = secs;
-      metrics << line.dump() << '\n';
+      metrics << step_metrics(rec).dump() << '\n';
       metrics.flush();
     }
     if (lead && !options.base.quiet && (step == 0 || (step + 1) % cfg.log.every == 0 || step + 1 == t.steps))

@@ -54,6 +54,17 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const RunConfig& c, std::vector
 
 }  // namespace
 
+Json step_metrics(const StepRecord& r) {
+  Json line = Json::Object{};
+  line["step"] = r.step;
+  line["loss"] = r.loss;
+  line["lr"] = r.lr;
+  line["grad_norm"] = r.grad_norm;
+  line["tokens_per_s"] = r.tokens_per_s;
+  line["step_time_s"] = r.seconds;
+  return line;
+}
+
 TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::function<void(const StepRecord&)>& on_step) {
   const TrainSection& t = cfg.train;
   if (t.threads > 0) set_default_num_threads(static_cast<int>(t.threads));
@@ -160,13 +171,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
     result.steps.push_back(rec);
     if (on_step) on_step(rec);
     if (metrics.is_open()) {
-      Json line = Json::Object{};
-      line["step"] = step;
-      line["loss"] = loss;
-      line["lr"] = lr;
-      line["grad_norm"] = norm;
-      line["tokens_per_s"] = rec.tokens_per_s;
-      line["step_time_s"] = secs;
+      Json line = step_metrics(rec);
       line["elapsed_s"] = std::chrono::duration<double>(Clock::now() - run_start).count();
       metrics << line.dump() << '\n';
       metrics.flush();

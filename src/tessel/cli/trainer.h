@@ -33,6 +33,9 @@ struct TrainResult {
   double seconds = 0;
 };
 
+// A step's line of the JSONL metrics: step, loss, lr, grad_norm, tokens_per_s, step_time_s.
+Json step_metrics(const StepRecord& r);
+
 // Runs the config; `on_step` (optional) sees every step's record.
 TrainResult train(const RunConfig& config, const TrainOptions& options,
                   const std::function<void(const StepRecord&)>& on_step = {});

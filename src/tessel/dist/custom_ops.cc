@@ -56,8 +56,6 @@ struct CrossEntropyState {
   bool mean = true;
 };
 
-const Tensor& local_of(const Tensor& t) { return t.impl_ptr()->dist->local; }
-
 // Rows per parallel_for chunk: about kernels::kElementGrain logits.
 int64_t row_grain(int64_t Cl) { return std::max<int64_t>(1, kernels::kElementGrain / std::max<int64_t>(1, Cl)); }
 
@@ -141,7 +139,7 @@ Tensor cross_entropy_backward(const CrossEntropyState& st, double g) {
 double scalar_grad(const Tensor& g, const ProcessMesh& mesh) {
   if (!is_dist(g)) return g.item();
   Tensor r = reshard(g, mesh, Placements(static_cast<size_t>(mesh.ndim()), Replicate()));
-  return local_of(r).item();
+  return local_piece(r).item();
 }
 
 std::vector<Tensor> dist_cross_entropy(const OpDef& op, std::vector<Tensor>& inputs, const Attrs& attrs,
@@ -174,10 +172,10 @@ std::vector<Tensor> dist_cross_entropy(const OpDef& op, std::vector<Tensor>& inp
       if (dec.inputs[0][static_cast<size_t>(d)].is_shard(last)) class_dims.push_back(d);
       else if (dec.inputs[1][static_cast<size_t>(d)].is_shard()) row_dims.push_back(d);
     }
-    st->x = view::contiguous(local_of(logits));
+    st->x = view::contiguous(local_piece(logits));
     st->Cl = st->x.size(-1);
     st->c0 = st->logits_attr.local_offset(st->global, rank)[static_cast<size_t>(last)];
-    Tensor t = view::contiguous(local_of(inputs[1]));
+    Tensor t = view::contiguous(local_piece(inputs[1]));
     st->R = t.numel();
     st->targets.resize(static_cast<size_t>(st->R));
     TESSEL_DISPATCH_INDEX(t.dtype(), "cross_entropy", [&]<typename I>() {

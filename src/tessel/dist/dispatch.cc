@@ -23,8 +23,6 @@ std::map<std::string, DistImpl, std::less<>>& impls() {
   return *m;
 }
 
-const Tensor& local_of(const Tensor& t) { return t.impl_ptr()->dist->local; }
-
 Placements dual(const Placements& p) {
   Placements out = p;
   for (Placement& x : out)
@@ -46,7 +44,7 @@ class DistOpNode final : public GradNode {
       Placements want = dual(out_placements_[j]);
       if (!is_dist(g)) g = shard_tensor(g, mesh_, want);
       else if (!(dist_attr(g).mesh == mesh_) || dist_attr(g).placements != want) g = reshard(g, mesh_, want);
-      local_grads[j] = local_of(g);
+      local_grads[j] = local_piece(g);
     }
     std::vector<Tensor> grads(n_in);
     std::vector<Tensor> local_in_grads(n_in);
@@ -148,7 +146,7 @@ std::vector<Tensor> dist_call(const OpDef& op, std::vector<Tensor>& inputs, cons
   const bool in_mesh = mesh.contains(rank);
 
   std::vector<Tensor> locals;
-  for (const Tensor& t : inputs) locals.push_back(local_of(t));
+  for (const Tensor& t : inputs) locals.push_back(local_piece(t));
   std::vector<Tensor> local_outs;
   if (in_mesh) {
     GradModeGuard no_grad(false);
@@ -159,7 +157,7 @@ std::vector<Tensor> dist_call(const OpDef& op, std::vector<Tensor>& inputs, cons
   std::vector<Tensor> outs;
   for (size_t j = 0; j < visible; ++j) {
     outs.push_back(wrap_dtensor(std::move(local_outs[j]), DistAttr(mesh, dec.outputs[j]), out_metas[j].shape));
-    local_outs[j] = local_of(outs[j]);
+    local_outs[j] = local_piece(outs[j]);
   }
 
   bool record = op.backward != nullptr && grad_enabled();

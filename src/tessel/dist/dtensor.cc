@@ -74,6 +74,8 @@ Tensor wrap_dtensor(Tensor local, const DistAttr& attr, const Shape& global_shap
   return Tensor(std::move(impl));
 }
 
+const Tensor& local_piece(const Tensor& t) { return spec(t).local; }
+
 Tensor to_local(const Tensor& t) {
   const DistSpec& s = spec(t);
   Tensor out = s.local.detach();

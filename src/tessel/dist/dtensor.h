@@ -38,5 +38,7 @@ Tensor full_tensor(const Tensor& t);
 // Internal: a distributed tensor over `local` (not recorded). A `local` handed over as the only
 // handle of a tensor without autograd state is kept as it is; anything else is detached first.
 Tensor wrap_dtensor(Tensor local, const DistAttr& attr, const Shape& global_shape);
+// Internal: the local piece itself (not recorded; to_local is the differentiable form).
+const Tensor& local_piece(const Tensor& t);
 
 }  // namespace tessel

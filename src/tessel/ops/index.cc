@@ -169,16 +169,10 @@ Cost one_hot_cost(const MetaCall& c, std::span<const TensorMeta> out) { return C
 // replicated stays replicated (splitting V there would only leave a Partial to reduce).
 // one_hot ids "ab.." -> out "ab..": ids' shards pass to the leading dims; classes whole.
 
-std::string lead_labels(size_t n) {
-  std::string out;
-  for (size_t i = 0; i < n; ++i) out += static_cast<char>('a' + i);
-  return out;
-}
-
 SpmdDecision embedding_spmd(const SpmdCall& c) {
   const Shape& table = c.inputs[0].shape;
   if (table.size() != 2) return SpmdDecision{{spmd::replicated(c), spmd::replicated(c)}, {spmd::replicated(c)}};
-  const std::string lead = lead_labels(c.inputs[1].shape.size());
+  const std::string lead = spmd::dim_labels(c.inputs[1].shape.size());
   SpmdDecision d = spmd::label_rule(c, spmd::LabelRule{{"VD", lead}, lead + "D", spmd::Linearity::single});
   bool vocab = false;
   for (size_t m = 0; m < static_cast<size_t>(c.mesh_ndim()); ++m) {
@@ -195,7 +189,7 @@ SpmdDecision embedding_spmd(const SpmdCall& c) {
 }
 
 SpmdDecision one_hot_spmd(const SpmdCall& c) {
-  const std::string lead = lead_labels(c.inputs[0].shape.size());
+  const std::string lead = spmd::dim_labels(c.inputs[0].shape.size());
   return spmd::label_rule(c, spmd::LabelRule{{lead}, lead + ".", spmd::Linearity::none});
 }
 

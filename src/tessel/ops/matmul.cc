@@ -256,18 +256,12 @@ Cost linear_cost(const MetaCall& c, std::span<const TensorMeta> out) {
 // sharded with it along o, and Partial where the output is (kept on the first rank only, so
 // the sum adds it once).
 
-std::string batch_labels(size_t n) {
-  std::string out;
-  for (size_t i = 0; i < n; ++i) out += static_cast<char>('A' + i);
-  return out;
-}
-
 SpmdDecision matmul_spmd(const SpmdCall& c) {
   const Shape& a = c.inputs[0].shape;
   const Shape& b = c.inputs[1].shape;
   Shape ab(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
   Shape ob = broadcast_shapes(ab, bb, "matmul");
-  std::string batch = batch_labels(ob.size());
+  std::string batch = spmd::dim_labels(ob.size(), 'A');
   auto labels = [&](const Shape& own, bool trans, const char* mat) {
     std::string l;
     size_t lead = ob.size() - own.size();
@@ -287,7 +281,7 @@ SpmdDecision matmul_spmd(const SpmdCall& c) {
 SpmdDecision linear_spmd(const SpmdCall& c) {
   const size_t xr = c.inputs[0].shape.size();
   spmd::LabelRule r;
-  std::string batch = batch_labels(xr - 1);
+  std::string batch = spmd::dim_labels(xr - 1, 'A');
   r.inputs = {batch + "i", c.attrs.b("weight_in_out") ? "io" : "oi"};
   r.output = batch + "o";
   const bool bias = c.inputs.size() == 3;

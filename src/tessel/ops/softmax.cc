@@ -440,8 +440,7 @@ SpmdDecision cross_entropy_spmd(const SpmdCall& c) {
   const size_t nd = c.inputs[0].shape.size();
   if (nd == 0)  // infer rejects it
     return SpmdDecision{{spmd::replicated(c), spmd::replicated(c)}, {spmd::replicated(c)}};
-  std::string lead;
-  for (size_t d = 0; d + 1 < nd; ++d) lead += static_cast<char>('a' + d);
+  const std::string lead = spmd::dim_labels(nd - 1);
   spmd::LabelRule r;
   r.inputs = {lead + "z", lead};  // z: the class label, contracted into the scalar loss
   SpmdDecision d = spmd::label_rule(c, r);

@@ -1,14 +1,10 @@
 // Sharded data loading.
 #include "tessel/parallel/data.h"
 
+#include "tessel/core/shape.h"
 #include "tessel/dist/dtensor.h"
 
 namespace tessel::parallel {
-
-std::pair<int64_t, int64_t> balanced_piece(int64_t n, int64_t parts, int64_t index) {
-  const int64_t base = n / parts, extra = n % parts;
-  return {index * base + std::min(index, extra), base + (index < extra ? 1 : 0)};
-}
 
 ShardedLoader::ShardedLoader(std::shared_ptr<const TokenDataset> data, Sampler sampler, const Layout& layout,
                              int64_t global_batch, bool want_inputs, bool want_targets)
@@ -28,7 +24,7 @@ std::vector<MicroBatch> ShardedLoader::batch(int64_t step) const {
     MicroBatch& b = out[static_cast<size_t>(m)];
     b.first_row = m * mb;
     if (!want_inputs_ && !want_targets_) continue;
-    auto [offset, rows] = balanced_piece(mb, c.dp, layout_.dp_rank);
+    const int64_t offset = split_offset(mb, c.dp, layout_.dp_rank), rows = split_size(mb, c.dp, layout_.dp_rank);
     Batch local = make_batch(*data_, sampler_, step, m * mb + offset, rows);
     const Shape global{mb, local.inputs.size(1)};
     if (want_inputs_) b.inputs = dtensor_from_local(local.inputs, mesh, layout_.ids_placements(), global);

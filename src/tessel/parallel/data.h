@@ -18,9 +18,6 @@ struct MicroBatch {
   int64_t first_row = 0;   // the micro-batch's first row in the global batch
 };
 
-// Rows [offset, offset + size) of `n` split over `parts` (balanced; larger pieces first).
-std::pair<int64_t, int64_t> balanced_piece(int64_t n, int64_t parts, int64_t index);
-
 class ShardedLoader {
  public:
   // want_inputs / want_targets: whether this rank's stages need them (first / last stage).

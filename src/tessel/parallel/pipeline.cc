@@ -64,7 +64,7 @@ double PipelineRuntime::run(const ChunkForward& forward) {
         ProfileScope scope("(pipeline forward)");
         Tensor out = forward(a.chunk, a.microbatch, f.input);
         if (vs == V - 1) {
-          loss_sum += to_local(out).item();
+          loss_sum += local_piece(out).item();
           out = M == 1 ? out : scale(out, 1.0 / static_cast<double>(M));
         } else if (is_dist(out) && dist_attr(out).placements != act) {
           out = reshard(out, mesh, act);
@@ -99,8 +99,8 @@ double PipelineRuntime::run(const ChunkForward& forward) {
       case ActionKind::SEND_F:
       case ActionKind::SEND_B: {
         const bool fwd = a.kind == ActionKind::SEND_F;
-        Tensor t = view::contiguous(to_local(fwd ? f.output : f.grad_in));
-        if (t.storage().use_count() > 1 || t.offset() != 0) t = view::clone(t);
+        // Kept alive (in pending_sends) until the send completes.
+        const Tensor t = view::contiguous(local_piece(fwd ? f.output : f.grad_in));
         WorkPtr w = world->send_async(t.raw_data(), t.numel(), t.dtype(), peer_world_rank(a.peer),
                                       tag(fwd ? 0 : 1, a.microbatch, vs));
         pending_sends.emplace_back(std::move(w), t);

@@ -9,7 +9,7 @@
 #include "tessel/core/view.h"
 #include "tessel/dist/dtensor.h"
 #include "tessel/dist/mesh_comm.h"
-#include "tessel/parallel/data.h"
+#include "tessel/core/shape.h"
 
 namespace tessel::parallel {
 
@@ -43,10 +43,11 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
     s.stored = dist_attr(p->value).placements;
     s.decay = p->shape.size() >= 2;
     for (nn::Parameter* t : tied) s.tied = s.tied || t == p;
-    s.numel = to_local(p->value).numel();
+    s.numel = local_piece(p->value).numel();
     if (stage == 1 || stage == 2) {
-      for (int64_t r = 0; r < dp; ++r) s.counts.push_back(balanced_piece(s.numel, dp, r).second);
-      std::tie(s.off, s.len) = balanced_piece(s.numel, dp, layout_.dp_rank);
+      for (int64_t r = 0; r < dp; ++r) s.counts.push_back(split_size(s.numel, dp, r));
+      s.off = split_offset(s.numel, dp, layout_.dp_rank);
+      s.len = split_size(s.numel, dp, layout_.dp_rank);
     } else {
       s.off = 0;
       s.len = s.numel;
@@ -71,10 +72,10 @@ double ShardedOptimizer::step(double lr, double max_norm) {
     Tensor g = s.p->value.grad();
     Placements target = s.stored;
     if (stage == 2) target[0] = Partial();
-    if (!g.defined()) g = dtensor_from_local(Tensor::zeros(to_local(s.p->value).shape(), DType::f32), mesh, s.stored,
+    if (!g.defined()) g = dtensor_from_local(Tensor::zeros(local_piece(s.p->value).shape(), DType::f32), mesh, s.stored,
                                              s.p->value.shape());
     if (dist_attr(g).placements != target) g = reshard(g, mesh, target);
-    Tensor local = view::contiguous(to_local(g));
+    Tensor local = view::contiguous(local_piece(g));
     if (local.storage().use_count() > 1 || local.offset() != 0) local = view::clone(local);
     if (s.tied && tied_group_) tied_group_->all_reduce(local.data<float>(), local.numel(), DType::f32, ReduceOp::sum);
     Tensor shard;
@@ -114,7 +115,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
       for (int64_t k = 0; k < s.len; ++k) pc[k] = static_cast<float>(pc[k] * clip);
       g = c;
     }
-    Tensor piece = to_local(s.p->value);
+    Tensor piece = local_piece(s.p->value);
     TESSEL_ASSERT(piece.is_contiguous(), "parameter '{}': local piece is not contiguous", s.p->name);
     float* p = piece.data<float>() + s.off;
     if (options_.kind == "adamw")

@@ -151,6 +151,12 @@ SpmdDecision elementwise_rule(const SpmdCall& c, Linearity linearity) {
   return label_rule(c, elementwise_labels(c, c.inputs.size(), linearity));
 }
 
+std::string dim_labels(size_t n, char first) {
+  std::string out;
+  for (size_t i = 0; i < n; ++i) out += static_cast<char>(first + static_cast<char>(i));
+  return out;
+}
+
 SpmdDecision keep_shape_rule(const SpmdCall& c, const std::vector<int64_t>& fixed, Linearity linearity) {
   LabelRule r;
   r.linearity = linearity;

@@ -46,6 +46,9 @@ SpmdDecision elementwise_rule(const SpmdCall& c, Linearity linearity);
 
 // One input of rank r, output of the same shape, with `fixed` dims (normalised) never sharded
 // (a softmax or normalisation dim). Inputs after the first (weights) must be replicated.
+// n consecutive labels from `first`: dim_labels(3) is "abc".
+std::string dim_labels(size_t n, char first = 'a');
+
 SpmdDecision keep_shape_rule(const SpmdCall& c, const std::vector<int64_t>& fixed, Linearity linearity);
 
 // Reduction of input 0 over `dims` (normalised): a sharded reduced dim makes the output
