@@ -57,6 +57,11 @@ class GPT(nn.Module):
         logits = F.linear(s.ln_f(x), s.wte.weight)
         return F.cross_entropy(logits.view(-1, V), targets.view(-1))
 model = GPT()
+for m in model.modules():  # GPT-2's init, as tessel uses, so both start from a loss near ln(vocab)
+    if isinstance(m, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(m.weight, 0.0, 0.02)
+    if isinstance(m, nn.Linear):
+        nn.init.zeros_(m.bias)
 decay = [p for p in model.parameters() if p.dim() >= 2]
 no_decay = [p for p in model.parameters() if p.dim() < 2]
 opt = torch.optim.AdamW([{{'params': decay, 'weight_decay': 0.1}}, {{'params': no_decay, 'weight_decay': 0.0}}],

@@ -15,6 +15,7 @@ namespace tessel {
 // ---------------------------------------------------------------- work and stats
 
 void CompletionWork::wait() {
+  if (run_inline_ && !is_completed()) run_inline_();
   std::unique_lock lock(mutex_);
   done_cv_.wait(lock, [&] { return done_; });
   if (error_) std::rethrow_exception(error_);
@@ -152,6 +153,7 @@ WorkPtr ProcessGroup::enqueue(const char* op, int64_t bytes, std::function<void(
     return work;
   }
   queue_.emplace_back(std::move(job), work);
+  work->set_run_inline([this, w = work.get()] { run_inline(w); });
   if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
   queue_cv_.notify_one();
   return work;
@@ -162,29 +164,51 @@ void ProcessGroup::worker_loop() {
     std::pair<std::function<void()>, std::shared_ptr<CompletionWork>> item;
     {
       std::unique_lock lock(queue_mutex_);
-      queue_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      queue_cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !running_); });
       if (queue_.empty()) return;
       item = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
-    std::exception_ptr error;
-    {
-      std::lock_guard lock(queue_mutex_);
-      error = broken_;
-    }
-    if (error) {
-      item.second->finish(error);
-      continue;
-    }
+    run_item(item.first, *item.second);
+  }
+}
+
+// Jobs run one at a time in issue order. A thread waiting on the job at the head of the queue
+// while nothing runs takes it itself; otherwise it leaves the job to the worker.
+void ProcessGroup::run_inline(const CompletionWork* work) {
+  std::pair<std::function<void()>, std::shared_ptr<CompletionWork>> item;
+  {
+    std::lock_guard lock(queue_mutex_);
+    if (running_ || queue_.empty() || queue_.front().second.get() != work) return;
+    item = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+  }
+  run_item(item.first, *item.second);
+}
+
+void ProcessGroup::run_item(std::function<void()>& job, CompletionWork& work) {
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(queue_mutex_);
+    error = broken_;
+  }
+  if (!error) {
     try {
-      item.first();
+      job();
     } catch (...) {
       error = std::current_exception();
       std::lock_guard lock(queue_mutex_);
-      broken_ = error;
+      if (!broken_) broken_ = error;
     }
-    item.second->finish(error);
   }
+  {
+    std::lock_guard lock(queue_mutex_);
+    running_ = false;
+  }
+  queue_cv_.notify_one();
+  work.finish(error);
 }
 
 void ProcessGroup::check_rank(int r, const char* what) const {
