@@ -31,18 +31,6 @@ double bus_factor(const std::string& op, int n) {
   return 1.0;  // broadcast, send_recv
 }
 
-double memcpy_gbps(size_t bytes) {
-  std::vector<char> a(bytes, 1), b(bytes, 2);
-  std::vector<double> t;
-  for (int rep = 0; rep < 5; ++rep) {
-    auto t0 = Clock::now();
-    std::memcpy(b.data(), a.data(), bytes);
-    t.push_back(seconds_since(t0));
-  }
-  std::sort(t.begin(), t.end());
-  return static_cast<double>(bytes) / t[2] / 1e9;
-}
-
 // One size: `size` is nccl-tests' column (the all_gather output, the reduce_scatter input,
 // the buffer otherwise). Returns seconds per iteration on this rank.
 struct Row {
@@ -113,7 +101,7 @@ Row measure(ProcessGroup& g, const std::string& op, int64_t size, int iterations
 void body(ProcessGroup& g, const CommBenchOptions& o, const std::string& how) {
   const int n = g.size();
   double memcpy_bw = 0;
-  if (g.rank() == 0) memcpy_bw = memcpy_gbps(static_cast<size_t>(std::min<int64_t>(o.max_bytes, 256 << 20)));
+  if (g.rank() == 0) memcpy_bw = measure_memcpy_bandwidth(std::min<int64_t>(o.max_bytes, 256 << 20)) / 1e9;
   g.barrier();
   bool gloo = g.backend() == "gloo" && o.op == "all_reduce";
   if (g.rank() == 0) {
@@ -141,6 +129,19 @@ void body(ProcessGroup& g, const CommBenchOptions& o, const std::string& how) {
 }
 
 }  // namespace
+
+double measure_memcpy_bandwidth(int64_t bytes) {
+  const size_t n = static_cast<size_t>(bytes);
+  std::vector<char> a(n, 1), b(n, 2);
+  std::vector<double> t;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    t.push_back(seconds_since(t0));
+  }
+  std::sort(t.begin(), t.end());
+  return static_cast<double>(bytes) / t[2];
+}
 
 int run_comm_bench(const CommBenchOptions& o) {
   static const char* kOps[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"};

@@ -3,6 +3,7 @@
 // bandwidth measured in the same run; on Gloo also beside Gloo's own ring all_reduce.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "tessel/comm/store.h"
@@ -19,5 +20,8 @@ struct CommBenchOptions {
 
 // Runs the benchmark and prints the table on rank 0; returns the exit status.
 int run_comm_bench(const CommBenchOptions& options);
+
+// Bytes copied per second by one thread's memcpy of `bytes` (median of 5 copies).
+double measure_memcpy_bandwidth(int64_t bytes = 256 << 20);
 
 }  // namespace tessel

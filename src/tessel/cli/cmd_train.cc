@@ -4,6 +4,8 @@
 #include "tessel/cli/bench_train.h"
 #include "tessel/cli/commands.h"
 #include "tessel/cli/parallel_trainer.h"
+#include "tessel/cli/plan_support.h"
+#include "tessel/cli/cluster_detect.h"
 #include "tessel/cli/trainer.h"
 #include "tessel/comm/world.h"
 #include "tessel/core/log.h"
@@ -22,12 +24,16 @@ RunConfig load_or_bad_input(const std::string& path, const std::vector<std::stri
 
 std::vector<Command> register_train(CLI::App& app) {
   struct Args {
-    std::string config, metrics, save, resume, trace, backend = "thread";
+    std::string config, metrics, save, resume, trace, backend = "thread", plan;
     std::vector<std::string> sets;
     int nproc = 0;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("train", "train a model from a YAML config");
+  cmd->add_option("--plan", a->plan,
+                  "auto: let the planner choose the parallel section for --nproc thread ranks (default: one per core) "
+                  "on this machine, measured as `tessel cluster detect` does; replaces the config's parallel section")
+      ->check(CLI::IsMember({"auto"}));
   cmd->add_option("config", a->config, "training config (YAML)")->required();
   cmd->add_option("--set", a->sets, "override a config value, e.g. --set train.lr=3e-4 (repeatable)");
   cmd->add_option("--metrics", a->metrics, "write one JSON line of metrics per step to this file");
@@ -42,6 +48,20 @@ std::vector<Command> register_train(CLI::App& app) {
   cmd->add_option("--trace", a->trace, "write a Chrome-trace/Perfetto timeline (one row per rank) to this JSON file");
   return {{cmd, [a] {
              RunConfig cfg = load_or_bad_input(a->config, a->sets);
+             if (a->plan == "auto") {
+               if (a->backend == "gloo") throw BadInput("--plan auto plans thread ranks; use it with --backend thread");
+               const int nproc = a->nproc > 0 ? a->nproc : static_cast<int>(probe_topology().cores);
+               plan::Estimate e;
+               try {
+                 e = auto_layout(cfg, nproc, true);
+               } catch (const Error& err) {
+                 throw BadInput(err.what());
+               }
+               apply_layout(cfg, e.layout);
+               log_info("--plan auto: {} (predicted {:.3f} s/step, {:.0f} tokens/s, {:.2f} GB per rank); as a config:\n{}",
+                        e.layout.str(), e.step_time, e.tokens_per_s, e.memory.total() / 1e9,
+                        plan::parallel_yaml(e.layout));
+             }
              const int64_t ranks = cfg.parallel.world_size();
              const TrainOptions base{.metrics_path = a->metrics, .save_dir = a->save, .resume_dir = a->resume};
              if (a->backend == "gloo" || ranks > 1 || a->nproc > 1 || !a->trace.empty()) {

@@ -22,7 +22,9 @@ struct Command {
 
 std::vector<Command> register_train(CLI::App& app);   // train
 std::vector<Command> register_bench(CLI::App& app);   // bench train, bench comm
+std::vector<Command> register_cluster(CLI::App& app); // cluster detect
 std::vector<Command> register_launch(CLI::App& app);  // launch
+std::vector<Command> register_plan(CLI::App& app);    // plan
 std::vector<Command> register_explain(CLI::App& app); // explain-reshard
 
 }  // namespace tessel

@@ -1,4 +1,4 @@
-// The tessel command line: train, launch, bench, explain-reshard.
+// The tessel command line: train, launch, plan, bench, cluster, explain-reshard.
 //
 // Exit status: 0 on success, 2 for bad input (unknown flag, bad config, missing file),
 // 1 when a run fails after it started.
@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "tessel 0.1.0");
   std::vector<Command> commands;
-  for (auto* reg : {register_train, register_launch, register_bench, register_explain})
+  for (auto* reg : {register_train, register_launch, register_plan, register_bench, register_cluster, register_explain})
     for (Command& c : reg(app)) commands.push_back(std::move(c));
 
   try {

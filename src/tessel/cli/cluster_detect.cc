@@ -1,0 +1,299 @@
+// Measuring this machine as the `local` cluster. Each figure is timed the way the cost model
+// will use it: one rank's sgemm, one thread's memcpy, the thread backend's all_reduce between
+// two ranks, one tiny op through the normal dispatch. Budget: a few seconds in all.
+#include "tessel/cli/cluster_detect.h"
+
+#include <cblas.h>
+#include <hwloc.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <thread>
+#include <vector>
+
+#include "tessel/cli/bench_comm.h"
+#include "tessel/cli/bench_train.h"
+#include "tessel/comm/thread_backend.h"
+#include "tessel/comm/world.h"
+#include "tessel/core/context.h"
+#include "tessel/core/error.h"
+#include "tessel/core/thread_pool.h"
+#include "tessel/ops/ops.h"
+
+namespace tessel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Measured figures keep four significant digits: timing noise over a few seconds is larger.
+double sig4(double x) { return std::stod(fmt::format("{:.4g}", x)); }
+
+std::string bytes_text(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return fmt::format("{:.{}f} {}", b, b == static_cast<int64_t>(b) ? 0 : 1, units[u]);
+}
+
+// The process default thread count (intra-op pool and BLAS) for a scope.
+class ThreadsScope {
+ public:
+  explicit ThreadsScope(int n) : before_(current_num_threads()) { set_default_num_threads(n); }
+  ~ThreadsScope() { set_default_num_threads(before_); }
+
+ private:
+  int before_;
+};
+
+// n x n x n sgemm operands; rate(reps) is the FLOP/s of `reps` calls in a row.
+struct Square {
+  int n;
+  std::vector<float> a, b, c;
+  explicit Square(int size) : n(size), a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size()) {}
+  double rate(int reps) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < reps; ++i)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    return 2.0 * n * n * static_cast<double>(n) * reps / seconds_since(t0);
+  }
+};
+
+struct SmallGemm {
+  double rate = 0, share = 0;  // FLOP/s of 64^3, and its share of the 1024^3 rate
+};
+
+// A 64x64x64 sgemm against a 1024^3 one, timed in alternation (~20 ms each per round); the
+// share is the median of the per-round ratios, so drifting machine load hits both alike.
+SmallGemm measure_small_gemm() {
+  Square small(64), big(1024);
+  small.rate(1);
+  big.rate(1);
+  auto t0 = Clock::now();
+  small.rate(10);
+  int reps = static_cast<int>(std::clamp(0.02 / std::max(seconds_since(t0) / 10, 1e-9), 1.0, 1e5));
+  std::vector<double> rates, shares;
+  for (int round = 0; round < 7; ++round) {
+    double r = small.rate(reps);
+    rates.push_back(r);
+    shares.push_back(r / big.rate(1));
+  }
+  return {median(rates), median(shares)};
+}
+
+struct CommFigures {
+  double busbw = 0, latency = 0;
+};
+
+// all_reduce on the thread backend with two ranks of one thread each: bus bandwidth of 16 MiB
+// (2(n-1)/n * bytes / time) and the time of a 4-byte one.
+CommFigures measure_thread_all_reduce() {
+  constexpr int kRanks = 2;
+  constexpr int64_t kBig = 16 << 20;
+  CommFigures out;
+  spawn(
+      kRanks,
+      [&](int rank) {
+        ProcessGroup& g = *world_group();
+        std::vector<float> big(kBig / 4, 0.0f);
+        float small = 0;
+        for (int i = 0; i < 2; ++i) g.all_reduce(big.data(), kBig / 4, DType::f32, ReduceOp::sum);
+        std::vector<double> times;
+        for (int i = 0; i < 7; ++i) {
+          g.barrier();
+          auto t0 = Clock::now();
+          g.all_reduce(big.data(), kBig / 4, DType::f32, ReduceOp::sum);
+          times.push_back(seconds_since(t0));
+        }
+        for (int i = 0; i < 50; ++i) g.all_reduce(&small, 1, DType::f32, ReduceOp::sum);
+        std::vector<double> lat;
+        for (int batch = 0; batch < 5; ++batch) {
+          g.barrier();
+          auto t0 = Clock::now();
+          for (int i = 0; i < 200; ++i) g.all_reduce(&small, 1, DType::f32, ReduceOp::sum);
+          lat.push_back(seconds_since(t0) / 200);
+        }
+        if (rank != 0) return;
+        out.busbw = 2.0 * (kRanks - 1) / kRanks * static_cast<double>(kBig) / median(times);
+        out.latency = median(lat);
+      },
+      SpawnOptions{.threads_per_rank = 1});
+  return out;
+}
+
+// Seconds per `add` of two 4-element f32 tensors through the op dispatch (median of 5 batches
+// of 2000).
+double measure_op_overhead() {
+  NoGradGuard no_grad;
+  Tensor a = Tensor::ones({4}), b = Tensor::ones({4});
+  for (int i = 0; i < 200; ++i) a = add(a, b);
+  std::vector<double> per_op;
+  for (int batch = 0; batch < 5; ++batch) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < 2000; ++i) a = add(a, b);
+    per_op.push_back(seconds_since(t0) / 2000);
+  }
+  return median(per_op);
+}
+
+std::string hostname() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "unknown host";
+  return host;
+}
+
+std::string today() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::localtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+std::string MachineTopology::str() const {
+  auto cache = [](const char* name, int64_t bytes, int count) {
+    return bytes > 0 ? fmt::format(", {} {} x{}", name, bytes_text(static_cast<double>(bytes)), count) : std::string();
+  };
+  std::string numa_memory = numa_memory_bytes > 0 && numa_memory_bytes != memory_bytes
+                                ? fmt::format(" ({} in NUMA nodes)", bytes_text(numa_memory_bytes))
+                                : std::string();
+  return fmt::format("{} physical cores, {} PUs, {} NUMA node{}, {} memory{}{}{}{}", cores, pus, numa_nodes,
+                     numa_nodes == 1 ? "" : "s", bytes_text(memory_bytes), numa_memory,
+                     cache("L1d", l1_bytes, l1_count), cache("L2", l2_bytes, l2_count), cache("L3", l3_bytes, l3_count));
+}
+
+MachineTopology probe_topology() {
+  MachineTopology m;
+  hwloc_topology_t topo;
+  const bool initialised = hwloc_topology_init(&topo) == 0;
+  if (initialised && hwloc_topology_load(topo) == 0) {
+    auto count = [&](hwloc_obj_type_t type) { return std::max(0, hwloc_get_nbobjs_by_type(topo, type)); };
+    auto cache = [&](hwloc_obj_type_t type, int64_t& bytes, int& n) {
+      n = count(type);
+      hwloc_obj_t o = hwloc_get_obj_by_type(topo, type, 0);
+      bytes = o != nullptr ? static_cast<int64_t>(o->attr->cache.size) : 0;
+    };
+    m.cores = count(HWLOC_OBJ_CORE);
+    m.pus = count(HWLOC_OBJ_PU);
+    m.numa_nodes = count(HWLOC_OBJ_NUMANODE);
+    cache(HWLOC_OBJ_L1CACHE, m.l1_bytes, m.l1_count);
+    cache(HWLOC_OBJ_L2CACHE, m.l2_bytes, m.l2_count);
+    cache(HWLOC_OBJ_L3CACHE, m.l3_bytes, m.l3_count);
+    m.numa_memory_bytes = static_cast<double>(hwloc_get_root_obj(topo)->total_memory);
+    if (hwloc_obj_t pkg = hwloc_get_obj_by_type(topo, HWLOC_OBJ_PACKAGE, 0))
+      if (const char* model = hwloc_obj_get_info_by_name(pkg, "CPUModel")) m.cpu_model = model;
+  }
+  if (initialised) hwloc_topology_destroy(topo);
+  // What hwloc could not tell, from the OS.
+  if (m.pus <= 0) m.pus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (m.cores <= 0) m.cores = m.pus;
+  if (m.numa_nodes <= 0) m.numa_nodes = 1;
+  m.memory_bytes = std::max(m.numa_memory_bytes, static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE));
+  return m;
+}
+
+plan::Cluster detect_local_cluster(int ranks, bool verbose) {
+  auto progress = [&](const char* what) {
+    if (verbose) std::fprintf(stderr, "cluster detect: %s\n", what);
+  };
+  progress("reading the topology (hwloc)...");
+  MachineTopology m = probe_topology();
+  if (ranks <= 0) ranks = m.cores;
+  TESSEL_CHECK(ranks >= 1, "cluster detect: --ranks {}: need at least one rank", ranks);
+  // A rank's BLAS threads are its share of the cores (one each when ranks >= cores).
+  const int threads = std::max(1, m.cores / ranks);
+  const std::string origin = fmt::format("measured by tessel cluster detect on {}, {}", hostname(), today());
+
+  double peak = 0;
+  SmallGemm g64;
+  {
+    ThreadsScope scope(threads);
+    progress(fmt::format("measuring sgemm peak ({} BLAS thread{})...", threads, threads == 1 ? "" : "s").c_str());
+    peak = measure_sgemm_peak();  // FLOP/s despite its "GFLOP/s" comment: 2n^3 / seconds
+    progress("measuring sgemm at 64x64x64 against 1024x1024x1024...");
+    g64 = measure_small_gemm();
+  }
+  // eff(64) = 64 / (64 + half), so half = 64 (1/eff - 1).
+  const double eff64 = std::min(1.0, g64.share);
+  const double half = std::clamp(64.0 * (1.0 / eff64 - 1.0), 1.0, 4096.0);
+
+  progress("measuring memcpy bandwidth (one thread, 256 MiB)...");
+  const double copied = measure_memcpy_bandwidth();
+  progress("measuring all_reduce on the thread backend (2 ranks)...");
+  CommFigures comm = measure_thread_all_reduce();
+  progress("measuring op dispatch overhead...");
+  const double overhead = measure_op_overhead();
+
+  plan::Cluster c;
+  c.name = "local";
+  c.nodes = 1;
+  c.devices_per_node = ranks;
+  c.cores_per_node = m.cores;
+  c.dtype = "f32";
+  c.device.name = m.cpu_model.empty() ? "cpu" : m.cpu_model;
+  c.device.peak_flops = {{"f32", sig4(peak)}};
+  c.device.memory_bytes = m.memory_bytes / ranks;
+  // A copy reads and writes every byte: the memory traffic is twice the bytes copied.
+  c.device.memory_bandwidth = sig4(2 * copied);
+  c.intra = plan::Link{"shm", sig4(comm.busbw), sig4(comm.latency)};
+  c.inter = plan::Link{"loopback", c.intra.bandwidth, c.intra.latency};
+  c.nics_per_node = 0;
+  plan::Calibration& k = c.calibration;
+  k.gemm_efficiency = 1.0;
+  k.gemm_half_dim = sig4(half);
+  k.memory_efficiency = 1.0;
+  k.link_efficiency = 1.0;
+  k.op_overhead = sig4(overhead);
+  k.fragmentation = 0;
+  k.reserved_bytes = 0;
+  k.sources = {
+      {"machine", fmt::format("hwloc: {}; {} ranks; {}", m.str(), ranks, origin)},
+      {"peak_flops", fmt::format("best median cblas_sgemm of 1024^3 and 1536^3 with {} thread{}: {:.2f} GFLOP/s; {}",
+                                 threads, threads == 1 ? "" : "s", peak / 1e9, origin)},
+      {"memory_bandwidth", fmt::format("single-thread memcpy of 256 MiB: {:.2f} GB/s copied, twice that in read+write "
+                                       "traffic; {}",
+                                       copied / 1e9, origin)},
+      {"memory_bytes", fmt::format("total memory {} / {} ranks", bytes_text(m.memory_bytes), ranks)},
+      {"intra", fmt::format("thread-backend all_reduce, 2 ranks: busbw {:.2f} GB/s at 16 MiB, {:.1f} us at 4 bytes; "
+                            "inter is the same (one node); {}",
+                            comm.busbw / 1e9, comm.latency * 1e6, origin)},
+      {"gemm_efficiency", "1.0: peak_flops is the measured achievable sgemm rate"},
+      {"gemm_half_dim", fmt::format("sgemm 64x64x64 reaches {:.2f} GFLOP/s, {:.1f}% of a 1024^3 sgemm timed in "
+                                    "alternation; 64/(64+half) = that share, clamped to [1, 4096]; {}",
+                                    g64.rate / 1e9, 100 * g64.share, origin)},
+      {"memory_efficiency", "1.0: memory_bandwidth is the measured memcpy roof"},
+      {"link_efficiency", "1.0: the link bandwidth is the measured all_reduce busbw"},
+      {"op_overhead", fmt::format("median time of add() on two 4-element f32 tensors through the op dispatch: "
+                                  "{:.2f} us; {}",
+                                  overhead * 1e6, origin)},
+      {"fragmentation", "0: host memory (malloc), no caching allocator"},
+      {"reserved_bytes", "0: no device context or communication buffers beyond the process"},
+  };
+  return c;
+}
+
+std::string local_cluster_yaml(const plan::Cluster& c) {
+  std::string out = "# The `local` cluster: this machine as tessel cluster detect measured it.\n";
+  if (auto it = c.calibration.sources.find("machine"); it != c.calibration.sources.end())
+    out += "# " + it->second + "\n";
+  out += fmt::format("# device = one thread rank: {} ranks on {} cores (compute share {:.2f} with all ranks)\n",
+                     c.devices_per_node, c.cores_per_node, c.compute_share(c.devices_per_node));
+  out += fmt::format("# sgemm peak {:.2f} GFLOP/s; memory {:.2f} GB/s (read+write); all_reduce busbw {:.2f} GB/s, "
+                     "latency {:.1f} us; {:.2f} us per op\n",
+                     c.peak() / 1e9, c.device.memory_bandwidth / 1e9, c.intra.bandwidth / 1e9, c.intra.latency * 1e6,
+                     c.calibration.op_overhead * 1e6);
+  return out + c.to_yaml();
+}
+
+}  // namespace tessel

@@ -1,0 +1,258 @@
+// `tessel plan`: the best layouts of a model on a cluster, or one layout's estimate, with the
+// breakdown of each; `--published` checks the cost model against Narayanan et al. 2021.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "tessel/cli/commands.h"
+#include "tessel/cli/plan_support.h"
+#include "tessel/core/error.h"
+#include "tessel/plan/published.h"
+
+namespace tessel {
+
+namespace {
+
+std::string gb(double bytes) { return fmt::format("{:.3g}", bytes / 1e9); }
+
+void print_table(const std::vector<plan::Estimate>& plans, const plan::Cluster& c) {
+  std::printf("%-3s %-78s %9s %11s %8s %6s %8s\n", "#", "layout", "step s", "tokens/s", "TFLOP/s", "MFU", "mem GB");
+  int i = 0;
+  for (const plan::Estimate& e : plans) {
+    std::printf("%-3d %-78s %9.3f %11.0f %8.1f %5.1f%% %8s%s\n", ++i, e.layout.str().c_str(), e.step_time,
+                e.tokens_per_s, e.tflops_per_device, 100 * e.mfu, gb(e.memory.total()).c_str(),
+                e.fits ? "" : " (does not fit)");
+    std::printf("    time: compute %.3f s, tensor-parallel comm %.3f s, pipeline sends %.3f s, bubble %.3f s, "
+                "data-parallel comm %.3f s, optimizer %.3f s\n",
+                e.compute, e.tp_comm, e.pp_comm, e.bubble, e.dp_comm, e.optimizer);
+    std::printf("    memory (GB of %s): params %s, grads %s, optimizer %s, activations %s, reserved+fragmentation %s\n",
+                gb(c.device.memory_bytes).c_str(), gb(e.memory.params).c_str(), gb(e.memory.grads).c_str(),
+                gb(e.memory.optimizer).c_str(), gb(e.memory.activations).c_str(), gb(e.memory.other).c_str());
+    std::printf("    ranks (innermost first): %s\n", fmt::format("{}", fmt::join(e.mapping.order, ", ")).c_str());
+    for (const std::string& why : e.mapping.reasons) std::printf("      %s\n", why.c_str());
+  }
+}
+
+// A self-contained SVG: per plan a bar of the step split into its parts, and a bar of memory
+// by kind against the device's capacity.
+void write_svg(const std::string& path, const std::vector<plan::Estimate>& plans, const plan::Cluster& c,
+               const std::string& title) {
+  std::ofstream out(path);
+  TESSEL_CHECK(out.good(), "--svg: cannot write '{}'", path);
+  const int row = 64, left = 40, width = 560, top = 50;
+  const int height = top + row * static_cast<int>(plans.size()) + 60;
+  double max_time = 0;
+  for (const plan::Estimate& e : plans) max_time = std::max(max_time, e.step_time);
+  out << fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
+      "font-size=\"11\">\n<text x=\"{}\" y=\"20\" font-size=\"14\">{}</text>\n",
+      left + 2 * width + 80, height, left, title);
+  out << fmt::format("<text x=\"{}\" y=\"40\">step time (s)</text><text x=\"{}\" y=\"40\">memory per device (GB of "
+                     "{:.0f})</text>\n",
+                     left, left + width + 40, c.device.memory_bytes / 1e9);
+  const char* time_colors[] = {"#4878d0", "#ee854a", "#6acc64", "#d65f5f", "#956cb4", "#8c613c"};
+  const char* time_names[] = {"compute", "tp comm", "pp sends", "bubble", "dp comm", "optimizer"};
+  const char* mem_names[] = {"params", "grads", "optimizer", "activations", "other"};
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const plan::Estimate& e = plans[i];
+    const int y = top + row * static_cast<int>(i);
+    out << fmt::format("<text x=\"{}\" y=\"{}\">#{} {} — {:.3g} s, {:.0f} tokens/s, MFU {:.1f}%</text>\n", left, y + 12,
+                       i + 1, e.layout.str(), e.step_time, e.tokens_per_s, 100 * e.mfu);
+    const double parts[] = {e.compute, e.tp_comm, e.pp_comm, e.bubble, e.dp_comm, e.optimizer};
+    double x = left;
+    for (int k = 0; k < 6; ++k) {
+      const double w = max_time > 0 ? parts[k] / max_time * width : 0;
+      out << fmt::format("<rect x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"18\" fill=\"{}\"><title>{}: {:.4g} "
+                         "s</title></rect>\n",
+                         x, y + 18, w, time_colors[k], time_names[k], parts[k]);
+      x += w;
+    }
+    const double mem[] = {e.memory.params, e.memory.grads, e.memory.optimizer, e.memory.activations, e.memory.other};
+    x = left + width + 40;
+    for (int k = 0; k < 5; ++k) {
+      const double w = mem[k] / c.device.memory_bytes * width;
+      out << fmt::format("<rect x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"18\" fill=\"{}\"><title>{}: {:.3g} "
+                         "GB</title></rect>\n",
+                         x, y + 18, w, time_colors[k], mem_names[k], mem[k] / 1e9);
+      x += w;
+    }
+    out << fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"18\" fill=\"none\" stroke=\"#333\"/>\n",
+                       left + width + 40, y + 18, width);
+  }
+  int x = left;
+  const int ly = top + row * static_cast<int>(plans.size()) + 20;
+  for (int k = 0; k < 6; ++k) {
+    out << fmt::format("<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{} / "
+                       "{}</text>\n",
+                       x, ly, time_colors[k], x + 14, ly + 9, time_names[k], k < 5 ? mem_names[k] : "-");
+    x += 150;
+  }
+  out << "</svg>\n";
+}
+
+int run_published(const std::string& format) {
+  std::vector<plan::PublishedRun> rows = plan::narayanan2021_table1();
+  Json all = Json::Array{};
+  double sum = 0;
+  if (format == "table")
+    std::printf("Narayanan et al. 2021, Table 1 (A100-80GB, full recompute, interleaved schedule)\n%-10s %6s %-44s "
+                "%9s %9s %7s %8s %10s %-44s %9s\n",
+                "model", "GPUs", "published layout", "published", "predicted", "error", "mem GB", "best plan",
+                "layout", "best mem");
+  for (const plan::PublishedRun& r : rows) {
+    plan::Cluster c = plan::cluster_preset(r.cluster);
+    plan::ModelSpec m = plan::model_preset(r.model);
+    plan::Estimate e = plan::evaluate(m, c, r.layout, r.global_batch);
+    plan::PlanOptions o;
+    o.global_batch = r.global_batch;
+    o.top = 1;
+    plan::SearchResult s = plan::search(m, c, o);
+    const double err = e.tflops_per_device / r.tflops_per_device - 1;
+    sum += std::abs(err);
+    const plan::Estimate* best = s.best.empty() ? nullptr : &s.best.front();
+    if (format == "table") {
+      std::printf("%-10s %6d %-44s %9.0f %9.1f %+6.1f%% %8s %10.1f %-44s %9s\n", r.model.c_str(), c.devices(),
+                  fmt::format("dp={},tp={},pp={},vpp={}", r.layout.dp, r.layout.tp, r.layout.pp, r.layout.vpp).c_str(),
+                  r.tflops_per_device, e.tflops_per_device, 100 * err, gb(e.memory.total()).c_str(),
+                  best ? best->tflops_per_device : 0.0,
+                  best ? fmt::format("dp={},tp={},pp={},vpp={},mbs={},z{},{}{}", best->layout.dp, best->layout.tp,
+                                     best->layout.pp, best->layout.vpp, best->layout.micro_batch,
+                                     best->layout.sharding_stage, best->layout.recompute,
+                                     best->layout.sp ? ",sp" : "")
+                                 .c_str()
+                       : "none fits",
+                  best ? gb(best->memory.total()).c_str() : "-");
+    }
+    Json j = Json::Object{};
+    j["model"] = r.model;
+    j["cluster"] = r.cluster;
+    j["published_tflops_per_device"] = r.tflops_per_device;
+    j["predicted"] = e.to_json();
+    if (best) j["best"] = best->to_json();
+    all.push_back(j);
+  }
+  if (format == "table") {
+    std::printf("mean absolute error of predicted vs published TFLOP/s per GPU: %.1f%%\n",
+                100 * sum / static_cast<double>(rows.size()));
+    std::printf("TFLOP/s count recompute, as the paper's do (96·B·s·l·h²·(1 + s/6h + V/16lh) per step).\n");
+  } else {
+    std::printf("%s\n", all.dump().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::vector<Command> register_plan(CLI::App& app) {
+  struct Args {
+    std::string model, cluster, format = "table", layout, svg;
+    int64_t global_batch = 0, seq_len = 0;
+    int top = 5;
+    bool published = false, quiet = false;
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "predict step time, throughput and memory of parallel layouts and pick the best");
+  cmd->footer(fmt::format(
+      "Model presets: {}.\nCluster presets (append :N for N devices): {}; local[:N] measures this machine for N thread "
+      "ranks; or a cluster YAML file (see `tessel cluster detect`).\nExamples:\n  tessel plan --model gpt-1t --cluster "
+      "dgx-a100-80g:3072 --global-batch 3072\n  tessel plan --model gpt-1t --cluster dgx-a100-80g:3072 --global-batch "
+      "3072 --layout dp=6,tp=8,pp=64,vpp=2,mbs=1,recompute=full\n  tessel plan --model configs/gpt2-tiny.yaml --cluster "
+      "local:4 --format yaml\n  tessel plan --published",
+      fmt::join(plan::model_preset_names(), ", "), fmt::join(plan::cluster_preset_names(), ", ")));
+  cmd->add_option("--model", a->model, "a model preset or a training config (YAML)");
+  cmd->add_option("--cluster", a->cluster, "PRESET:N, local[:N] or a cluster YAML file");
+  cmd->add_option("--global-batch", a->global_batch, "sequences per step (default: the config's train.global_batch)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--seq-len", a->seq_len, "sequence length (default: the preset's or the config's)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--top", a->top, "how many plans to show (default 5)")->check(CLI::PositiveNumber);
+  cmd->add_option("--format", a->format, "table, json (every plan with its parts) or yaml (the best plan as the "
+                                         "parallel: section of a training config)")
+      ->check(CLI::IsMember({"table", "json", "yaml"}));
+  cmd->add_option("--layout", a->layout,
+                  "evaluate this layout instead of searching, e.g. dp=6,tp=8,pp=64,vpp=2,mbs=1,sharding_stage=0,"
+                  "sp=false,recompute=full (schedule=1F1B|VPP|ZBH1|FThenB)");
+  cmd->add_option("--svg", a->svg, "also draw the plans (time and memory bars) into this SVG file");
+  cmd->add_flag("--published", a->published,
+                "compare predictions with Narayanan et al. 2021 Table 1 (GPT 1.7B-1T on A100s) and show the "
+                "planner's best plan for each row");
+  cmd->add_flag("--quiet", a->quiet, "no progress lines while measuring this machine");
+  return {{cmd, [a] {
+             if (a->published) return run_published(a->format);
+             if (a->model.empty() || a->cluster.empty())
+               throw BadInput("tessel plan needs --model and --cluster (or --published); see tessel plan --help");
+             RunConfig config;
+             plan::ModelSpec m;
+             plan::Cluster c;
+             try {
+               m = resolve_model(a->model, &config);
+               c = resolve_cluster(a->cluster, !a->quiet && a->format == "table");
+             } catch (const Error& e) {
+               throw BadInput(e.what());
+             }
+             if (a->seq_len > 0) m.seq = a->seq_len;
+             int64_t batch = a->global_batch;
+             if (batch == 0 && !plan::is_model_preset(a->model)) batch = config.train.global_batch;
+             if (batch == 0) throw BadInput("--global-batch is required with a model preset");
+             std::vector<plan::Estimate> plans;
+             Json search_info = Json::Object{};
+             if (!a->layout.empty()) {
+               try {
+                 plans.push_back(plan::evaluate(m, c, plan::parse_layout(a->layout, batch, c.devices()), batch));
+               } catch (const Error& e) {
+                 throw BadInput(e.what());
+               }
+             } else {
+               plan::PlanOptions o;
+               o.global_batch = batch;
+               o.top = a->top;
+               plan::SearchResult r = plan::search(m, c, o);
+               if (r.best.empty())
+                 throw BadInput(fmt::format("no layout of {} on {} devices fits in {} GB per device ({} layouts tried)",
+                                            m.name, c.devices(), c.device.memory_bytes / 1e9, r.candidates));
+               plans = r.best;
+               search_info["candidates"] = r.candidates;
+               search_info["feasible"] = r.feasible;
+               search_info["simulated"] = r.simulated;
+               search_info["seconds"] = r.seconds;
+               if (a->format == "table")
+                 std::printf("%s (%.3g B parameters, seq %lld) on %s: %d devices of %s, global batch %lld; searched "
+                             "%lld layouts (%lld fit, %lld schedules played) in %.2f s\n",
+                             m.name.c_str(), m.parameters() / 1e9, static_cast<long long>(m.seq), c.name.c_str(),
+                             c.devices(), c.device.name.c_str(), static_cast<long long>(batch),
+                             static_cast<long long>(r.candidates), static_cast<long long>(r.feasible),
+                             static_cast<long long>(r.simulated), r.seconds);
+             }
+             if (!a->svg.empty())
+               write_svg(a->svg, plans, c, fmt::format("{} on {} ({} devices), global batch {}", m.name, c.name,
+                                                       c.devices(), batch));
+             if (a->format == "json") {
+               Json j = Json::Object{};
+               j["model"] = m.name;
+               j["parameters"] = m.parameters();
+               j["cluster"] = c.name;
+               j["devices"] = c.devices();
+               j["global_batch"] = batch;
+               j["seq_len"] = m.seq;
+               j["search"] = search_info;
+               Json list = Json::Array{};
+               for (const plan::Estimate& e : plans) list.push_back(e.to_json());
+               j["plans"] = list;
+               std::printf("%s\n", j.dump().c_str());
+             } else if (a->format == "yaml") {
+               const plan::Estimate& e = plans.front();
+               std::printf("# tessel plan: %s on %s, global batch %lld: %.4g s/step, %.0f tokens/s, %.1f TFLOP/s per "
+                           "device, MFU %.1f%%, %.1f GB per device\n# ranks innermost first: %s\n%s",
+                           m.name.c_str(), c.name.c_str(), static_cast<long long>(batch), e.step_time, e.tokens_per_s,
+                           e.tflops_per_device, 100 * e.mfu, e.memory.total() / 1e9,
+                           fmt::format("{}", fmt::join(e.mapping.order, ", ")).c_str(),
+                           plan::parallel_yaml(e.layout).c_str());
+             } else {
+               print_table(plans, c);
+             }
+             return 0;
+           }}};
+}
+
+}  // namespace tessel

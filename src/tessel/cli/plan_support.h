@@ -1,0 +1,29 @@
+// The planner from the command line's side: models from training configs, clusters from
+// presets, files or this machine, and the automatic layout `tessel train --plan auto` uses.
+#pragma once
+
+#include <string>
+
+#include "tessel/cli/config.h"
+#include "tessel/plan/planner.h"
+
+namespace tessel {
+
+// The planner's view of a config's model, at the config's sequence length.
+plan::ModelSpec model_spec_of(const RunConfig& config);
+
+// A model preset name or a training config path; `config_out` receives the config when the
+// text named one (it is left untouched for a preset).
+plan::ModelSpec resolve_model(const std::string& text, RunConfig* config_out = nullptr);
+
+// "PRESET[:N]", "local[:N]" (this machine, measured, N thread ranks) or a cluster YAML file.
+plan::Cluster resolve_cluster(const std::string& text, bool verbose);
+
+// The fastest layout for `ranks` thread ranks of this machine that the runtime can execute
+// (recompute none or full), with the planner's estimate; throws when none fits.
+plan::Estimate auto_layout(const RunConfig& config, int ranks, bool verbose);
+
+// Copies a planned layout into a config's parallel section.
+void apply_layout(RunConfig& config, const plan::Layout& layout);
+
+}  // namespace tessel

@@ -1,0 +1,80 @@
+// Clusters as values: nodes of identical devices, the links inside a node and between nodes,
+// and the calibration the cost model reads. A cluster has a YAML text form (parse_cluster /
+// to_yaml) and named presets ("dgx-a100-80g:1024" is 1024 A100s, eight per node); `local`
+// describes this machine as `tessel cluster detect` measures it.
+//
+// Units: FLOP/s, bytes, bytes/s and seconds throughout (YAML takes the same units; numbers may
+// use exponents: 312e12).
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessel::plan {
+
+// One level of interconnect. `bandwidth` is what one device can move through the level at once
+// (its share of the node's NICs across nodes; its own port into the switch inside a node), in
+// bytes/s per direction; `latency` is the alpha of one message.
+struct Link {
+  std::string kind;        // nvswitch, nvlink, pcie, shm, infiniband, ethernet, loopback
+  double bandwidth = 0;    // bytes/s per device per direction
+  double latency = 0;      // seconds
+};
+
+struct Device {
+  std::string name;                          // "A100-SXM4-80GB"
+  std::map<std::string, double> peak_flops;  // dense peak per dtype: bf16, f16, f32, tf32
+  double memory_bytes = 0;                   // usable device memory
+  double memory_bandwidth = 0;               // bytes/s
+};
+
+// What the cost model assumes of a device beyond its datasheet. One set per device preset,
+// never per model; every value says where it comes from in `sources` (key -> text).
+struct Calibration {
+  double gemm_efficiency = 0.8;      // achieved share of peak of a large GEMM
+  double gemm_half_dim = 64;         // a GEMM whose smallest dim is d reaches
+                                     // gemm_efficiency * d / (d + gemm_half_dim)
+  double memory_efficiency = 0.8;    // achieved share of memory bandwidth of streaming kernels
+  double link_efficiency = 0.8;      // achieved share of link bandwidth by a collective's busbw
+  double op_overhead = 0;            // seconds per kernel (launch, dispatch)
+  bool fused_attention = true;       // attention in one kernel (FlashAttention; tessel's CPU
+                                     // sdpa); false: scores materialised (Megatron-LM 2021)
+  double fragmentation = 0.05;       // share of device memory the allocator cannot use
+  double reserved_bytes = 0;         // context, library workspaces, communication buffers
+  std::map<std::string, std::string> sources;
+};
+
+struct Cluster {
+  std::string name;            // preset name or the file it came from
+  int nodes = 1;
+  int devices_per_node = 1;    // the last node may hold fewer: see devices
+  int total_devices = 0;       // 0: nodes * devices_per_node
+  int cores_per_node = 0;      // compute slots shared by a node's devices (local thread ranks
+                               // on a few cores); 0: every device has its own
+  Device device;
+  Link intra;                  // between devices of one node
+  Link inter;                  // between nodes (per device, all NICs shared)
+  int nics_per_node = 0;
+  std::string dtype = "bf16";  // the dtype training computes in (selects peak_flops)
+  Calibration calibration;
+
+  int devices() const { return total_devices > 0 ? total_devices : nodes * devices_per_node; }
+  double peak() const;         // peak FLOP/s of one device in `dtype`
+  // Effective share of one device's peak when devices share cores (1 otherwise).
+  double compute_share(int devices_used_per_node) const;
+  std::string to_yaml() const;
+};
+
+// Parses the YAML form; unknown keys and bad values throw Error naming the key path. `origin`
+// names the text in messages (a file path).
+Cluster parse_cluster(const std::string& yaml_text, const std::string& origin);
+
+// Presets: dgx-a100-80g, dgx-a100-40g, dgx-h100, h200 (each takes ":N" devices; default one
+// node). `local` is not here (it is measured: see the cli's cluster detect).
+Cluster cluster_preset(std::string_view spec);
+std::vector<std::string> cluster_preset_names();
+bool is_cluster_preset(std::string_view spec);
+
+}  // namespace tessel::plan

@@ -1,0 +1,315 @@
+#include "tessel/plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tessel/core/attrs.h"
+#include "tessel/core/error.h"
+#include "tessel/ops/dispatch.h"
+#include "tessel/ops/registry.h"
+
+namespace tessel::plan {
+
+Precision precision_for(const std::string& dtype) {
+  if (dtype == "f32") return Precision{4, 4, 8, 4};
+  return Precision{};  // bf16 / f16 mixed precision
+}
+
+// ---------------------------------------------------------------- collectives
+
+namespace {
+
+double link_bw(const Cluster& c, const Link& l) { return l.bandwidth * c.calibration.link_efficiency; }
+
+// Ring over n ranks moving `factor` x bytes through every rank's link, 2(n-1) or (n-1) steps.
+double ring(double bytes, int n, double factor_steps, double bw, double alpha) {
+  if (n <= 1) return 0;
+  return factor_steps * (n - 1) * alpha + factor_steps * (n - 1) / n * bytes / bw;
+}
+
+// Binary tree (reduce then broadcast), pipelined: 2 log2(n) latencies, twice the bytes once.
+double tree(double bytes, int n, double bw, double alpha) {
+  if (n <= 1) return 0;
+  return 2 * std::ceil(std::log2(n)) * alpha + 2 * bytes / bw;
+}
+
+}  // namespace
+
+double all_reduce_time(const Cluster& c, double bytes, GroupSpan g) {
+  if (g.size <= 1 || bytes <= 0) return 0;
+  const int local = std::clamp(g.per_node, 1, g.size);
+  if (local == g.size) {
+    const double bw = link_bw(c, c.intra), a = c.intra.latency;
+    return std::min(ring(bytes, g.size, 2, bw, a), tree(bytes, g.size, bw, a));
+  }
+  const int nodes = (g.size + local - 1) / local;
+  const double ibw = link_bw(c, c.inter), ia = c.inter.latency;
+  if (local == 1) return std::min(ring(bytes, nodes, 2, ibw, ia), tree(bytes, nodes, ibw, ia));
+  // Hierarchical: every rank of a node carries 1/local of the buffer across nodes on its NIC.
+  const double bw = link_bw(c, c.intra), a = c.intra.latency;
+  const double inside = 2 * ring(bytes, local, 1, bw, a);
+  const double across = std::min(ring(bytes / local, nodes, 2, ibw, ia), tree(bytes / local, nodes, ibw, ia));
+  return inside + across;
+}
+
+double all_gather_time(const Cluster& c, double bytes, GroupSpan g) {
+  if (g.size <= 1 || bytes <= 0) return 0;
+  const int local = std::clamp(g.per_node, 1, g.size);
+  if (local == g.size) return ring(bytes, g.size, 1, link_bw(c, c.intra), c.intra.latency);
+  const int nodes = (g.size + local - 1) / local;
+  const double across = ring(bytes / local, nodes, 1, link_bw(c, c.inter), c.inter.latency);
+  return across + ring(bytes, local, 1, link_bw(c, c.intra), c.intra.latency);
+}
+
+double p2p_time(const Cluster& c, double bytes, bool inter_node) {
+  if (bytes <= 0) return 0;
+  const Link& l = inter_node ? c.inter : c.intra;
+  return l.latency + bytes / link_bw(c, l);
+}
+
+// ---------------------------------------------------------------- compute
+
+namespace {
+
+// Forward and backward time of the ops of one layer, accumulated op by op.
+struct Pass {
+  const Cluster& c;
+  DType dtype;
+  double share;  // of a device's compute (thread ranks sharing cores)
+  LayerCost cost;
+  double attention_fwd = 0, attention_bwd = 0;  // the attention core, for selective recompute
+
+  TensorMeta meta(std::vector<int64_t> shape) const { return TensorMeta{Shape(shape.begin(), shape.end()), dtype, {}}; }
+
+  double gemm_eff(double dim) const {
+    const Calibration& k = c.calibration;
+    return k.gemm_efficiency * dim / (dim + k.gemm_half_dim);
+  }
+  double stream(double bytes) const {
+    return bytes / (c.device.memory_bandwidth * c.calibration.memory_efficiency * share);
+  }
+
+  // One op by name through the registry. `gemm_dims`: the output's two smallest-tile dims of a
+  // GEMM (0 for streaming ops). Backward: GEMMs twice the forward (input and weight gradients,
+  // the latter only when the op has a weight), streaming ops twice the bytes.
+  void op(const char* name, std::vector<TensorMeta> in, const Attrs& attrs, double gemm_dim, bool has_weight,
+          bool attention_core = false) {
+    Cost k = op_cost(op_by_name(name), in, attrs);
+    double t;
+    if (gemm_dim > 0) {
+      t = std::max(k.flops / (c.peak() * share * gemm_eff(gemm_dim)), stream(k.bytes));
+    } else {
+      t = stream(k.bytes);
+    }
+    t += c.calibration.op_overhead;
+    cost.fwd += t;
+    cost.flops_fwd += k.flops;
+    cost.kernels += 1;
+    const double bwd = gemm_dim > 0 ? t : 2 * t;
+    cost.bwd_input += bwd;
+    if (gemm_dim > 0 && has_weight) cost.bwd_weight += t;
+    if (attention_core) {
+      attention_fwd += t;
+      attention_bwd += bwd;
+    }
+  }
+};
+
+Attrs linear_attrs() { return Attrs{{"weight_in_out", false}}; }
+
+Attrs dropout_attrs(double p, std::vector<int64_t> shape) {
+  std::vector<int64_t> zeros(shape.size(), 0);
+  return Attrs{{"p", p}, {"seed", int64_t{0}}, {"stream", int64_t{0}}, {"global_shape", std::move(shape)},
+               {"offset", std::move(zeros)}};
+}
+
+// tokens x in -> tokens x out (weight [out, in]), with bias when `bias`.
+void linear(Pass& p, int64_t tokens, int64_t in, int64_t out, bool bias) {
+  std::vector<TensorMeta> metas = {p.meta({tokens, in}), p.meta({out, in})};
+  if (bias) metas.push_back(p.meta({out}));
+  p.op("linear", metas, linear_attrs(), static_cast<double>(std::min(tokens, out)), true);
+}
+
+void streaming(Pass& p, const char* name, std::vector<int64_t> shape, int inputs = 1, const Attrs& attrs = {}) {
+  std::vector<TensorMeta> metas(static_cast<size_t>(inputs), p.meta(shape));
+  p.op(name, metas, attrs, 0, false);
+}
+
+// The attention core of `b` sequences: q [b, hq, s, d], k/v [b, hkv, s, d]. Fused (one sdpa
+// kernel, scores never stored) when the calibration says so; otherwise as Megatron-LM 2021
+// runs it: batched QK^T, scale+mask+softmax, dropout, batched PV, the s x s scores in memory.
+void attention(Pass& p, const ModelSpec& m, int64_t b, int64_t hq, int64_t hkv, double dropout) {
+  const int64_t s = m.seq, d = m.head_dim();
+  if (p.c.calibration.fused_attention) {
+    Attrs a{{"causal", true}, {"scale", 1.0 / std::sqrt(static_cast<double>(d))}};
+    p.op("sdpa", {p.meta({b, hq, s, d}), p.meta({b, hkv, s, d}), p.meta({b, hkv, s, d})}, a, static_cast<double>(s),
+         false, true);
+    return;
+  }
+  Attrs mm{{"trans_a", false}, {"trans_b", true}};
+  p.op("matmul", {p.meta({b * hq, s, d}), p.meta({b * hq, s, d})}, mm, static_cast<double>(s), false, true);
+  p.op("softmax", {p.meta({b * hq, s, s})}, Attrs{{"dim", int64_t{-1}}}, 0, false, true);
+  if (dropout > 0) p.op("dropout", {p.meta({b * hq, s, s})}, dropout_attrs(dropout, {b * hq, s, s}), 0, false, true);
+  Attrs pv{{"trans_a", false}, {"trans_b", false}};
+  p.op("matmul", {p.meta({b * hq, s, s}), p.meta({b * hq, s, d})}, pv, static_cast<double>(std::min(s, d * 4)),
+       false, true);
+}
+
+// Tensor-parallel collectives of one layer: without sequence parallelism an all_reduce after
+// the attention and after the MLP (forward) and two in the backward; with it an all_gather
+// before and a reduce_scatter after each block — the same bytes, half the latency-bound work.
+void tp_comm(LayerCost& lc, const Cluster& c, const LayerShape& s, double act_bytes) {
+  if (s.tp <= 1) return;
+  const double one = s.sp ? 2 * all_gather_time(c, act_bytes, s.tp_group) : all_reduce_time(c, act_bytes, s.tp_group);
+  lc.tp_fwd = 2 * one;
+  lc.tp_bwd = 2 * one;
+  lc.tp_bytes = 4 * act_bytes;
+}
+
+}  // namespace
+
+LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) {
+  TESSEL_CHECK(s.tp >= 1 && s.micro_batch >= 1, "layer_cost: tp {} and micro-batch {} must be positive", s.tp,
+               s.micro_batch);
+  const Precision prec = precision_for(c.dtype);
+  Pass p{c, prec.activation == 4 ? DType::f32 : DType::bf16, c.compute_share(c.devices_per_node), {}};
+  const int64_t t = s.tp, b = s.micro_batch, h = m.hidden;
+  const int64_t tokens = b * m.seq;
+  const int64_t norm_tokens = s.sp ? std::max<int64_t>(1, tokens / t) : tokens;  // LN, dropout, residual
+  const int64_t hq = std::max<int64_t>(1, m.heads / t), hkv = std::max<int64_t>(1, m.kv_heads / t);
+  const int64_t d = m.head_dim();
+  const bool llama = m.arch == "llama";
+  const Attrs norm{{"has_weight", true}, {"has_bias", !llama}, {"eps", 1e-5}};
+  const char* norm_op = llama ? "rms_norm" : "layer_norm";
+  auto norm_call = [&] {
+    std::vector<TensorMeta> in = {p.meta({norm_tokens, h}), p.meta({h})};
+    if (!llama) in.push_back(p.meta({h}));
+    p.op(norm_op, in, norm, 0, false);
+  };
+  auto residual = [&] {
+    if (m.dropout > 0)
+      streaming(p, "dropout", {norm_tokens, h}, 1, dropout_attrs(m.dropout, {norm_tokens, h}));
+    streaming(p, "add", {norm_tokens, h}, 2);
+  };
+
+  // Attention block.
+  norm_call();
+  if (llama) {
+    linear(p, tokens, h, hq * d, false);
+    linear(p, tokens, h, hkv * d, false);
+    linear(p, tokens, h, hkv * d, false);
+    for (int i = 0; i < 3; ++i) {  // rotary embedding: x*cos + rotate(x)*sin on q and k
+      streaming(p, "mul", {tokens, hq * d}, 2);
+      streaming(p, "mul", {tokens, hkv * d}, 2);
+    }
+  } else {
+    linear(p, tokens, h, 3 * hq * d, true);
+  }
+  attention(p, m, b, hq, hkv, m.dropout);
+  linear(p, tokens, hq * d, h, !llama);
+  residual();
+  // MLP block.
+  norm_call();
+  const int64_t f = std::max<int64_t>(1, m.ffn / t);
+  if (llama) {
+    linear(p, tokens, h, f, false);
+    linear(p, tokens, h, f, false);
+    streaming(p, "silu", {tokens, f});
+    streaming(p, "mul", {tokens, f}, 2);
+    linear(p, tokens, f, h, false);
+  } else {
+    linear(p, tokens, h, f, true);
+    streaming(p, "gelu", {tokens, f}, 1, Attrs{{"tanh", true}});
+    linear(p, tokens, f, h, true);
+  }
+  residual();
+
+  LayerCost lc = p.cost;
+  tp_comm(lc, c, s, static_cast<double>(tokens * h) * prec.activation);
+  if (s.recompute == "full") lc.recompute = lc.fwd + lc.tp_fwd;
+  else if (s.recompute == "selective") lc.recompute = p.attention_fwd;
+  return lc;
+}
+
+LayerCost embedding_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) {
+  const Precision prec = precision_for(c.dtype);
+  Pass p{c, prec.activation == 4 ? DType::f32 : DType::bf16, c.compute_share(c.devices_per_node), {}};
+  const int64_t tokens = s.micro_batch * m.seq;
+  // Gathering rows reads and writes tokens x hidden; the backward scatters them back.
+  streaming(p, "add", {tokens, m.hidden}, m.position_embedding ? 2 : 1);
+  LayerCost lc = p.cost;
+  if (s.tp > 1) {  // vocab-parallel embedding: partial rows summed across tensor-parallel ranks
+    lc.tp_fwd = all_reduce_time(c, static_cast<double>(tokens * m.hidden) * prec.activation, s.tp_group);
+    lc.tp_bytes = static_cast<double>(tokens * m.hidden) * prec.activation;
+  }
+  return lc;
+}
+
+LayerCost head_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) {
+  const Precision prec = precision_for(c.dtype);
+  Pass p{c, prec.activation == 4 ? DType::f32 : DType::bf16, c.compute_share(c.devices_per_node), {}};
+  const int64_t tokens = s.micro_batch * m.seq, v = std::max<int64_t>(1, m.vocab / s.tp);
+  const bool llama = m.arch == "llama";
+  std::vector<TensorMeta> in = {p.meta({tokens, m.hidden}), p.meta({m.hidden})};
+  if (!llama) in.push_back(p.meta({m.hidden}));
+  p.op(llama ? "rms_norm" : "layer_norm", in, Attrs{{"has_weight", true}, {"has_bias", !llama}, {"eps", 1e-5}}, 0,
+       false);
+  linear(p, tokens, m.hidden, v, false);
+  // Cross entropy over the (vocab-parallel) logits: a softmax pass and its gradient.
+  streaming(p, "softmax", {tokens, v}, 1, Attrs{{"dim", int64_t{-1}}});
+  LayerCost lc = p.cost;
+  if (s.tp > 1) {  // max and sum-exp across the vocabulary shards, and the input all_reduce
+    const double row = static_cast<double>(tokens) * 4;
+    lc.tp_fwd = 2 * all_reduce_time(c, row, s.tp_group);
+    lc.tp_bwd = all_reduce_time(c, static_cast<double>(tokens * m.hidden) * prec.activation, s.tp_group);
+  }
+  if (s.recompute == "full") lc.recompute = lc.fwd + lc.tp_fwd;
+  return lc;
+}
+
+// ---------------------------------------------------------------- memory
+
+double layer_activation_bytes(const ModelSpec& m, const Precision& prec, const LayerShape& s) {
+  const double sbh = static_cast<double>(m.seq * s.micro_batch * m.hidden);
+  const double t = s.tp, a = static_cast<double>(m.heads), h = static_cast<double>(m.hidden);
+  const double sq = static_cast<double>(m.seq);
+  const double e = prec.activation / 2;  // Korthikanti counts 2-byte activations, 1-byte masks
+  if (s.recompute == "full") return 2 * e * sbh / (s.sp ? t : 1);  // each layer's input only
+  const double r = static_cast<double>(m.kv_heads) / a;
+  const double mask = m.dropout > 0 ? 1 : 0;
+  const double f = static_cast<double>(m.ffn) / h;
+  // Per sbh: LN inputs 2+2; attention: QKV input 2, Q 2, K and V 4r, projection input 2,
+  // dropout mask 1; MLP: input 2, its width's intermediates (GELU: fc out and GELU out, 4f;
+  // SwiGLU: gate, up, SiLU and product, 8f), dropout mask 1.
+  const double replicated = 4 * e + 2 * e + 2 * e + 2 * mask;        // LN inputs, QKV and MLP inputs, masks
+  const double split = (2 + 4 * r + 2) * e + (m.arch == "llama" ? 8 * f : 4 * f) * e;
+  // Scores: softmax output 2, dropout mask 1 and output 2 per (head, query, key) — per sbh
+  // that is (2 + 3·mask)·a·s/h. Selective recompute drops them (they are rebuilt).
+  const double scores = s.recompute == "selective" ? 0 : (2 * e + mask * (1 + 2 * e)) * a * sq / h;
+  const double per_sbh = s.sp ? (replicated + split + scores) / t : replicated + (split + scores) / t;
+  return sbh * per_sbh;
+}
+
+double layer_working_bytes(const ModelSpec& m, const Precision& prec, const LayerShape& s) {
+  LayerShape none = s;
+  none.recompute = "none";
+  return layer_activation_bytes(m, prec, none);
+}
+
+// ---------------------------------------------------------------- model FLOPs
+
+double step_flops(const ModelSpec& m, int64_t global_batch, const std::string& recompute) {
+  const double tokens = static_cast<double>(global_batch) * static_cast<double>(m.seq);
+  const double l = static_cast<double>(m.layers), h = static_cast<double>(m.hidden);
+  const double layer_matmul = m.layer_parameters() - (m.arch == "llama" ? 2 * h : 0);  // ~ every weight is a matmul's
+  // Matmul weights only: drop GPT's biases and LayerNorm vectors (9h + ffn per layer).
+  const double matmul = m.arch == "llama" ? layer_matmul : layer_matmul - 9 * h - static_cast<double>(m.ffn);
+  const double attention = 4 * static_cast<double>(m.seq) * h;  // per token per layer: QK^T and PV
+  const double fwd = tokens * (2 * matmul * l + attention * l + 2 * static_cast<double>(m.vocab) * h);
+  double total = 3 * fwd;
+  if (recompute == "full") total += fwd - tokens * 2 * static_cast<double>(m.vocab) * h;
+  else if (recompute == "selective") total += tokens * attention * l;
+  return total;
+}
+
+}  // namespace tessel::plan

@@ -1,0 +1,86 @@
+// The cost model: how long the pieces of a training step take on a cluster, and how much
+// memory they hold.
+//
+// Compute comes from the op registry: each op of a transformer layer is described by its
+// shapes, the registry gives its FLOPs and bytes, and a roofline with the cluster's calibrated
+// efficiencies turns them into time (GEMMs: FLOPs at peak x gemm_efficiency, lower for small
+// dims; everything else: bytes at memory bandwidth x memory_efficiency; plus a per-kernel
+// overhead). Backward costs twice the forward FLOPs for GEMMs (input and weight gradients) and
+// twice the bytes for streaming ops. Collectives use an alpha-beta model with nccl-tests'
+// bus-bandwidth factors, per algorithm (ring, tree, hierarchical across nodes) and link level.
+// Memory follows Korthikanti et al. 2022 for activations (with tensor/sequence parallelism and
+// selective or full recompute) and the ZeRO paper's per-parameter bytes by sharding stage.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tessel/plan/cluster.h"
+#include "tessel/plan/model_spec.h"
+
+namespace tessel::plan {
+
+// Bytes per parameter and per activation element of the training precision. "bf16": mixed
+// precision as Megatron-LM trains (bf16 weights, fp32 main gradients, fp32 master weights and
+// Adam moments: 2 + 4 + 12 bytes); "f32": tessel's CPU trainer (4 + 4 + 8).
+struct Precision {
+  double param = 2, grad = 4, optimizer = 12, activation = 2;
+};
+Precision precision_for(const std::string& dtype);
+
+// One collective group as laid out on the cluster: `size` ranks, `per_node` of them on each
+// node they touch (size == per_node: inside one node).
+struct GroupSpan {
+  int size = 1;
+  int per_node = 1;
+};
+
+// Alpha-beta times of collectives over `bytes` (the full buffer: all_reduce's buffer,
+// all_gather's output, reduce_scatter's input). Ring and tree are both considered and the
+// faster taken; groups spanning nodes with several ranks per node use the hierarchical form
+// (reduce_scatter inside the node, the cross-node step on 1/per_node of the data per rank,
+// all_gather inside the node).
+double all_reduce_time(const Cluster& c, double bytes, GroupSpan g);
+double all_gather_time(const Cluster& c, double bytes, GroupSpan g);  // == reduce_scatter
+double p2p_time(const Cluster& c, double bytes, bool inter_node);
+
+// Per micro-batch times (seconds) of one transformer layer on one device, and its FLOPs.
+struct LayerCost {
+  double fwd = 0;          // forward compute
+  double bwd_input = 0;    // backward, input gradients
+  double bwd_weight = 0;   // backward, weight gradients
+  double tp_fwd = 0;       // tensor-parallel collectives of the forward (exposed)
+  double tp_bwd = 0;       // ... of the backward
+  double recompute = 0;    // forward work redone in the backward (selective or full), incl. its comm
+  double flops_fwd = 0;    // FLOPs of the forward on this device
+  double tp_bytes = 0;     // bytes through tensor-parallel collectives per micro-batch, fwd + bwd
+  int kernels = 0;         // forward kernels
+};
+
+struct LayerShape {
+  int64_t micro_batch = 1;
+  int tp = 1;
+  bool sp = false;
+  std::string recompute = "none";  // none | selective | full
+  GroupSpan tp_group;              // where the tensor-parallel ranks sit
+};
+
+LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s);
+// The embedding (first stage) and the LM head with the loss (last stage), per micro-batch.
+LayerCost embedding_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s);
+LayerCost head_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s);
+
+// Activation bytes one layer holds per micro-batch between its forward and its backward
+// (Korthikanti et al. 2022, generalised to grouped-query attention and SwiGLU), and the
+// working set a layer needs while it runs its backward (what full recompute rebuilds).
+double layer_activation_bytes(const ModelSpec& m, const Precision& p, const LayerShape& s);
+double layer_working_bytes(const ModelSpec& m, const Precision& p, const LayerShape& s);
+
+// Model FLOPs of one step, by Narayanan et al. 2021's count generalised to any MLP width and
+// grouped-query attention: per token 2 x (matmul parameters) + 4 x layers x seq x hidden
+// (attention scores and values) + 2 x vocab x hidden (logits), times 3 for forward and
+// backward; `recompute` adds the forward again (full) or the attention core (selective) —
+// with full recompute this is the paper's 96·B·s·l·h²(1 + s/6h + V/16lh) exactly.
+double step_flops(const ModelSpec& m, int64_t global_batch, const std::string& recompute);
+
+}  // namespace tessel::plan

@@ -1,0 +1,116 @@
+#include "tessel/plan/model_spec.h"
+
+#include "tessel/core/error.h"
+
+namespace tessel::plan {
+
+double ModelSpec::layer_parameters() const {
+  const double h = static_cast<double>(hidden), f = static_cast<double>(ffn);
+  const double kv = static_cast<double>(kv_heads * head_dim());
+  if (arch == "llama") return h * (h + 2 * kv) + h * h + 3 * h * f + 2 * h;  // q,k,v,o; gate,up,down; 2 norms
+  return h * 3 * h + 3 * h + h * h + h + 2 * h * f + f + h + 4 * h;         // c_attn, c_proj, mlp, 2 LayerNorms
+}
+
+double ModelSpec::parameters() const {
+  const double h = static_cast<double>(hidden), v = static_cast<double>(vocab);
+  double p = static_cast<double>(layers) * layer_parameters() + v * h + (arch == "llama" ? h : 2 * h);
+  if (!tied_embedding) p += v * h;
+  if (position_embedding) p += static_cast<double>(seq) * h;
+  return p;
+}
+
+namespace {
+
+// Narayanan et al. 2021 (Megatron-LM on GPU clusters), Table 1: layers, hidden, heads; every
+// model with sequence length 2048 and vocabulary 51,200.
+ModelSpec gpt(const char* name, int64_t layers, int64_t hidden, int64_t heads) {
+  ModelSpec m;
+  m.name = name;
+  m.arch = "gpt";
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = m.kv_heads = heads;
+  m.ffn = 4 * hidden;
+  m.vocab = 51200;
+  m.seq = 2048;
+  m.dropout = 0.1;  // Megatron-LM's default hidden and attention dropout
+  return m;
+}
+
+// Touvron et al. 2023 (Llama 2) and Meta's Llama 3 model cards / config.json files.
+ModelSpec llama(const char* name, int64_t layers, int64_t hidden, int64_t heads, int64_t kv, int64_t ffn,
+                int64_t vocab, int64_t seq) {
+  ModelSpec m;
+  m.name = name;
+  m.arch = "llama";
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.kv_heads = kv;
+  m.ffn = ffn;
+  m.vocab = vocab;
+  m.seq = seq;
+  m.tied_embedding = false;
+  m.position_embedding = false;
+  return m;
+}
+
+const ModelSpec kPresets[] = {
+    gpt("gpt-1.7b", 24, 2304, 24),
+    gpt("gpt-3.6b", 30, 3072, 32),
+    gpt("gpt-7.5b", 36, 4096, 32),
+    gpt("gpt-18b", 40, 6144, 48),
+    gpt("gpt-39b", 48, 8192, 64),
+    gpt("gpt-76b", 60, 10240, 80),
+    gpt("gpt-146b", 80, 12288, 96),
+    gpt("gpt-310b", 96, 16384, 128),
+    gpt("gpt-530b", 105, 20480, 128),
+    gpt("gpt-1t", 128, 25600, 160),
+    llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+    llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+    llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+    llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+    llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+    llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+};
+
+}  // namespace
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> names;
+  for (const ModelSpec& m : kPresets) names.push_back(m.name);
+  return names;
+}
+
+bool is_model_preset(std::string_view name) {
+  for (const ModelSpec& m : kPresets)
+    if (m.name == name) return true;
+  return false;
+}
+
+ModelSpec model_preset(std::string_view name) {
+  for (const ModelSpec& m : kPresets)
+    if (m.name == name) return m;
+  std::string known;
+  for (const ModelSpec& m : kPresets) known += (known.empty() ? "" : ", ") + m.name;
+  TESSEL_THROW("unknown model preset '{}' (known: {}; or a training config file)", name, known);
+}
+
+void validate(const ModelSpec& m) {
+  auto positive = [&](int64_t v, const char* field) {
+    TESSEL_CHECK(v > 0, "model '{}': {} must be positive, got {}", m.name, field, v);
+  };
+  positive(m.layers, "layers");
+  positive(m.hidden, "hidden");
+  positive(m.heads, "heads");
+  positive(m.kv_heads, "kv_heads");
+  positive(m.ffn, "ffn");
+  positive(m.vocab, "vocab");
+  positive(m.seq, "seq");
+  TESSEL_CHECK(m.hidden % m.heads == 0, "model '{}': heads {} do not divide hidden {}", m.name, m.heads, m.hidden);
+  TESSEL_CHECK(m.heads % m.kv_heads == 0, "model '{}': kv_heads {} do not divide heads {}", m.name, m.kv_heads,
+               m.heads);
+  TESSEL_CHECK(m.arch == "gpt" || m.arch == "llama", "model '{}': arch must be gpt or llama, got '{}'", m.name, m.arch);
+}
+
+}  // namespace tessel::plan

@@ -1,0 +1,35 @@
+// What the planner needs to know of a model: the sizes of a decoder-only transformer. Built from
+// a training config's model section (by the cli) or from a named preset: the GPT sizes of
+// Narayanan et al. 2021, Table 1, and the Llama 2/3 family.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tessel::plan {
+
+struct ModelSpec {
+  std::string name;
+  std::string arch = "gpt";   // gpt (LayerNorm, GELU MLP of 4h, biases) | llama (RMSNorm, SwiGLU, GQA)
+  int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 0;
+  double dropout = 0;         // > 0: dropout after attention probabilities and residual branches
+  bool tied_embedding = true; // LM head shares the token embedding
+  bool position_embedding = true;  // learned positions (GPT); Llama uses RoPE
+
+  int64_t head_dim() const { return hidden / heads; }
+  double layer_parameters() const;  // one transformer block
+  double parameters() const;        // whole model
+};
+
+// gpt-1.7b, gpt-3.6b, gpt-7.5b, gpt-18b, gpt-39b, gpt-76b, gpt-146b, gpt-310b, gpt-530b, gpt-1t,
+// llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama3-405b.
+ModelSpec model_preset(std::string_view name);
+std::vector<std::string> model_preset_names();
+bool is_model_preset(std::string_view name);
+
+// Checks the sizes (positive, heads divide hidden, kv_heads divide heads); throws naming the field.
+void validate(const ModelSpec& m);
+
+}  // namespace tessel::plan

@@ -1,0 +1,509 @@
+#include "tessel/plan/planner.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include "tessel/core/error.h"
+#include "tessel/core/shape.h"
+#include "tessel/parallel/schedule.h"
+
+namespace tessel::plan {
+
+// ---------------------------------------------------------------- layouts as text
+
+std::string Layout::str() const {
+  return fmt::format("dp={},tp={},pp={},vpp={},mbs={},sharding_stage={},sp={},recompute={},schedule={}", dp, tp, pp,
+                     vpp, micro_batch, sharding_stage, sp ? "true" : "false", recompute, schedule);
+}
+
+Layout parse_layout(const std::string& text, int64_t global_batch, int devices) {
+  Layout l;
+  bool has_dp = false, has_schedule = false;
+  std::stringstream in(text);
+  std::string item;
+  auto number = [&](const std::string& key, const std::string& v) {
+    size_t used = 0;
+    long long x = 0;
+    try {
+      x = std::stoll(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TESSEL_CHECK(used == v.size() && x >= 0, "--layout: {}={} is not a non-negative integer", key, v);
+    return static_cast<int64_t>(x);
+  };
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    TESSEL_CHECK(eq != std::string::npos, "--layout: expected key=value, got '{}'", item);
+    const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
+    if (key == "dp") l.dp = static_cast<int>(number(key, v)), has_dp = true;
+    else if (key == "tp") l.tp = static_cast<int>(number(key, v));
+    else if (key == "pp") l.pp = static_cast<int>(number(key, v));
+    else if (key == "vpp") l.vpp = static_cast<int>(number(key, v));
+    else if (key == "mbs" || key == "micro_batch") l.micro_batch = number(key, v);
+    else if (key == "sharding_stage" || key == "zero") l.sharding_stage = static_cast<int>(number(key, v));
+    else if (key == "sp") {
+      TESSEL_CHECK(v == "true" || v == "false", "--layout: sp must be true or false, got '{}'", v);
+      l.sp = v == "true";
+    } else if (key == "recompute") {
+      TESSEL_CHECK(v == "none" || v == "selective" || v == "full",
+                   "--layout: recompute must be none, selective or full, got '{}'", v);
+      l.recompute = v;
+    } else if (key == "schedule") {
+      l.schedule = v;
+      has_schedule = true;
+    } else {
+      TESSEL_THROW("--layout: unknown key '{}' (known: dp, tp, pp, vpp, mbs, sharding_stage, sp, recompute, schedule)",
+                   key);
+    }
+  }
+  TESSEL_CHECK(l.tp > 0 && l.pp > 0 && l.vpp > 0 && l.micro_batch > 0, "--layout: tp, pp, vpp and mbs must be positive");
+  if (!has_dp) {
+    TESSEL_CHECK(devices % (l.tp * l.pp) == 0, "--layout: tp {} x pp {} does not divide the {} devices", l.tp, l.pp,
+                 devices);
+    l.dp = devices / (l.tp * l.pp);
+  }
+  TESSEL_CHECK(l.dp > 0, "--layout: dp must be positive");
+  if (!has_schedule) l.schedule = l.vpp > 1 ? "VPP" : "1F1B";
+  TESSEL_CHECK(global_batch % (l.dp * l.micro_batch) == 0,
+               "--layout: the global batch {} is not a multiple of dp {} x mbs {}", global_batch, l.dp, l.micro_batch);
+  l.micro_batches = global_batch / (l.dp * l.micro_batch);
+  return l;
+}
+
+std::string parallel_yaml(const Layout& l) {
+  return fmt::format(
+      "parallel:\n  dp: {}\n  tp: {}\n  pp: {}\n  vpp: {}\n  sharding_stage: {}\n  sp: {}\n  micro_batches: {}\n"
+      "  schedule: {}\n  recompute: {}\n",
+      l.dp, l.tp, l.pp, l.vpp, l.sharding_stage, l.sp ? "true" : "false", l.micro_batches, l.schedule, l.recompute);
+}
+
+// ---------------------------------------------------------------- rank mapping
+
+GroupSpan RankMapping::span(const std::string& dim, const Layout& l, const Cluster& c) const {
+  auto size_of = [&](const std::string& d) { return d == "tp" ? l.tp : d == "dp" ? l.dp : l.pp; };
+  int stride = 1;
+  for (const std::string& d : order) {
+    if (d == dim) break;
+    stride *= size_of(d);
+  }
+  const int size = size_of(dim);
+  const int per_node = stride >= c.devices_per_node ? 1 : std::clamp(c.devices_per_node / stride, 1, size);
+  return GroupSpan{size, per_node};
+}
+
+namespace {
+
+// The most communicating dim goes innermost (consecutive ranks: one node, the fastest links),
+// then the next; ties keep tp, dp, pp order.
+RankMapping map_ranks(const Cluster& c, const Layout& l, double tp_bytes, double dp_bytes, double pp_bytes) {
+  std::vector<std::tuple<double, int, std::string>> dims = {
+      {tp_bytes, 0, "tp"}, {dp_bytes, 1, "dp"}, {pp_bytes, 2, "pp"}};
+  std::sort(dims.begin(), dims.end(), [](const auto& a, const auto& b) {
+    if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) > std::get<0>(b);
+    return std::get<1>(a) < std::get<1>(b);
+  });
+  RankMapping r;
+  for (const auto& d : dims) r.order.push_back(std::get<2>(d));
+  for (const auto& [bytes, index, name] : dims) {
+    GroupSpan g = r.span(name, l, c);
+    std::string where;
+    if (g.size == 1) where = "size 1, no traffic";
+    else if (g.per_node == g.size) where = fmt::format("all {} ranks inside one node ({})", g.size, c.intra.kind);
+    else if (g.per_node == 1) where = fmt::format("{} ranks on {} nodes, across {}", g.size, g.size, c.inter.kind);
+    else
+      where = fmt::format("{} ranks, {} per node: {} inside, {} across", g.size, g.per_node, c.intra.kind,
+                          c.inter.kind);
+    r.reasons.push_back(fmt::format("{}: {:.3g} GB per device per step -> {}", name, bytes / 1e9, where));
+  }
+  return r;
+}
+
+// Activations held on pipeline rank r at most, in (micro-batch, chunk) units, as the
+// schedules of parallel/schedule.h hold them (closed forms documented there).
+int in_flight(const Layout& l, int rank) {
+  const int64_t p = l.pp, m = l.micro_batches, v = l.vpp;
+  if (l.pp == 1) return 1;
+  if (l.schedule == "FThenB" || l.schedule == "GPipe") return static_cast<int>(m);
+  if (l.schedule == "VPP" && v > 1) return static_cast<int>(std::min(2 * (p - rank - 1) + (v - 1) * p + 1, v * m));
+  if (l.schedule == "ZBH1") return static_cast<int>(std::min(p, m));
+  return static_cast<int>(std::min<int64_t>(p - rank, m));
+}
+
+std::string canonical_schedule(const std::string& s) {
+  std::string u;
+  for (char ch : s) u += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (u == "GPIPE" || u == "FTHENB") return "FThenB";
+  if (u == "1F1B") return "1F1B";
+  if (u == "VPP" || u == "INTERLEAVED") return "VPP";
+  if (u == "ZBH1" || u == "ZB-H1") return "ZBH1";
+  TESSEL_THROW("unknown schedule '{}' (known: FThenB, 1F1B, VPP, ZBH1)", s);
+}
+
+// Everything evaluate() derives from a layout before playing its schedule.
+struct Prepared {
+  Layout l;
+  RankMapping mapping;
+  std::vector<double> f, b, w;           // per virtual stage, per micro-batch
+  std::vector<double> tp_per_vstage;     // tensor-parallel collective time per micro-batch
+  double p2p = 0;                        // one activation or gradient send between stages
+  std::vector<double> params_per_rank;   // parameters held by each pipeline rank (before ZeRO)
+  std::vector<int64_t> layers_per_vstage;
+  double act_per_layer = 0, working = 0, head_act = 0;
+};
+
+void check_layout(const ModelSpec& m, const Cluster& c, Layout& l, int64_t global_batch) {
+  TESSEL_CHECK(l.dp > 0 && l.tp > 0 && l.pp > 0 && l.vpp > 0, "layout {}: degrees must be positive", l.str());
+  TESSEL_CHECK(l.devices() == c.devices(), "layout {}: dp x tp x pp = {} but the cluster '{}' has {} devices",
+               l.str(), l.devices(), c.name, c.devices());
+  TESSEL_CHECK(m.heads % l.tp == 0 && m.kv_heads % l.tp == 0,
+               "layout {}: tp {} must divide the {} attention heads and {} key/value heads", l.str(), l.tp, m.heads,
+               m.kv_heads);
+  TESSEL_CHECK(m.layers >= static_cast<int64_t>(l.pp) * l.vpp,
+               "layout {}: {} layers cannot fill pp {} x vpp {} virtual stages", l.str(), m.layers, l.pp, l.vpp);
+  TESSEL_CHECK(l.micro_batch > 0 && global_batch % (l.dp * l.micro_batch) == 0,
+               "layout {}: global batch {} is not a multiple of dp {} x micro-batch {}", l.str(), global_batch, l.dp,
+               l.micro_batch);
+  l.micro_batches = global_batch / (l.dp * l.micro_batch);
+  TESSEL_CHECK(l.sharding_stage >= 0 && l.sharding_stage <= 3, "layout {}: sharding_stage must be 0-3", l.str());
+  TESSEL_CHECK(l.recompute == "none" || l.recompute == "selective" || l.recompute == "full",
+               "layout {}: recompute must be none, selective or full", l.str());
+  l.schedule = canonical_schedule(l.schedule);
+  if (l.tp == 1) l.sp = false;
+  TESSEL_CHECK(l.vpp == 1 || l.schedule == "VPP", "layout {}: vpp > 1 needs the VPP schedule", l.str());
+  TESSEL_CHECK(l.vpp == 1 || l.micro_batches % l.pp == 0,
+               "layout {}: the interleaved schedule needs micro-batches ({}) divisible by pp ({})", l.str(),
+               l.micro_batches, l.pp);
+}
+
+// Layer, embedding and head costs depend on few of a layout's fields; a search reuses them.
+using CostKey = std::tuple<int64_t, int, bool, std::string, int, int>;
+using CostCache = std::map<CostKey, std::array<LayerCost, 3>>;
+
+Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCache* cache) {
+  Prepared p;
+  p.l = l;
+  const Precision prec = precision_for(c.dtype);
+  const int vs_count = l.pp * l.vpp;
+  // Traffic per device per step, for the mapping.
+  LayerShape shape{l.micro_batch, l.tp, l.sp, l.recompute, GroupSpan{l.tp, std::min(l.tp, c.devices_per_node)}};
+  const double act_bytes = static_cast<double>(l.micro_batch * m.seq * m.hidden) * prec.activation;
+  const double layers_per_rank = static_cast<double>(m.layers) / l.pp;
+  const double layer_params = m.layer_parameters() / l.tp;
+  const double tp_traffic = l.tp > 1 ? static_cast<double>(l.micro_batches) * layers_per_rank * 4 * act_bytes *
+                                           (l.recompute == "full" ? 1.5 : 1.0)
+                                     : 0;
+  const double dp_traffic = l.dp > 1 ? 2 * layers_per_rank * layer_params * prec.grad : 0;
+  const double pp_traffic = l.pp > 1 ? 2.0 * static_cast<double>(l.micro_batches) * l.vpp * act_bytes / l.tp : 0;
+  p.mapping = map_ranks(c, l, tp_traffic, dp_traffic, pp_traffic);
+  shape.tp_group = p.mapping.span("tp", l, c);
+  const GroupSpan pp_span = p.mapping.span("pp", l, c);
+
+  const CostKey key{shape.micro_batch, shape.tp, shape.sp, shape.recompute, shape.tp_group.size,
+                    shape.tp_group.per_node};
+  std::array<LayerCost, 3> costs;
+  if (auto it = cache ? cache->find(key) : CostCache::iterator{}; cache && it != cache->end()) {
+    costs = it->second;
+  } else {
+    costs = {layer_cost(m, c, shape), embedding_cost(m, c, shape), head_cost(m, c, shape)};
+    if (cache) cache->emplace(key, costs);
+  }
+  const LayerCost& lc = costs[0];
+  const LayerCost& emb = costs[1];
+  const LayerCost& head = costs[2];
+  // Megatron's scatter/gather: each tensor-parallel rank sends 1/tp of the activation.
+  p.p2p = l.pp > 1 ? p2p_time(c, act_bytes / l.tp, pp_span.per_node == 1) : 0;
+
+  // ZeRO-3 gathers a stage's parameters before its forward and again before its backward.
+  const GroupSpan dp_span = p.mapping.span("dp", l, c);
+  p.params_per_rank.assign(static_cast<size_t>(l.pp), 0.0);
+  const double embed_params = static_cast<double>(m.vocab * m.hidden) / l.tp +
+                              (m.position_embedding ? static_cast<double>(m.seq * m.hidden) : 0.0);
+  const double head_params = static_cast<double>(m.vocab * m.hidden) / l.tp + 2.0 * static_cast<double>(m.hidden);
+  for (int vs = 0; vs < vs_count; ++vs) {
+    const int64_t layers = split_size(m.layers, vs_count, vs);
+    p.layers_per_vstage.push_back(layers);
+    const double ld = static_cast<double>(layers);
+    double f = ld * (lc.fwd + lc.tp_fwd), b = ld * (lc.bwd_input + lc.tp_bwd + lc.recompute), w = ld * lc.bwd_weight;
+    double tp = ld * (lc.tp_fwd + lc.tp_bwd + (l.recompute == "full" ? lc.tp_fwd : 0));
+    double params = ld * layer_params;
+    if (vs == 0) {
+      f += emb.fwd + emb.tp_fwd;
+      b += emb.bwd_input + emb.tp_bwd;
+      tp += emb.tp_fwd + emb.tp_bwd;
+      params += embed_params;
+    }
+    if (vs == vs_count - 1) {
+      f += head.fwd + head.tp_fwd;
+      b += head.bwd_input + head.tp_bwd + head.recompute;
+      w += head.bwd_weight;
+      tp += head.tp_fwd + head.tp_bwd;
+      // A tied head on another rank than the embedding keeps its own copy (gradients summed).
+      if (!m.tied_embedding || l.pp > 1) params += head_params;
+      else params += 2.0 * static_cast<double>(m.hidden);
+    }
+    if (l.sharding_stage >= 3 && l.dp > 1) {
+      const double gather = all_gather_time(c, params * prec.param, dp_span);
+      f += gather;
+      b += gather;
+    }
+    p.f.push_back(f);
+    p.b.push_back(b);
+    p.w.push_back(w);
+    p.tp_per_vstage.push_back(tp);
+    p.params_per_rank[static_cast<size_t>(vs % l.pp)] += params;
+  }
+  p.act_per_layer = layer_activation_bytes(m, prec, shape);
+  p.working = l.recompute == "none" ? 0 : layer_working_bytes(m, prec, shape);
+  // Logits and their gradient in f32 on the last stage, one micro-batch at a time.
+  p.head_act = 2.0 * static_cast<double>(l.micro_batch * m.seq) * static_cast<double>(m.vocab) / l.tp * 4;
+  return p;
+}
+
+Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layout, int64_t global_batch, bool simulate,
+                       CostCache* cache) {
+  Layout l = layout;
+  check_layout(m, c, l, global_batch);
+  const Prepared p = prepare(m, c, l, cache);
+  const Precision prec = precision_for(c.dtype);
+  Estimate e;
+  e.layout = l;
+  e.mapping = p.mapping;
+
+  // The pipeline: played on the schedule the runtime would execute, or in closed form.
+  const int ranks = l.pp;
+  std::vector<double> busy(static_cast<size_t>(ranks), 0.0), tp_time(static_cast<size_t>(ranks), 0.0);
+  const double mb = static_cast<double>(l.micro_batches);
+  for (size_t vs = 0; vs < p.f.size(); ++vs) {
+    busy[vs % static_cast<size_t>(ranks)] += mb * (p.f[vs] + p.b[vs] + p.w[vs]);
+    tp_time[vs % static_cast<size_t>(ranks)] += mb * p.tp_per_vstage[vs];
+  }
+  std::vector<int> flight(static_cast<size_t>(ranks));
+  double makespan;
+  if (simulate || l.pp == 1) {
+    const std::string kind = l.pp == 1 ? "1F1B" : l.schedule;
+    parallel::Schedule s = parallel::make_schedule(kind, l.pp, l.micro_batches, l.vpp);
+    parallel::SimResult r = parallel::simulate(s, p.f, p.b, p.w, p.p2p);
+    makespan = r.makespan;
+    for (int i = 0; i < ranks; ++i) flight[static_cast<size_t>(i)] = r.peak_in_flight[static_cast<size_t>(i)];
+    e.simulated = true;
+  } else {
+    // Closed form: the busiest rank's work plus the ramp of the schedule — (p-1) stage times
+    // for FThenB/1F1B, (p-1)/v for the interleaved schedule, about a third of that for ZB-H1
+    // whose deferred weight gradients fill most of it — plus the sends along the ramp.
+    const double work = *std::max_element(busy.begin(), busy.end());
+    const double stage = work / mb;  // per micro-batch, all chunks of a rank
+    double ramp = (l.pp - 1) * stage;
+    if (l.schedule == "VPP") ramp /= l.vpp;
+    if (l.schedule == "ZBH1") ramp /= 3;
+    makespan = work + ramp + 2.0 * (l.pp - 1) * p.p2p;
+    for (int i = 0; i < ranks; ++i) flight[static_cast<size_t>(i)] = in_flight(l, i);
+  }
+
+  // Data-parallel / ZeRO traffic after the backward, not overlapped (as the runtime does).
+  const GroupSpan dp_span = p.mapping.span("dp", l, c);
+  const double params_max = *std::max_element(p.params_per_rank.begin(), p.params_per_rank.end());
+  double dp_comm = 0;
+  if (l.dp > 1) {
+    if (l.sharding_stage == 0) dp_comm = all_reduce_time(c, params_max * prec.grad, dp_span);
+    else if (l.sharding_stage <= 2)
+      dp_comm = all_gather_time(c, params_max * prec.grad, dp_span) + all_gather_time(c, params_max * prec.param, dp_span);
+    else dp_comm = all_gather_time(c, params_max * prec.grad, dp_span);
+  }
+  // The optimizer streams its state, the gradient and the parameter once (read and write).
+  const double opt_params = l.sharding_stage >= 1 ? params_max / l.dp : params_max;
+  const double opt_time = opt_params * (2 * prec.optimizer + prec.grad + prec.param) /
+                          (c.device.memory_bandwidth * c.calibration.memory_efficiency *
+                           c.compute_share(c.devices_per_node));
+
+  e.step_time = makespan + dp_comm + opt_time;
+  const size_t busiest = static_cast<size_t>(std::max_element(busy.begin(), busy.end()) - busy.begin());
+  e.tp_comm = tp_time[busiest];
+  e.compute = busy[busiest] - tp_time[busiest];
+  const double idle = std::max(0.0, makespan - busy[busiest]);
+  e.pp_comm = std::min(idle, l.pp > 1 ? 2.0 * (l.pp - 1) * p.p2p : 0.0);
+  e.bubble = idle - e.pp_comm;
+  e.dp_comm = dp_comm;
+  e.optimizer = opt_time;
+
+  const double tokens = static_cast<double>(global_batch) * static_cast<double>(m.seq);
+  e.tokens_per_s = tokens / e.step_time;
+  e.tflops_per_device = step_flops(m, global_batch, l.recompute) / e.step_time / c.devices() / 1e12;
+  e.mfu = step_flops(m, global_batch, "none") / e.step_time / c.devices() / c.peak();
+
+  // Memory of the fullest pipeline rank.
+  for (int r = 0; r < ranks; ++r) {
+    MemoryBreakdown mem;
+    const double params = p.params_per_rank[static_cast<size_t>(r)];
+    const int dp = l.dp;
+    mem.params = params * prec.param / (l.sharding_stage >= 3 ? dp : 1);
+    mem.grads = params * prec.grad / (l.sharding_stage >= 2 ? dp : 1);
+    mem.optimizer = params * prec.optimizer / (l.sharding_stage >= 1 ? dp : 1);
+    if (l.sharding_stage >= 3 && dp > 1) mem.params += params * prec.param / l.vpp;  // one chunk gathered
+    double layers_per_chunk = 0;
+    for (int ch = 0; ch < l.vpp; ++ch)
+      layers_per_chunk = std::max(layers_per_chunk, static_cast<double>(p.layers_per_vstage[static_cast<size_t>(ch * l.pp + r)]));
+    mem.activations = flight[static_cast<size_t>(r)] * layers_per_chunk * p.act_per_layer + p.working;
+    if (r == ranks - 1) mem.activations += p.head_act;
+    mem.other = c.calibration.reserved_bytes + c.calibration.fragmentation * c.device.memory_bytes;
+    if (mem.total() > e.memory.total()) e.memory = mem;
+  }
+  e.fits = e.memory.total() <= c.device.memory_bytes;
+  return e;
+}
+
+}  // namespace
+
+Estimate evaluate(const ModelSpec& m, const Cluster& c, const Layout& layout, int64_t global_batch, bool simulate) {
+  validate(m);
+  return evaluate_with(m, c, layout, global_batch, simulate, nullptr);
+}
+
+Json Estimate::to_json() const {
+  Json j = Json::Object{};
+  Json lay = Json::Object{};
+  lay["dp"] = layout.dp;
+  lay["tp"] = layout.tp;
+  lay["pp"] = layout.pp;
+  lay["vpp"] = layout.vpp;
+  lay["mbs"] = layout.micro_batch;
+  lay["micro_batches"] = layout.micro_batches;
+  lay["sharding_stage"] = layout.sharding_stage;
+  lay["sp"] = layout.sp;
+  lay["schedule"] = layout.schedule;
+  lay["recompute"] = layout.recompute;
+  lay["text"] = layout.str();
+  j["layout"] = lay;
+  j["step_time_s"] = step_time;
+  j["tokens_per_s"] = tokens_per_s;
+  j["tflops_per_device"] = tflops_per_device;
+  j["mfu"] = mfu;
+  Json t = Json::Object{};
+  t["compute_s"] = compute;
+  t["tp_comm_s"] = tp_comm;
+  t["pp_comm_s"] = pp_comm;
+  t["dp_comm_s"] = dp_comm;
+  t["bubble_s"] = bubble;
+  t["optimizer_s"] = optimizer;
+  j["time"] = t;
+  Json mem = Json::Object{};
+  mem["total"] = memory.total() / 1e9;
+  mem["params"] = memory.params / 1e9;
+  mem["grads"] = memory.grads / 1e9;
+  mem["optimizer"] = memory.optimizer / 1e9;
+  mem["activations"] = memory.activations / 1e9;
+  mem["other"] = memory.other / 1e9;
+  j["memory_gb"] = mem;
+  j["fits"] = fits;
+  j["simulated"] = simulated;
+  Json order = Json::Array{};
+  for (const std::string& d : mapping.order) order.push_back(d);
+  Json reasons = Json::Array{};
+  for (const std::string& r : mapping.reasons) reasons.push_back(r);
+  Json map = Json::Object{};
+  map["innermost_first"] = order;
+  map["why"] = reasons;
+  j["rank_mapping"] = map;
+  return j;
+}
+
+// ---------------------------------------------------------------- search
+
+namespace {
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+}  // namespace
+
+SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) {
+  validate(m);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = c.devices();
+  TESSEL_CHECK(o.global_batch > 0, "plan: the global batch must be positive");
+  SearchResult result;
+  CostCache cache;
+  std::vector<Estimate> feasible;
+  std::vector<std::string> recomputes = {"none", "selective", "full"};
+  if (!o.recompute.empty()) recomputes = o.recompute;
+  for (int tp : divisors(std::min(n, c.devices_per_node))) {
+    if (n % tp != 0 || m.heads % tp != 0 || m.kv_heads % tp != 0) continue;
+    for (int pp : divisors(n / tp)) {
+      if (pp > m.layers) continue;
+      const int dp = n / (tp * pp);
+      for (int64_t mbs = 1; mbs <= o.max_micro_batch; mbs *= 2) {
+        if (o.global_batch % (static_cast<int64_t>(dp) * mbs) != 0) continue;
+        const int64_t micro = o.global_batch / (static_cast<int64_t>(dp) * mbs);
+        std::vector<std::pair<std::string, int>> schedules;
+        if (pp == 1) {
+          schedules.push_back({"1F1B", 1});
+        } else {
+          for (const std::string& s : o.schedules) {
+            if (s != "VPP") {
+              schedules.push_back({s, 1});
+              continue;
+            }
+            if (micro % pp != 0) continue;
+            for (int v = 2; v <= o.max_vpp; ++v)
+              if (static_cast<int64_t>(pp) * v <= m.layers && m.layers % (static_cast<int64_t>(pp) * v) == 0)
+                schedules.push_back({"VPP", v});
+          }
+        }
+        for (const auto& [schedule, vpp] : schedules)
+          for (const std::string& rc : recomputes)
+            for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp)
+              for (int stage = 0; stage <= (dp > 1 && o.allow_sharding ? 3 : 0); ++stage) {
+                Layout l;
+                l.dp = dp;
+                l.tp = tp;
+                l.pp = pp;
+                l.vpp = vpp;
+                l.micro_batch = mbs;
+                l.schedule = schedule;
+                l.recompute = rc;
+                l.sp = sp == 1;
+                l.sharding_stage = stage;
+                ++result.candidates;
+                Estimate e = evaluate_with(m, c, l, o.global_batch, false, &cache);
+                if (!e.fits) continue;
+                ++result.feasible;
+                feasible.push_back(std::move(e));
+              }
+      }
+    }
+  }
+  std::sort(feasible.begin(), feasible.end(),
+            [](const Estimate& a, const Estimate& b) { return a.step_time < b.step_time; });
+  // Play the schedules of the best candidates, fastest closed-form first, until enough are
+  // played or the next one cannot beat the k-th played by 20%.
+  std::vector<Estimate> played;
+  for (const Estimate& cand : feasible) {
+    if (result.simulated >= o.max_simulations) break;
+    if (static_cast<int>(played.size()) >= o.top) {
+      std::vector<double> times;
+      for (const Estimate& e : played) times.push_back(e.step_time);
+      std::nth_element(times.begin(), times.begin() + (o.top - 1), times.end());
+      if (cand.step_time > 1.2 * times[static_cast<size_t>(o.top - 1)]) break;
+    }
+    Estimate e = evaluate_with(m, c, cand.layout, o.global_batch, true, &cache);
+    ++result.simulated;
+    if (e.fits) played.push_back(std::move(e));
+  }
+  std::sort(played.begin(), played.end(), [](const Estimate& a, const Estimate& b) { return a.step_time < b.step_time; });
+  if (static_cast<int>(played.size()) > o.top) played.resize(static_cast<size_t>(o.top));
+  result.best = std::move(played);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+}  // namespace tessel::plan

@@ -1,0 +1,92 @@
+// The planner: evaluates a parallel layout of a model on a cluster — step time from the cost
+// model and the very pipeline schedules the runtime executes (parallel::make_schedule, played
+// by parallel::simulate), memory per device — and searches all sensible layouts for the best.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tessel/core/json.h"
+#include "tessel/plan/cluster.h"
+#include "tessel/plan/cost_model.h"
+#include "tessel/plan/model_spec.h"
+
+namespace tessel::plan {
+
+// A whole parallel layout. Mesh dims are [pp, dp, tp] as the runtime builds them.
+struct Layout {
+  int dp = 1, tp = 1, pp = 1, vpp = 1;
+  int sharding_stage = 0;            // ZeRO 0-3 over dp
+  bool sp = false;                   // sequence parallel (with tp > 1)
+  int64_t micro_batch = 1;           // sequences per micro-batch
+  int64_t micro_batches = 1;         // per data-parallel replica per step
+  std::string schedule = "1F1B";     // FThenB | 1F1B | VPP | ZBH1
+  std::string recompute = "none";    // none | selective | full
+
+  int devices() const { return dp * tp * pp; }
+  // "dp=6,tp=8,pp=64,vpp=2,mbs=1,sharding_stage=0,sp=false,recompute=full,schedule=VPP"
+  std::string str() const;
+};
+
+// Parses the --layout text (keys as str() writes them, any order; missing keys default: dp
+// from the device count, mbs 1, vpp 1, schedule VPP when vpp > 1 else 1F1B); micro_batches
+// follows from the global batch. Throws naming the key on anything it cannot use.
+Layout parse_layout(const std::string& text, int64_t global_batch, int devices);
+
+// Which physical level each mesh dim's groups use, innermost (fastest links) first.
+struct RankMapping {
+  std::vector<std::string> order;    // e.g. {"tp", "dp", "pp"}
+  std::vector<std::string> reasons;  // one line per dim: its traffic and where it landed
+  GroupSpan span(const std::string& dim, const Layout& l, const Cluster& c) const;
+};
+
+struct MemoryBreakdown {
+  double params = 0, grads = 0, optimizer = 0, activations = 0, other = 0;
+  double total() const { return params + grads + optimizer + activations + other; }
+};
+
+struct Estimate {
+  Layout layout;
+  RankMapping mapping;
+  double step_time = 0;          // seconds
+  double tokens_per_s = 0;
+  double tflops_per_device = 0;  // hardware FLOPs (recompute included) / step / device, as Narayanan et al. report
+  double mfu = 0;                // model FLOPs (no recompute) / step / device / peak
+  // Breakdown of the step (seconds, on the slowest pipeline rank): compute, communication not
+  // hidden behind compute (tensor-parallel inside the stages, pipeline sends, data-parallel /
+  // ZeRO gradient and parameter traffic), pipeline bubble, optimizer.
+  double compute = 0, tp_comm = 0, pp_comm = 0, dp_comm = 0, bubble = 0, optimizer = 0;
+  MemoryBreakdown memory;        // per device, bytes (the busiest pipeline rank)
+  bool fits = true;
+  bool simulated = false;        // the schedule was played (false: closed-form estimate)
+  Json to_json() const;
+};
+
+struct PlanOptions {
+  int64_t global_batch = 0;      // sequences per step
+  int top = 5;
+  bool allow_sharding = true;    // search ZeRO stages 1-3
+  std::vector<std::string> schedules = {"1F1B", "VPP", "ZBH1"};
+  std::vector<std::string> recompute;  // kinds to try (empty: none, selective, full)
+  int max_vpp = 8;
+  int64_t max_micro_batch = 16;
+  int max_simulations = 32;      // schedules played, best closed-form estimates first (deterministic)
+};
+
+// Evaluates one layout. Throws Error naming what does not fit together (degrees vs devices,
+// heads vs tp, layers vs stages, batch vs dp x micro-batch, schedule constraints).
+Estimate evaluate(const ModelSpec& m, const Cluster& c, const Layout& l, int64_t global_batch, bool simulate = true);
+
+struct SearchResult {
+  std::vector<Estimate> best;   // top-k, fastest first, all fitting in memory
+  int64_t candidates = 0;       // layouts considered
+  int64_t feasible = 0;         // of those, fitting in memory
+  int64_t simulated = 0;        // schedules played
+  double seconds = 0;           // search time
+};
+SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o);
+
+// The `parallel:` section of a training config for `l` (YAML text).
+std::string parallel_yaml(const Layout& l);
+
+}  // namespace tessel::plan

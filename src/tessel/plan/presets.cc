@@ -1,0 +1,142 @@
+// Cluster presets. Device figures are datasheet values; the calibration says what the cost
+// model assumes beyond them and where each value comes from. One set per device, used for
+// every model — never fitted to a model or to a row of a published table.
+#include <charconv>
+#include <cmath>
+
+#include "tessel/core/error.h"
+#include "tessel/plan/cluster.h"
+
+namespace tessel::plan {
+
+namespace {
+
+// Shared by every NVIDIA preset: the software stack the published runs used (cuBLAS GEMMs,
+// NCCL collectives, a caching allocator).
+Calibration nvidia_calibration(double gemm_eff, std::string gemm_source, bool fused_attention,
+                               std::string attention_source) {
+  Calibration c;
+  c.fused_attention = fused_attention;
+  c.gemm_efficiency = gemm_eff;
+  c.gemm_half_dim = 128;
+  c.memory_efficiency = 0.85;
+  c.link_efficiency = 0.8;
+  c.op_overhead = 5e-6;
+  c.fragmentation = 0.05;
+  c.reserved_bytes = 2.5e9;
+  c.sources = {
+      {"gemm_efficiency", std::move(gemm_source)},
+      {"fused_attention", std::move(attention_source)},
+      {"gemm_half_dim",
+       "tensor-core GEMM tiles are 128x128 (CUTLASS/cuBLAS default threadblock tile): a dim of 128 "
+       "fills half a wave's worth of work; assumed, not measured here"},
+      {"memory_efficiency",
+       "streaming kernels (STREAM copy/triad) reach about 85% of HBM datasheet bandwidth on "
+       "A100/H100 (NVIDIA's published BabelStream-class results); assumed, not measured here"},
+      {"link_efficiency",
+       "nccl-tests all_reduce bus bandwidth reaches about 80% of the per-GPU NVLink/NIC bandwidth "
+       "at large sizes (NVIDIA DGX reference numbers: ~230 GB/s busbw on 300 GB/s NVSwitch ports; "
+       "~20 of 25 GB/s per HDR NIC); assumed, not measured here"},
+      {"op_overhead", "CUDA kernel launch and framework dispatch, ~5 us per kernel; assumed"},
+      {"fragmentation", "PyTorch caching-allocator fragmentation allowance of 5% of device memory; assumed"},
+      {"reserved_bytes",
+       "CUDA context (~0.5 GB), cuBLAS workspace and NCCL buffers (~2 GB) per process; assumed"},
+  };
+  return c;
+}
+
+Cluster dgx_a100(double memory_gb) {
+  Cluster c;
+  c.name = memory_gb > 60 ? "dgx-a100-80g" : "dgx-a100-40g";
+  c.devices_per_node = 8;
+  c.device.name = memory_gb > 60 ? "A100-SXM4-80GB" : "A100-SXM4-40GB";
+  // NVIDIA A100 datasheet: 312 TFLOP/s dense bf16/f16 tensor core, 156 tf32, 19.5 f32;
+  // 80 GB HBM2e at 2039 GB/s (40 GB HBM2 at 1555 GB/s).
+  c.device.peak_flops = {{"bf16", 312e12}, {"f16", 312e12}, {"tf32", 156e12}, {"f32", 19.5e12}};
+  c.device.memory_bytes = memory_gb * 1e9;
+  c.device.memory_bandwidth = memory_gb > 60 ? 2.039e12 : 1.555e12;
+  // Third-generation NVLink through NVSwitch: 600 GB/s per GPU, both directions together.
+  c.intra = Link{"nvswitch", 300e9, 3e-6};
+  // DGX A100: eight 200 Gb/s HDR InfiniBand NICs per node, one per GPU.
+  c.inter = Link{"infiniband", 25e9, 8e-6};
+  c.nics_per_node = 8;
+  c.calibration = nvidia_calibration(
+      0.8, "large bf16 GEMMs in cuBLAS reach about 250 of 312 TFLOP/s on A100 (80%), the figure "
+           "commonly reported for transformer-sized GEMMs (e.g. 8192^3); assumed, not measured here",
+      false, "Megatron-LM as Narayanan et al. 2021 ran it on A100: scaled-masked-softmax kernel over "
+             "materialised s x s scores (FlashAttention came in 2022)");
+  return c;
+}
+
+Cluster hopper(bool h200) {
+  Cluster c;
+  c.name = h200 ? "h200" : "dgx-h100";
+  c.devices_per_node = 8;
+  c.device.name = h200 ? "H200-SXM-141GB" : "H100-SXM5-80GB";
+  // NVIDIA H100/H200 SXM datasheets: 989 TFLOP/s dense bf16 (1979 with sparsity), 494.7 tf32,
+  // 67 f32; H100 80 GB HBM3 at 3.35 TB/s, H200 141 GB HBM3e at 4.8 TB/s.
+  c.device.peak_flops = {{"bf16", 989e12}, {"f16", 989e12}, {"tf32", 494.7e12}, {"f32", 67e12}};
+  c.device.memory_bytes = h200 ? 141e9 : 80e9;
+  c.device.memory_bandwidth = h200 ? 4.8e12 : 3.35e12;
+  // Fourth-generation NVLink through NVSwitch: 900 GB/s per GPU, both directions together.
+  c.intra = Link{"nvswitch", 450e9, 3e-6};
+  // DGX H100 / HGX H200: eight 400 Gb/s NDR NICs per node (ConnectX-7), one per GPU.
+  c.inter = Link{"infiniband", 50e9, 8e-6};
+  c.nics_per_node = 8;
+  c.calibration = nvidia_calibration(
+      0.7, "large bf16 GEMMs in cuBLAS reach about 700 of 989 TFLOP/s on H100 SXM (~70%, power and "
+           "clock limited), the figure commonly reported for 8192^3; assumed, not measured here",
+      true, "FlashAttention-2/3 kernels, the default of current stacks on Hopper");
+  return c;
+}
+
+struct Preset {
+  const char* name;
+  Cluster (*make)();
+};
+
+const Preset kPresets[] = {
+    {"dgx-a100-80g", [] { return dgx_a100(80); }},
+    {"dgx-a100-40g", [] { return dgx_a100(40); }},
+    {"dgx-h100", [] { return hopper(false); }},
+    {"h200", [] { return hopper(true); }},
+};
+
+}  // namespace
+
+std::vector<std::string> cluster_preset_names() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
+
+bool is_cluster_preset(std::string_view spec) {
+  std::string_view base = spec.substr(0, spec.find(':'));
+  for (const Preset& p : kPresets)
+    if (base == p.name) return true;
+  return false;
+}
+
+Cluster cluster_preset(std::string_view spec) {
+  std::string_view base = spec.substr(0, spec.find(':'));
+  for (const Preset& p : kPresets) {
+    if (base != p.name) continue;
+    Cluster c = p.make();
+    int devices = c.devices_per_node;
+    if (base.size() < spec.size()) {
+      std::string_view count = spec.substr(base.size() + 1);
+      auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), devices);
+      TESSEL_CHECK(ec == std::errc() && end == count.data() + count.size() && devices > 0,
+                   "cluster '{}': expected PRESET:N with N a positive device count, got '{}'", spec, count);
+    }
+    c.nodes = (devices + c.devices_per_node - 1) / c.devices_per_node;
+    c.total_devices = devices;
+    c.name = std::string(spec);
+    return c;
+  }
+  std::string known;
+  for (const Preset& p : kPresets) known += std::string(known.empty() ? "" : ", ") + p.name;
+  TESSEL_THROW("unknown cluster preset '{}' (known: {}, or local, or a cluster YAML file)", base, known);
+}
+
+}  // namespace tessel::plan

@@ -1,0 +1,230 @@
+// The cluster's YAML form (round trip, strict errors naming the key) and its compute share.
+#include "tessel/plan/cluster.h"
+
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "tessel/core/error.h"
+
+namespace tessel::plan {
+namespace {
+
+// Every field set to a value other than its default, with numbers that need all 17 digits.
+Cluster hand_built() {
+  Cluster c;
+  c.name = "test-cluster";
+  c.nodes = 3;
+  c.devices_per_node = 4;
+  c.total_devices = 10;
+  c.cores_per_node = 2;
+  c.dtype = "bf16";
+  c.device.name = "Widget: 9000 \"GPU\"";
+  c.device.peak_flops = {{"bf16", 312e12}, {"f32", 19.5e12}, {"tf32", 1.0 / 3.0 * 1e14}};
+  c.device.memory_bytes = 80e9;
+  c.device.memory_bandwidth = 2.039e12;
+  c.intra = Link{"nvswitch", 300e9, 5e-6};
+  c.inter = Link{"infiniband", 25e9 + 0.1, 1e-5};
+  c.nics_per_node = 8;
+  c.calibration.gemm_efficiency = 0.7;
+  c.calibration.gemm_half_dim = 100.0 / 7.0;
+  c.calibration.memory_efficiency = 0.9;
+  c.calibration.link_efficiency = 1.0;
+  c.calibration.op_overhead = 3.3e-6;
+  c.calibration.fragmentation = 0.05;
+  c.calibration.reserved_bytes = 2e9;
+  c.calibration.sources = {{"gemm_efficiency", "measured: 70% of 312 TFLOP/s\nsecond line"},
+                           {"op_overhead", "yes"}};
+  return c;
+}
+
+void expect_equal(const Cluster& a, const Cluster& b) {
+  EXPECT_EQ(a.name, b.name);
+  EXPECT_EQ(a.nodes, b.nodes);
+  EXPECT_EQ(a.devices_per_node, b.devices_per_node);
+  EXPECT_EQ(a.total_devices, b.total_devices);
+  EXPECT_EQ(a.cores_per_node, b.cores_per_node);
+  EXPECT_EQ(a.dtype, b.dtype);
+  EXPECT_EQ(a.device.name, b.device.name);
+  EXPECT_EQ(a.device.peak_flops, b.device.peak_flops);  // exact: numbers round-trip
+  EXPECT_EQ(a.device.memory_bytes, b.device.memory_bytes);
+  EXPECT_EQ(a.device.memory_bandwidth, b.device.memory_bandwidth);
+  for (auto [x, y] : {std::pair{&a.intra, &b.intra}, std::pair{&a.inter, &b.inter}}) {
+    EXPECT_EQ(x->kind, y->kind);
+    EXPECT_EQ(x->bandwidth, y->bandwidth);
+    EXPECT_EQ(x->latency, y->latency);
+  }
+  EXPECT_EQ(a.nics_per_node, b.nics_per_node);
+  const Calibration &p = a.calibration, &q = b.calibration;
+  EXPECT_EQ(p.gemm_efficiency, q.gemm_efficiency);
+  EXPECT_EQ(p.gemm_half_dim, q.gemm_half_dim);
+  EXPECT_EQ(p.memory_efficiency, q.memory_efficiency);
+  EXPECT_EQ(p.link_efficiency, q.link_efficiency);
+  EXPECT_EQ(p.op_overhead, q.op_overhead);
+  EXPECT_EQ(p.fragmentation, q.fragmentation);
+  EXPECT_EQ(p.reserved_bytes, q.reserved_bytes);
+  EXPECT_EQ(p.sources, q.sources);
+}
+
+TEST(Cluster, YamlRoundTripKeepsEveryField) {
+  Cluster c = hand_built();
+  std::string yaml = c.to_yaml();
+  Cluster back = parse_cluster(yaml, "round.yaml");
+  expect_equal(c, back);
+  EXPECT_EQ(back.to_yaml(), yaml);
+}
+
+TEST(Cluster, YamlWritesEngineeringNumbers) {
+  std::string yaml = hand_built().to_yaml();
+  for (const char* want : {"bf16: 312e12", "f32: 19.5e12", "memory_bytes: 80e9", "memory_bandwidth: 2.039e12",
+                           "bandwidth: 300e9, latency: 5e-6", "latency: 10e-6", "gemm_efficiency: 0.7"})
+    EXPECT_NE(yaml.find(want), std::string::npos) << want << " not in\n" << yaml;
+}
+
+TEST(Cluster, SingleNodeWithoutInterRoundTrips) {
+  Cluster c = hand_built();
+  c.nodes = 1;
+  c.total_devices = 0;
+  c.inter = Link{};
+  std::string yaml = c.to_yaml();
+  EXPECT_EQ(yaml.find("inter:"), std::string::npos);
+  expect_equal(c, parse_cluster(yaml, "one.yaml"));
+}
+
+const char* kMinimal = R"(name: small
+nodes: 2
+devices_per_node: 8
+dtype: bf16
+device:
+  name: A100-SXM4-80GB
+  peak_flops: {bf16: 312e12, f32: 19.5e12}
+  memory_bytes: 80e9
+  memory_bandwidth: 2.039e12
+intra: {kind: nvswitch, bandwidth: 300e9, latency: 5e-6}
+inter: {kind: infiniband, bandwidth: 25e9, latency: 10e-6}
+)";
+
+TEST(Cluster, MissingOptionalKeysTakeDefaults) {
+  Cluster c = parse_cluster(kMinimal, "min.yaml");
+  Cluster defaults;
+  EXPECT_EQ(c.devices(), 16);
+  EXPECT_EQ(c.total_devices, 0);
+  EXPECT_EQ(c.cores_per_node, 0);
+  EXPECT_EQ(c.nics_per_node, 0);
+  EXPECT_DOUBLE_EQ(c.peak(), 312e12);
+  EXPECT_DOUBLE_EQ(c.inter.latency, 10e-6);
+  EXPECT_EQ(c.calibration.gemm_efficiency, defaults.calibration.gemm_efficiency);
+  EXPECT_EQ(c.calibration.gemm_half_dim, defaults.calibration.gemm_half_dim);
+  EXPECT_EQ(c.calibration.fragmentation, defaults.calibration.fragmentation);
+  EXPECT_TRUE(c.calibration.sources.empty());
+}
+
+TEST(Cluster, NameDefaultsToOrigin) {
+  std::string text = kMinimal;
+  text.erase(0, text.find('\n') + 1);
+  EXPECT_EQ(parse_cluster(text, "my.yaml").name, "my.yaml");
+}
+
+// Replaces the first occurrence of `from` in the minimal cluster.
+std::string edited(const std::string& from, const std::string& to) {
+  std::string text = kMinimal;
+  size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return text.replace(at, from.size(), to);
+}
+
+struct ErrorCase {
+  const char* what;
+  std::string yaml;
+  std::vector<std::string> message_has;  // every one must appear in the message
+};
+
+TEST(Cluster, BadInputThrowsNamingTheKey) {
+  const std::string calib = "calibration:\n  gemm_efficiency: ";
+  std::vector<ErrorCase> cases = {
+      {"unknown key in device", edited("  peak_flops:", "  peek_flops:"),
+       {"c.yaml:7:", "unknown key 'device.peek_flops'", "known: name, peak_flops, memory_bytes, memory_bandwidth"}},
+      {"unknown top-level key", std::string(kMinimal) + "node: 3\n", {"c.yaml:12:", "unknown key 'node'"}},
+      {"unknown calibration key", std::string(kMinimal) + "calibration:\n  gemm_eff: 0.5\n",
+       {"c.yaml:13:", "unknown key 'calibration.gemm_eff'"}},
+      {"negative bandwidth", edited("bandwidth: 25e9", "bandwidth: -25e9"),
+       {"c.yaml:11:", "'inter.bandwidth' must be positive", "got -25e9"}},
+      {"zero bandwidth", edited("bandwidth: 300e9", "bandwidth: 0"), {"'intra.bandwidth' must be positive"}},
+      {"negative latency", edited("latency: 5e-6", "latency: -1"), {"'intra.latency' must be zero or positive"}},
+      {"efficiency above one", std::string(kMinimal) + calib + "1.2\n",
+       {"c.yaml:13:", "'calibration.gemm_efficiency' must be in (0, 1]", "1.2"}},
+      {"efficiency zero", std::string(kMinimal) + "calibration:\n  link_efficiency: 0\n",
+       {"'calibration.link_efficiency' must be in (0, 1]"}},
+      {"fragmentation one", std::string(kMinimal) + "calibration:\n  fragmentation: 1\n",
+       {"'calibration.fragmentation' must be in [0, 1)"}},
+      {"missing peak for dtype", edited("dtype: bf16", "dtype: f16"),
+       {"c.yaml:7:", "'device.peak_flops' has no entry for dtype 'f16'", "has: bf16, f32"}},
+      {"negative peak", edited("f32: 19.5e12", "f32: -1"), {"'device.peak_flops.f32' must be positive"}},
+      {"zero nodes", edited("nodes: 2", "nodes: 0"), {"c.yaml:2:", "'nodes' must be positive"}},
+      {"negative devices per node", edited("devices_per_node: 8", "devices_per_node: -8"),
+       {"'devices_per_node' must be positive"}},
+      {"fractional nodes", edited("nodes: 2", "nodes: 2.5"), {"'nodes' must be an integer", "2.5"}},
+      {"text for a number", edited("memory_bytes: 80e9", "memory_bytes: lots"),
+       {"c.yaml:8:", "'device.memory_bytes' must be a number", "lots"}},
+      {"zero memory", edited("memory_bytes: 80e9", "memory_bytes: 0"), {"'device.memory_bytes' must be positive"}},
+      {"missing memory bandwidth", edited("  memory_bandwidth: 2.039e12\n", ""),
+       {"missing 'device.memory_bandwidth'"}},
+      {"missing device", edited("device:", "devicez:"), {"missing 'device'"}},
+      {"missing inter with two nodes", edited("inter: {kind: infiniband, bandwidth: 25e9, latency: 10e-6}\n", ""),
+       {"missing 'inter'", "nodes 2"}},
+      {"total devices beyond nodes", std::string(kMinimal) + "total_devices: 17\n",
+       {"'total_devices' 17 does not fit"}},
+      {"link as a number", edited("intra: {kind: nvswitch, bandwidth: 300e9, latency: 5e-6}", "intra: 3"),
+       {"'intra' must be a mapping"}},
+      {"not yaml", edited("nodes: 2", "nodes: [2"), {"c.yaml", "not valid YAML"}},
+  };
+  for (const ErrorCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    try {
+      parse_cluster(c.yaml, "c.yaml");
+      ADD_FAILURE() << "no error for:\n" << c.yaml;
+    } catch (const Error& e) {
+      for (const std::string& part : c.message_has)
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "'" << part << "' not in: " << e.what();
+    }
+  }
+}
+
+TEST(Cluster, PeakNamesTheMissingDtype) {
+  Cluster c = hand_built();
+  EXPECT_EQ(c.peak(), 312e12);
+  c.dtype = "f16";
+  try {
+    c.peak();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("'f16'"), std::string::npos) << m;
+    EXPECT_NE(m.find("bf16, f32, tf32"), std::string::npos) << m;
+  }
+}
+
+TEST(Cluster, ComputeShare) {
+  struct Case {
+    int cores, used;
+    double share;
+  };
+  for (Case k : std::vector<Case>{{0, 8, 1.0}, {0, 1000, 1.0}, {4, 1, 1.0}, {4, 4, 1.0}, {4, 8, 0.5}, {2, 3, 2.0 / 3.0},
+                                  {1, 16, 1.0 / 16}}) {
+    Cluster c;
+    c.cores_per_node = k.cores;
+    EXPECT_DOUBLE_EQ(c.compute_share(k.used), k.share) << k.cores << " cores, " << k.used << " devices";
+  }
+}
+
+TEST(Cluster, DevicesCountsTheLastPartialNode) {
+  Cluster c;
+  c.nodes = 3;
+  c.devices_per_node = 4;
+  EXPECT_EQ(c.devices(), 12);
+  c.total_devices = 10;
+  EXPECT_EQ(c.devices(), 10);
+}
+
+}  // namespace
+}  // namespace tessel::plan
