@@ -175,6 +175,7 @@ Calibration read_calibration(Section s) {
   c.memory_efficiency = s.efficiency("memory_efficiency", c.memory_efficiency);
   c.link_efficiency = s.efficiency("link_efficiency", c.link_efficiency);
   c.op_overhead = s.non_negative("op_overhead", c.op_overhead);
+  c.attention_efficiency = s.efficiency("attention_efficiency", c.attention_efficiency);
   c.fused_attention = s.get<bool>("fused_attention", c.fused_attention);
   c.fragmentation = s.non_negative("fragmentation", c.fragmentation);
   TESSEL_CHECK(c.fragmentation < 1, "{}: '{}' must be in [0, 1), got {}", s.at("fragmentation"),
@@ -309,6 +310,7 @@ std::string Cluster::to_yaml() const {
   line(fmt::format("  memory_efficiency: {}", number_text(c.memory_efficiency)));
   line(fmt::format("  link_efficiency: {}", number_text(c.link_efficiency)));
   line(fmt::format("  op_overhead: {}", number_text(c.op_overhead)));
+  line(fmt::format("  attention_efficiency: {}", number_text(c.attention_efficiency)));
   line(fmt::format("  fused_attention: {}", c.fused_attention ? "true" : "false"));
   line(fmt::format("  fragmentation: {}", number_text(c.fragmentation)));
   line(fmt::format("  reserved_bytes: {}", number_text(c.reserved_bytes)));

@@ -93,11 +93,11 @@ struct Pass {
   // GEMM (0 for streaming ops). Backward: GEMMs twice the forward (input and weight gradients,
   // the latter only when the op has a weight), streaming ops twice the bytes.
   void op(const char* name, std::vector<TensorMeta> in, const Attrs& attrs, double gemm_dim, bool has_weight,
-          bool attention_core = false) {
+          bool attention_core = false, double kind_efficiency = 1) {
     Cost k = op_cost(op_by_name(name), in, attrs);
     double t;
     if (gemm_dim > 0) {
-      t = std::max(k.flops / (c.peak() * share * gemm_eff(gemm_dim)), stream(k.bytes));
+      t = std::max(k.flops / (c.peak() * share * gemm_eff(gemm_dim) * kind_efficiency), stream(k.bytes));
     } else {
       t = stream(k.bytes);
     }
@@ -143,7 +143,7 @@ void attention(Pass& p, const ModelSpec& m, int64_t b, int64_t hq, int64_t hkv, 
   if (p.c.calibration.fused_attention) {
     Attrs a{{"causal", true}, {"scale", 1.0 / std::sqrt(static_cast<double>(d))}};
     p.op("sdpa", {p.meta({b, hq, s, d}), p.meta({b, hkv, s, d}), p.meta({b, hkv, s, d})}, a, static_cast<double>(s),
-         false, true);
+         false, true, p.c.calibration.attention_efficiency);
     return;
   }
   Attrs mm{{"trans_a", false}, {"trans_b", true}};

@@ -1,0 +1,48 @@
+#!/bin/bash
+# `tessel plan` end to end: JSON fields the issue names, the YAML section loads as a training
+# config, --layout evaluates one layout, bad input exits 2 naming the problem, --svg draws.
+set -euo pipefail
+tessel=$1
+src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+"$tessel" plan --model gpt-1t --cluster dgx-a100-80g:3072 --global-batch 3072 --top 3 --format json --svg "$tmp/p.svg" > "$tmp/p.json"
+/usr/bin/python3 - "$tmp/p.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert len(j["plans"]) == 3, j["plans"]
+for p in j["plans"]:
+    for key in ("layout", "step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "memory_gb"):
+        assert key in p, key
+    m = p["memory_gb"]
+    assert abs(m["total"] - (m["params"] + m["grads"] + m["optimizer"] + m["activations"] + m["other"])) < 1e-6
+    assert m["total"] <= 80, m
+    assert p["rank_mapping"]["innermost_first"][0] == "tp"
+times = [p["step_time_s"] for p in j["plans"]]
+assert times == sorted(times), times
+PY
+grep -q "<svg" "$tmp/p.svg"
+
+# One layout: the published 1T layout of Narayanan et al. 2021.
+"$tessel" plan --model gpt-1t --cluster dgx-a100-80g:3072 --global-batch 3072 \
+  --layout dp=6,tp=8,pp=64,vpp=2,mbs=1,sharding_stage=0,sp=false,recompute=full | grep -q "dp=6,tp=8,pp=64,vpp=2"
+
+# The yaml form is a parallel section a training config accepts.
+"$tessel" plan --model "$src/configs/gpt2-tiny.yaml" --cluster dgx-a100-80g:4 --format yaml > "$tmp/parallel.yaml"
+grep -q "^parallel:" "$tmp/parallel.yaml"
+{ sed '/^parallel:/,$d' "$src/configs/gpt2-tiny.yaml"; cat "$tmp/parallel.yaml"; } > "$tmp/cfg.yaml"
+sed -i "s|path: ../data/kjv.txt|path: $src/data/kjv.txt|" "$tmp/cfg.yaml"
+"$tessel" train "$tmp/cfg.yaml" --set train.steps=1 --set train.warmup=0 --set train.save_every=0 > "$tmp/train.log" 2>&1 ||
+  { cat "$tmp/train.log"; exit 1; }
+
+# Bad input: exit status 2 and a message naming the problem.
+set +e
+out=$("$tessel" plan --model gpt-1t --cluster dgx-a100-80g:3072 --global-batch 3072 --layout dp=6,tp=8,pp=63 2>&1); rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "has 3072 devices" <<< "$out" || { echo "bad layout: rc $rc: $out"; exit 1; }
+set +e
+out=$("$tessel" plan --model gpt-9t --cluster dgx-a100-80g:8 --global-batch 8 2>&1); rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "unknown model preset 'gpt-9t'" <<< "$out" || { echo "bad model: rc $rc: $out"; exit 1; }
+echo "plan cli: ok"
