@@ -61,6 +61,8 @@ case "$mode" in
     bench/ddp_vs_pytorch.py
     build/release/tessel bench comm --np 2
     bench/train_vs_pytorch.py
+    build/release/tessel plan --published
+    bench/plan_fidelity.py
     ;;
   build)
     scripts/install-deps.sh
