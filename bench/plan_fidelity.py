@@ -2,10 +2,10 @@
 """Local fidelity of the planner: predicted step time beside the measured one for the hybrid
 layouts tessel runs on this machine (GPT-2 tiny, thread backend, up to 8 ranks).
 
-For every rank count the machine is measured once (`tessel cluster detect --ranks N`), then for
-each layout `tessel plan --layout ... --format json` predicts the step and `tessel train` runs
-it; the measured figure is the median step time after the warm-up steps. Layout and machine
-noise: quote the median ratio.
+For each layout the machine is measured right before (`tessel cluster detect --ranks N`; a
+shared host's speed drifts over minutes), `tessel plan --layout ... --format json` predicts the
+step and `tessel train` runs it; the measured figure is the median step time after the warm-up
+steps. Quote the median ratio: the host is noisy.
 
   bench/plan_fidelity.py [--steps 8] [--warmup 2] [--layouts all|quick] [--tessel build/release/tessel]
 """
@@ -66,10 +66,9 @@ def main():
     ratios = []
     for dp, tp, pp, vpp, stage, sp, mb, schedule, recompute in layouts:
         ranks = dp * tp * pp
-        if ranks not in clusters:
-            path = os.path.join(tmp, f"local-{ranks}.yaml")
-            run([args.tessel, "cluster", "detect", "--ranks", str(ranks), "-q", "-o", path], "cluster detect")
-            clusters[ranks] = path
+        path = os.path.join(tmp, f"local-{ranks}.yaml")
+        run([args.tessel, "cluster", "detect", "--ranks", str(ranks), "-q", "-o", path], "cluster detect")
+        clusters[ranks] = path
         mbs = 16 // (dp * mb)
         layout = (f"dp={dp},tp={tp},pp={pp},vpp={vpp},mbs={mbs},sharding_stage={stage},sp={str(sp).lower()},"
                   f"recompute={recompute},schedule={schedule}")

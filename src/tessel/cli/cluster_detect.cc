@@ -98,10 +98,11 @@ struct CommFigures {
   double busbw = 0, latency = 0;
 };
 
-// all_reduce on the thread backend with two ranks of one thread each: bus bandwidth of 16 MiB
-// (2(n-1)/n * bytes / time) and the time of a 4-byte one.
-CommFigures measure_thread_all_reduce() {
-  constexpr int kRanks = 2;
+// all_reduce on the thread backend with the ranks the plan will run (at least two), one thread
+// each: bus bandwidth of 16 MiB (2(n-1)/n * bytes / time) and the time of a 4-byte one. With
+// more ranks than cores this is what the ranks get while they share the cores.
+CommFigures measure_thread_all_reduce(int ranks) {
+  const int kRanks = std::max(2, ranks);
   constexpr int64_t kBig = 16 << 20;
   CommFigures out;
   spawn(
@@ -300,8 +301,8 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
 
   progress("measuring memcpy bandwidth (one thread, 256 MiB)...");
   const double copied = measure_memcpy_bandwidth();
-  progress("measuring all_reduce on the thread backend (2 ranks)...");
-  CommFigures comm = measure_thread_all_reduce();
+  progress(fmt::format("measuring all_reduce on the thread backend ({} ranks)...", std::max(2, ranks)).c_str());
+  CommFigures comm = measure_thread_all_reduce(ranks);
   progress("measuring op dispatch overhead...");
   const double overhead = measure_op_overhead();
 
@@ -338,9 +339,9 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
                                        "single-thread memcpy of 256 MiB ({:.2f} GB/s copied, twice that in traffic); {}",
                                        kernels.stream_bandwidth / 1e9, copied / 1e9, origin)},
       {"memory_bytes", fmt::format("total memory {} / {} ranks", bytes_text(m.memory_bytes), ranks)},
-      {"intra", fmt::format("thread-backend all_reduce, 2 ranks: busbw {:.2f} GB/s at 16 MiB, {:.1f} us at 4 bytes; "
+      {"intra", fmt::format("thread-backend all_reduce, {} ranks: busbw {:.2f} GB/s at 16 MiB, {:.1f} us at 4 bytes; "
                             "inter is the same (one node); {}",
-                            comm.busbw / 1e9, comm.latency * 1e6, origin)},
+                            std::max(2, ranks), comm.busbw / 1e9, comm.latency * 1e6, origin)},
       {"gemm_efficiency", fmt::format("tessel's linear [2048, 256] x [768, 256]^T reaches {:.1f}% of the sgemm peak; {}",
                                       100 * kernels.linear_share, origin)},
       {"attention_efficiency", fmt::format("tessel's causal sdpa on [16, 4, 128, 64] reaches {:.1f}% of the sgemm "

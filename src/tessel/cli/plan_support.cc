@@ -33,6 +33,7 @@ plan::ModelSpec model_spec_of(const RunConfig& config) {
     m.ffn = 4 * g.n_embd;
     m.vocab = g.vocab_size;
     m.dropout = config.train.dropout >= 0 ? config.train.dropout : g.dropout;
+    m.packed_qkv_gather = true;  // how parallel::gpt2_plan shards c_attn
   }
   m.name = config.model.arch;
   plan::validate(m);

@@ -303,6 +303,14 @@ Tensor unfront(const Tensor& x, int64_t d) {
   return view::contiguous(view::permute(x, order));
 }
 
+// Elements per index of dim d: the product of the other dims.
+int64_t numel_except(const Shape& shape, int64_t d) {
+  int64_t n = 1;
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (static_cast<int64_t>(i) != d) n *= shape[i];
+  return n;
+}
+
 double pad_value(ReduceOp op) {
   if (op == ReduceOp::max) return -std::numeric_limits<double>::infinity();
   if (op == ReduceOp::min) return std::numeric_limits<double>::infinity();
@@ -321,6 +329,9 @@ Tensor run_step(const Tensor& x, const ReshardStep& s, const ProcessMesh& mesh, 
   DistAttr before(mesh, s.before), after(mesh, s.after);
   const int64_t m = s.mesh_dim;
   const int64_t k = mesh.dim_size(m);
+  // Over one rank every step is the identity (a shard is the whole dim, a partial value is
+  // complete): hand the piece on instead of copying it.
+  if (k == 1) return x;
   const int64_t c = mesh.coord(rank)[static_cast<size_t>(m)];
   const DType dt = x.dtype();
   Shape out_shape = after.local_shape(shape, rank);
@@ -357,35 +368,59 @@ Tensor run_step(const Tensor& x, const ReshardStep& s, const ProcessMesh& mesh, 
       return out;
     }
     case K::all_gather: {
+      // Each rank's piece travels as it is laid out (contiguous); the received blocks are then
+      // copied into their slices of the output, whose rows along `d` are contiguous runs.
       int64_t d = s.tensor_dim;
       std::vector<int64_t> ext = extents(before, shape, m, d, rank);
-      Tensor xf = front(x, d);
-      int64_t rest = shape_numel(Shape(xf.shape().begin() + 1, xf.shape().end()));
-      Shape gathered = xf.shape();
-      gathered[0] = 0;
+      Tensor piece = view::contiguous(x);
+      Shape full = piece.shape();
+      const int64_t row = numel_except(full, d);
+      full[static_cast<size_t>(d)] = 0;
       std::vector<int64_t> counts;
       for (int64_t e : ext) {
-        gathered[0] += e;
-        counts.push_back(e * rest);
+        full[static_cast<size_t>(d)] += e;
+        counts.push_back(e * row);
       }
-      Tensor out = Tensor::empty(gathered, dt);
-      if (k > 1) mesh_dim_group(mesh, m)->all_gather_v(xf.raw_data(), out.raw_data(), counts, dt);
-      else view::copy(out, xf);
-      return unfront(out, d);
+      int64_t total = 0;
+      for (int64_t n : counts) total += n;
+      Tensor buffer = Tensor::empty({total}, dt);
+      mesh_dim_group(mesh, m)->all_gather_v(piece.raw_data(), buffer.raw_data(), counts, dt);
+      Tensor out = Tensor::empty(full, dt);
+      int64_t at = 0, offset = 0;
+      for (size_t r = 0; r < ext.size(); ++r) {
+        Shape block = full;
+        block[static_cast<size_t>(d)] = ext[r];
+        view::copy(view::slice(out, d, offset, offset + ext[r]),
+                   view::reshape(view::slice(buffer, 0, at, at + counts[r]), block));
+        at += counts[r];
+        offset += ext[r];
+      }
+      return out;
     }
     case K::reduce_scatter: {
+      // The blocks along `d` are packed contiguously in group order (row-run copies), reduced
+      // and scattered; this rank's block arrives in its own layout.
       int64_t d = s.tensor_dim;
       std::vector<int64_t> ext = extents(after, shape, m, d, rank);
-      Tensor xf = front(x, d);
-      int64_t rest = shape_numel(Shape(xf.shape().begin() + 1, xf.shape().end()));
+      const Shape& full = x.shape();
+      const int64_t row = numel_except(full, d);
       std::vector<int64_t> counts;
-      for (int64_t e : ext) counts.push_back(e * rest);
-      Shape mine = xf.shape();
-      mine[0] = ext[static_cast<size_t>(c)];
+      for (int64_t e : ext) counts.push_back(e * row);
+      Tensor packed = Tensor::empty({shape_numel(full)}, dt);
+      int64_t at = 0, offset = 0;
+      for (size_t r = 0; r < ext.size(); ++r) {
+        Shape block = full;
+        block[static_cast<size_t>(d)] = ext[r];
+        view::copy(view::reshape(view::slice(packed, 0, at, at + counts[r]), block),
+                   view::slice(x, d, offset, offset + ext[r]));
+        at += counts[r];
+        offset += ext[r];
+      }
+      Shape mine = full;
+      mine[static_cast<size_t>(d)] = ext[static_cast<size_t>(c)];
       Tensor out = Tensor::empty(mine, dt);
-      if (k > 1) mesh_dim_group(mesh, m)->reduce_scatter_v(xf.raw_data(), out.raw_data(), counts, dt, s.reduce);
-      else view::copy(out, xf);
-      return unfront(out, d);
+      mesh_dim_group(mesh, m)->reduce_scatter_v(packed.raw_data(), out.raw_data(), counts, dt, s.reduce);
+      return out;
     }
     case K::all_to_all: {
       // S(a) -> S(b): split my piece along b into k chunks (chunk j to member j); receive each

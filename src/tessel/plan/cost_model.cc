@@ -89,9 +89,9 @@ struct Pass {
     return bytes / (c.device.memory_bandwidth * c.calibration.memory_efficiency * share);
   }
 
-  // One op by name through the registry. `gemm_dims`: the output's two smallest-tile dims of a
-  // GEMM (0 for streaming ops). Backward: GEMMs twice the forward (input and weight gradients,
-  // the latter only when the op has a weight), streaming ops twice the bytes.
+  // One op by name through the registry. `gemm_dim`: the smaller output dim of a GEMM (0 for
+  // streaming ops). Backward: twice the forward for both (two GEMMs; streaming ops read the
+  // gradient and a saved tensor and write a gradient).
   void op(const char* name, std::vector<TensorMeta> in, const Attrs& attrs, double gemm_dim, bool has_weight,
           bool attention_core = false, double kind_efficiency = 1) {
     Cost k = op_cost(op_by_name(name), in, attrs);
@@ -105,9 +105,15 @@ struct Pass {
     cost.fwd += t;
     cost.flops_fwd += k.flops;
     cost.kernels += 1;
-    const double bwd = gemm_dim > 0 ? t : 2 * t;
-    cost.bwd_input += bwd;
-    if (gemm_dim > 0 && has_weight) cost.bwd_weight += t;
+    // A GEMM's backward is two GEMMs of its size, one per operand: the input gradient and the
+    // weight gradient of a linear (kept apart for ZB-H1), both input gradients of a product of
+    // activations (attention's QK^T and PV; a fused attention kernel the same).
+    cost.bwd_input += 2 * t;
+    if (gemm_dim > 0 && has_weight) {
+      cost.bwd_input -= t;
+      cost.bwd_weight += t;
+    }
+    const double bwd = 2 * t;
     if (attention_core) {
       attention_fwd += t;
       attention_bwd += bwd;
@@ -205,7 +211,25 @@ LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) 
   } else {
     linear(p, tokens, h, 3 * hq * d, true);
   }
-  attention(p, m, b, hq, hkv, m.dropout);
+  double qkv_gather = 0, qkv_gather_bwd = 0;
+  if (m.packed_qkv_gather && t > 1) {
+    // The packed projection is gathered whole (reshard S->R: moved to the front, gathered,
+    // moved back) and every rank attends over all heads; the output projection takes its slice.
+    const double bytes = static_cast<double>(tokens * 3 * h) * prec.activation;
+    qkv_gather = all_gather_time(c, bytes, s.tp_group);
+    streaming(p, "contiguous", {tokens, 3 * h});
+    streaming(p, "contiguous", {tokens, 3 * h});
+    attention(p, m, b, m.heads, m.kv_heads, m.dropout);
+    streaming(p, "contiguous", {tokens, hq * d});
+    // Backward: the projection input's gradient is gathered back to every rank (the slice's
+    // gradient, S->R, moved to the front and back again) and the QKV gradient sliced to this
+    // rank's columns.
+    const double out_bytes = static_cast<double>(tokens * h) * prec.activation;
+    qkv_gather_bwd = all_gather_time(c, out_bytes, s.tp_group);
+    p.cost.bwd_input += p.stream(4 * out_bytes + 2 * static_cast<double>(tokens * 3 * hq * d) * prec.activation);
+  } else {
+    attention(p, m, b, hq, hkv, m.dropout);
+  }
   linear(p, tokens, hq * d, h, !llama);
   residual();
   // MLP block.
@@ -226,6 +250,8 @@ LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) 
 
   LayerCost lc = p.cost;
   tp_comm(lc, c, s, static_cast<double>(tokens * h) * prec.activation);
+  lc.tp_fwd += qkv_gather;
+  lc.tp_bwd += qkv_gather_bwd;
   if (s.recompute == "full") lc.recompute = lc.fwd + lc.tp_fwd;
   else if (s.recompute == "selective") lc.recompute = p.attention_fwd;
   return lc;
