@@ -7,7 +7,10 @@ shared host's speed drifts over minutes), `tessel plan --layout ... --format jso
 step and `tessel train` runs it; the measured figure is the median step time after the warm-up
 steps. Quote the median ratio: the host is noisy.
 
-  bench/plan_fidelity.py [--steps 8] [--warmup 2] [--layouts all|quick] [--tessel build/release/tessel]
+With --repeats R (default 3) each layout is measured and predicted R times, alternating, and the
+medians compared.
+
+  bench/plan_fidelity.py [--steps 8] [--warmup 2] [--repeats 3] [--layouts all|quick] [--tessel build/release/tessel]
 """
 import argparse
 import json
@@ -53,6 +56,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8, help="training steps per layout (default 8)")
     ap.add_argument("--warmup", type=int, default=2, help="steps left out of the median (default 2)")
+    ap.add_argument("--repeats", type=int, default=3, help="detect+plan+train rounds per layout (default 3)")
     ap.add_argument("--layouts", default="all", choices=["all", "quick"], help="all 16 layouts or 5 (default all)")
     ap.add_argument("--tessel", default=os.path.join(ROOT, "build/release/tessel"), help="the tessel binary")
     args = ap.parse_args()
@@ -60,33 +64,35 @@ def main():
         sys.exit(f"error: {args.tessel} not found; build first (./run.sh build)")
     layouts = LAYOUTS if args.layouts == "all" else QUICK
     tmp = tempfile.mkdtemp(prefix="tessel-fidelity-")
-    clusters = {}
-    print(f"GPT-2 tiny ({CONFIG}), thread backend; median step time over steps {args.warmup}..{args.steps - 1}")
+    print(f"GPT-2 tiny ({CONFIG}), thread backend; median step time over steps {args.warmup}..{args.steps - 1}; "
+          f"medians of {args.repeats} rounds")
     print(f"{'layout':<72} {'ranks':>5} {'predicted s':>12} {'measured s':>11} {'pred/meas':>10}")
     ratios = []
     for dp, tp, pp, vpp, stage, sp, mb, schedule, recompute in layouts:
         ranks = dp * tp * pp
-        path = os.path.join(tmp, f"local-{ranks}.yaml")
-        run([args.tessel, "cluster", "detect", "--ranks", str(ranks), "-q", "-o", path], "cluster detect")
-        clusters[ranks] = path
         mbs = 16 // (dp * mb)
         layout = (f"dp={dp},tp={tp},pp={pp},vpp={vpp},mbs={mbs},sharding_stage={stage},sp={str(sp).lower()},"
                   f"recompute={recompute},schedule={schedule}")
-        plan = json.loads(run([args.tessel, "plan", "--model", CONFIG, "--cluster", clusters[ranks], "--layout", layout,
-                               "--format", "json"], "tessel plan"))
-        predicted = plan["plans"][0]["step_time_s"]
-        metrics = os.path.join(tmp, "metrics.jsonl")
         sets = [f"train.steps={args.steps}", "train.warmup=0", "train.save_every=0", f"parallel.dp={dp}",
                 f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.vpp={vpp}", f"parallel.sharding_stage={stage}",
                 f"parallel.sp={str(sp).lower()}", f"parallel.micro_batches={mb}", f"parallel.schedule={schedule}",
                 f"parallel.recompute={recompute}"]
-        cmd = [args.tessel, "train", CONFIG, "--metrics", metrics, "--nproc", str(ranks)]
-        for s in sets:
-            cmd += ["--set", s]
-        run(cmd, "tessel train")
-        with open(metrics) as f:
-            steps = [json.loads(line) for line in f if line.strip()]
-        measured = statistics.median(s["step_time_s"] for s in steps[args.warmup:])
+        predictions, measurements = [], []
+        for _ in range(args.repeats):
+            path = os.path.join(tmp, f"local-{ranks}.yaml")
+            run([args.tessel, "cluster", "detect", "--ranks", str(ranks), "-q", "-o", path], "cluster detect")
+            plan = json.loads(run([args.tessel, "plan", "--model", CONFIG, "--cluster", path, "--layout", layout,
+                                   "--format", "json"], "tessel plan"))
+            predictions.append(plan["plans"][0]["step_time_s"])
+            metrics = os.path.join(tmp, "metrics.jsonl")
+            cmd = [args.tessel, "train", CONFIG, "--metrics", metrics, "--nproc", str(ranks)]
+            for s in sets:
+                cmd += ["--set", s]
+            run(cmd, "tessel train")
+            with open(metrics) as f:
+                steps = [json.loads(line) for line in f if line.strip()]
+            measurements.append(statistics.median(s["step_time_s"] for s in steps[args.warmup:]))
+        predicted, measured = statistics.median(predictions), statistics.median(measurements)
         ratios.append(predicted / measured)
         print(f"{layout:<72} {ranks:>5} {predicted:>12.4f} {measured:>11.4f} {predicted / measured:>9.2f}x", flush=True)
     within = sum(1 for r in ratios if abs(r - 1) <= 0.2)

@@ -116,7 +116,9 @@ TEST(CostModel, MemoryBySharding) {
     EXPECT_NEAR(e.memory.grads / (4 * P / (stage >= 2 ? 64 : 1)), 1.0, 1e-9) << stage;
     // Stage 3 keeps 1/64 of the weights plus the gathered working copy of its one chunk.
     EXPECT_NEAR(e.memory.params / (2 * P / (stage >= 3 ? 64 : 1) + (stage >= 3 ? 2 * P : 0)), 1.0, 1e-9) << stage;
-    if (stage < 3) EXPECT_LT(e.memory.total(), previous) << stage;
+    if (stage < 3) {
+      EXPECT_LT(e.memory.total(), previous) << stage;
+    }
     previous = e.memory.total();
   }
 }

@@ -57,6 +57,16 @@ const char* canonical_name(Kind k) {
   return "?";
 }
 
+}  // namespace
+
+std::string canonical_schedule_name(std::string_view kind) {
+  std::optional<Kind> k = parse_kind(kind);
+  TESSEL_CHECK(k.has_value(), "unknown pipeline schedule '{}' (known: {})", kind, kValidKinds);
+  return canonical_name(*k);
+}
+
+namespace {
+
 // ---------------------------------------------------------------------------------------------
 // Generators. Each appends compute steps through Builder, which brackets them with their
 // messages, so the generators only decide the order of compute.

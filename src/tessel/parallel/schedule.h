@@ -73,6 +73,10 @@ struct Schedule {
 // the valid ones), non-positive sizes, or chunks/microbatches the kind cannot take.
 Schedule make_schedule(std::string_view kind, int stages, int microbatches, int chunks = 1);
 
+// The canonical name of schedule `kind` ("gpipe" -> "FThenB", "interleaved" -> "VPP", ...);
+// throws Error listing the valid kinds for an unknown one.
+std::string canonical_schedule_name(std::string_view kind);
+
 // Proves `s` runs to completion, or throws Error naming the rank, the action and what it
 // waits for. Checks the structure first: every (micro-batch, virtual stage) has exactly one F
 // and one B (and one W iff split_backward); every boundary crossing has exactly one SEND on

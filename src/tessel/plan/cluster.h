@@ -34,7 +34,7 @@ struct Device {
 // never per model; every value says where it comes from in `sources` (key -> text).
 struct Calibration {
   double gemm_efficiency = 0.8;      // achieved share of peak of a large GEMM
-  double gemm_half_dim = 64;         // a GEMM whose smallest dim is d reaches
+  double gemm_half_dim = 64;         // a GEMM whose smallest dim (m, n or k) is d reaches
                                      // gemm_efficiency * d / (d + gemm_half_dim)
   double memory_efficiency = 0.8;    // achieved share of memory bandwidth of streaming kernels
   double link_efficiency = 0.8;      // achieved share of link bandwidth by a collective's busbw

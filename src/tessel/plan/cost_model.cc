@@ -89,7 +89,7 @@ struct Pass {
     return bytes / (c.device.memory_bandwidth * c.calibration.memory_efficiency * share);
   }
 
-  // One op by name through the registry. `gemm_dim`: the smaller output dim of a GEMM (0 for
+  // One op by name through the registry. `gemm_dim`: the smallest dim of a GEMM (0 for
   // streaming ops). Backward: twice the forward for both (two GEMMs; streaming ops read the
   // gradient and a saved tensor and write a gradient).
   void op(const char* name, std::vector<TensorMeta> in, const Attrs& attrs, double gemm_dim, bool has_weight,
@@ -133,7 +133,7 @@ Attrs dropout_attrs(double p, std::vector<int64_t> shape) {
 void linear(Pass& p, int64_t tokens, int64_t in, int64_t out, bool bias) {
   std::vector<TensorMeta> metas = {p.meta({tokens, in}), p.meta({out, in})};
   if (bias) metas.push_back(p.meta({out}));
-  p.op("linear", metas, linear_attrs(), static_cast<double>(std::min(tokens, out)), true);
+  p.op("linear", metas, linear_attrs(), static_cast<double>(std::min({tokens, in, out})), true);
 }
 
 void streaming(Pass& p, const char* name, std::vector<int64_t> shape, int inputs = 1, const Attrs& attrs = {}) {

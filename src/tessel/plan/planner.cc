@@ -136,16 +136,6 @@ int in_flight(const Layout& l, int rank) {
   return static_cast<int>(std::min<int64_t>(p - rank, m));
 }
 
-std::string canonical_schedule(const std::string& s) {
-  std::string u;
-  for (char ch : s) u += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  if (u == "GPIPE" || u == "FTHENB") return "FThenB";
-  if (u == "1F1B") return "1F1B";
-  if (u == "VPP" || u == "INTERLEAVED") return "VPP";
-  if (u == "ZBH1" || u == "ZB-H1") return "ZBH1";
-  TESSEL_THROW("unknown schedule '{}' (known: FThenB, 1F1B, VPP, ZBH1)", s);
-}
-
 // Everything evaluate() derives from a layout before playing its schedule.
 struct Prepared {
   Layout l;
@@ -174,7 +164,7 @@ void check_layout(const ModelSpec& m, const Cluster& c, Layout& l, int64_t globa
   TESSEL_CHECK(l.sharding_stage >= 0 && l.sharding_stage <= 3, "layout {}: sharding_stage must be 0-3", l.str());
   TESSEL_CHECK(l.recompute == "none" || l.recompute == "selective" || l.recompute == "full",
                "layout {}: recompute must be none, selective or full", l.str());
-  l.schedule = canonical_schedule(l.schedule);
+  l.schedule = parallel::canonical_schedule_name(l.schedule);
   if (l.tp == 1) l.sp = false;
   TESSEL_CHECK(l.vpp == 1 || l.schedule == "VPP", "layout {}: vpp > 1 needs the VPP schedule", l.str());
   TESSEL_CHECK(l.vpp == 1 || l.micro_batches % l.pp == 0,
