@@ -19,8 +19,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "tessel/comm/tcp_store.h"
@@ -93,7 +95,25 @@ void by_element_size(DType dtype, F f) {
   }
 }
 
+// Gloo's TCP transport writes to peer sockets without MSG_NOSIGNAL: once a peer has died, a
+// write raises SIGPIPE, whose default action kills the whole process before the failure can
+// surface as a CommError naming the missing rank. Ignore it (once, only if nobody installed a
+// handler), so the write fails with EPIPE and the group reports the dead peer.
+void ignore_sigpipe_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction old {};
+    if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+      struct sigaction ign {};
+      ign.sa_handler = SIG_IGN;
+      ::sigemptyset(&ign.sa_mask);
+      ::sigaction(SIGPIPE, &ign, nullptr);
+    }
+  });
+}
+
 std::shared_ptr<gloo::transport::Device> device_for(const std::string& host) {
+  ignore_sigpipe_once();
   static std::mutex mutex;
   static std::map<std::string, std::shared_ptr<gloo::transport::Device>> devices;
   std::lock_guard lock(mutex);
