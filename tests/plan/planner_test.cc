@@ -229,3 +229,18 @@ TEST(Presets, SizesAndErrors) {
   EXPECT_NEAR(model_preset("llama3-70b").parameters() / 70.6e9, 1.0, 0.01);
   EXPECT_THROW(model_preset("gpt-2t"), Error);
 }
+
+// Every model preset plans on a cluster it fits (GQA, SwiGLU, untied heads and RoPE included).
+TEST(Planner, EveryModelPresetPlans) {
+  for (const std::string& name : model_preset_names()) {
+    const ModelSpec m = model_preset(name);
+    const int devices = m.parameters() > 100e9 ? 512 : 64;
+    PlanOptions o;
+    o.global_batch = 512;
+    o.top = 1;
+    SearchResult s = search(m, cluster_preset("h200:" + std::to_string(devices)), o);
+    ASSERT_FALSE(s.best.empty()) << name;
+    EXPECT_GT(s.best.front().mfu, 0.05) << name;
+    EXPECT_LT(s.best.front().mfu, 1.0) << name;
+  }
+}

@@ -262,7 +262,8 @@ LayerCost embedding_cost(const ModelSpec& m, const Cluster& c, const LayerShape&
   Pass p{c, prec.activation == 4 ? DType::f32 : DType::bf16, c.compute_share(c.devices_per_node), {}};
   const int64_t tokens = s.micro_batch * m.seq;
   // Gathering rows reads and writes tokens x hidden; the backward scatters them back.
-  streaming(p, "add", {tokens, m.hidden}, m.position_embedding ? 2 : 1);
+  if (m.position_embedding) streaming(p, "add", {tokens, m.hidden}, 2);
+  else streaming(p, "contiguous", {tokens, m.hidden});
   LayerCost lc = p.cost;
   if (s.tp > 1) {  // vocab-parallel embedding: partial rows summed across tensor-parallel ranks
     lc.tp_fwd = all_reduce_time(c, static_cast<double>(tokens * m.hidden) * prec.activation, s.tp_group);
