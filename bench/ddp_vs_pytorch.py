@@ -10,7 +10,7 @@ intra-op thread per rank. Three variants are timed:
   tessel-thread  tessel train --set parallel.dp=2 (both ranks as threads of one process)
   tessel-gloo    tessel launch --nproc-per-node 2 -- tessel train ... --backend gloo
   pytorch-ddp    this script started twice (one process per rank), DDP over gloo on loopback,
-                 the GPT-2 of bench/train_vs_pytorch.py (pre-LN, tanh GELU, tied head,
+                 the GPT-2 of bench/pytorch_gpt2.py (pre-LN, tanh GELU, tied head,
                  masked-softmax attention), AdamW(1e-3, (0.9, 0.95), wd 0.1), clip_grad_norm_ 1.0
 
 Each run does warmup + steps steps; the warm-up steps are dropped and the median step time of
@@ -37,64 +37,19 @@ ONE_THREAD = dict(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS
 
 def ddp_worker(rank, port, steps, warmup):
     """One rank of the PyTorch DDP run; rank 0 prints its per-step times as one JSON line."""
-    import math
     import time
     import torch
     import torch.distributed as dist
-    import torch.nn as nn
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from pytorch_gpt2 import gpt2_with_adamw
 
     torch.set_num_threads(1)
     torch.manual_seed(1)  # same initial weights on both ranks (DDP also broadcasts rank 0's)
-    L, C, H, V, T = CFG["n_layer"], CFG["n_embd"], CFG["n_head"], CFG["vocab_size"], CFG["seq_len"]
+    T = CFG["seq_len"]
     B = CFG["global_batch"] // CFG["ranks"]
-
-    class Block(nn.Module):
-        def __init__(s):
-            super().__init__()
-            s.ln_1, s.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
-            s.c_attn, s.attn_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
-            s.c_fc, s.mlp_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
-            # a plain attribute, not a buffer: gloo cannot broadcast bool tensors, and a constant
-            # mask has nothing to sync (tessel does not sync it either)
-            s.mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
-
-        def forward(s, x):
-            b, t, c = x.shape
-            q, k, v = s.c_attn(s.ln_1(x)).split(C, dim=2)
-            q, k, v = [z.view(b, t, H, C // H).transpose(1, 2) for z in (q, k, v)]
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // H))
-            att = F.softmax(att.masked_fill(~s.mask[:t, :t], float("-inf")), dim=-1)
-            y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
-            x = x + s.attn_proj(y)
-            return x + s.mlp_proj(F.gelu(s.c_fc(s.ln_2(x)), approximate="tanh"))
-
-    class GPT(nn.Module):
-        def __init__(s):
-            super().__init__()
-            s.wte, s.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
-            s.h = nn.ModuleList([Block() for _ in range(L)])
-            s.ln_f = nn.LayerNorm(C)
-
-        def forward(s, idx, targets):
-            x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1]))
-            for blk in s.h:
-                x = blk(x)
-            logits = F.linear(s.ln_f(x), s.wte.weight)
-            return F.cross_entropy(logits.view(-1, V), targets.view(-1))
-
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=CFG["ranks"])
-    model = GPT()
-    for m in model.modules():  # GPT-2's init, so the loss starts near ln(vocab) as tessel's does
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, 0.0, 0.02)
-        if isinstance(m, nn.Linear):
-            nn.init.zeros_(m.bias)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    model, opt = gpt2_with_adamw(CFG["n_layer"], CFG["n_embd"], CFG["n_head"], CFG["vocab_size"], T)
     ddp = DDP(model)
     with open(os.path.join(ROOT, "data/kjv.txt"), "rb") as f:
         data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).long()

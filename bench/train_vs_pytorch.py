@@ -3,8 +3,7 @@
 model, optimizer and batch, measured side by side in one run.
 
 The model is the GPT-2 of configs/bench-gpt2.yaml (n_layer 4, n_embd 256, n_head 4, seq 128,
-batch 8, vocab 512, AdamW, grad clip 1.0); the PyTorch side is a plain GPT-2 (pre-LayerNorm,
-tanh GELU, tied head, masked-softmax attention as torch 1.13 has no fused attention) trained
+batch 8, vocab 512, AdamW, grad clip 1.0); the PyTorch side is bench/pytorch_gpt2.py trained
 on random windows of the same corpus. For each thread count both are timed over the same
 number of steps and the medians compared; the runs alternate so machine noise hits both.
 
@@ -25,47 +24,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def pytorch_steps(threads, steps, warmup, cfg):
     """Returns the per-step times of a PyTorch run in a fresh process with `threads` threads."""
     code = f"""
-import json, math, os, time, torch, torch.nn as nn, torch.nn.functional as F
+import json, sys, time, torch
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+from pytorch_gpt2 import gpt2_with_adamw
 torch.set_num_threads({threads})
 torch.manual_seed(1)
-L, C, H, V, T, B = {cfg['n_layer']}, {cfg['n_embd']}, {cfg['n_head']}, {cfg['vocab_size']}, {cfg['seq_len']}, {cfg['batch']}
-class Block(nn.Module):
-    def __init__(s):
-        super().__init__()
-        s.ln_1, s.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
-        s.c_attn, s.attn_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
-        s.c_fc, s.mlp_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
-        s.register_buffer("mask", torch.tril(torch.ones(T, T, dtype=torch.bool)))
-    def forward(s, x):
-        b, t, c = x.shape
-        q, k, v = s.c_attn(s.ln_1(x)).split(C, dim=2)
-        q, k, v = [z.view(b, t, H, C // H).transpose(1, 2) for z in (q, k, v)]
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // H))
-        att = F.softmax(att.masked_fill(~s.mask[:t, :t], float('-inf')), dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
-        x = x + s.attn_proj(y)
-        return x + s.mlp_proj(F.gelu(s.c_fc(s.ln_2(x)), approximate='tanh'))
-class GPT(nn.Module):
-    def __init__(s):
-        super().__init__()
-        s.wte, s.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
-        s.h = nn.ModuleList([Block() for _ in range(L)])
-        s.ln_f = nn.LayerNorm(C)
-    def forward(s, idx, targets):
-        x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1]))
-        for blk in s.h: x = blk(x)
-        logits = F.linear(s.ln_f(x), s.wte.weight)
-        return F.cross_entropy(logits.view(-1, V), targets.view(-1))
-model = GPT()
-for m in model.modules():  # GPT-2's init, as tessel uses, so both start from a loss near ln(vocab)
-    if isinstance(m, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(m.weight, 0.0, 0.02)
-    if isinstance(m, nn.Linear):
-        nn.init.zeros_(m.bias)
-decay = [p for p in model.parameters() if p.dim() >= 2]
-no_decay = [p for p in model.parameters() if p.dim() < 2]
-opt = torch.optim.AdamW([{{'params': decay, 'weight_decay': 0.1}}, {{'params': no_decay, 'weight_decay': 0.0}}],
-                        lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+T, B = {cfg['seq_len']}, {cfg['batch']}
+model, opt = gpt2_with_adamw({cfg['n_layer']}, {cfg['n_embd']}, {cfg['n_head']}, {cfg['vocab_size']}, T)
 data = torch.frombuffer(bytearray(open({cfg['data']!r}, 'rb').read()), dtype=torch.uint8).long()
 g = torch.Generator().manual_seed(1)
 times = []

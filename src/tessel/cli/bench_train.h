@@ -16,7 +16,7 @@ struct TrainBenchOptions {
 // threads, parameters.
 Json bench_train(RunConfig config, const TrainBenchOptions& options);
 
-// The best median GFLOP/s of cblas_sgemm on a few large shapes with the current threads.
+// The best median rate of cblas_sgemm on a few large shapes with the current threads, in FLOP/s.
 double measure_sgemm_peak();
 
 }  // namespace tessel

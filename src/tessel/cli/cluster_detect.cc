@@ -306,7 +306,7 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
         concurrent,
         [&](int rank) {
           const size_t r = static_cast<size_t>(rank);
-          best[r] = measure_sgemm_peak();  // FLOP/s despite its "GFLOP/s" comment: 2n^3 / seconds
+          best[r] = measure_sgemm_peak();
           KernelFigures k = measure_kernels();
           typical[r] = k.sgemm_rate;
           linear_share[r] = k.linear_share;
