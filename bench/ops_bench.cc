@@ -19,6 +19,8 @@
 #include "tessel/core/context.h"
 #include "tessel/core/philox.h"
 #include "tessel/core/view.h"
+#include "tessel/autograd/engine.h"
+#include "tessel/ops/attention.h"
 #include "tessel/ops/ops.h"
 
 using namespace tessel;
@@ -101,6 +103,41 @@ void BM_linear(benchmark::State& state) {
          [&] { sgemm(1024, 3072, 768, view::reshape(x, {1024, 768}), wt, c); });
 }
 BENCHMARK(BM_linear)->Name("linear_1024x768x3072")->UseManualTime();
+
+// ---- attention: forward + backward through autograd, against the plain (full T×S) gemms ----
+// The reference is what a non-fused attention must at least run per (batch, head): the six
+// cblas_sgemm calls of scores, P·V and the four backward products, over the whole T×S even
+// when causal. FLOPs are counted that way on both sides (the model-FLOPs convention), so a
+// causal kernel that skips the masked half can exceed 100%.
+void BM_sdpa(benchmark::State& state) {
+  const int64_t B = 8, H = 4, T = state.range(0), D = 64;
+  const bool causal = state.range(1) != 0;
+  Tensor q = random({B, H, T, D}), k = random({B, H, T, D}), v = random({B, H, T, D});
+  for (const Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+  Tensor s = Tensor::empty({T, T}), o = Tensor::empty({T, D}), g = random({T, D});
+  auto ref = [&] {
+    float *sp = s.data<float>(), *op = o.data<float>();
+    const float *qp = q.data<float>(), *kp = k.data<float>(), *gp = g.data<float>();
+    const int t = static_cast<int>(T), d = static_cast<int>(D);
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      const float *qh = qp + bh * T * D, *kh = kp + bh * T * D;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, d, 1.0f, qh, d, kh, d, 0.0f, sp, t);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, d, t, 1.0f, sp, t, kh, d, 0.0f, op, d);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, d, t, 1.0f, sp, t, gp, d, 1.0f, op, d);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, d, 1.0f, gp, d, kh, d, 0.0f, sp, t);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, d, t, 1.0f, sp, t, kh, d, 0.0f, op, d);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, d, t, 1.0f, sp, t, qh, d, 1.0f, op, d);
+    }
+  };
+  Tensor go = random({B, H, T, D});
+  auto ours = [&] {
+    Tensor y = scaled_dot_product_attention(q, k, v, causal);
+    backward(y, go);
+  };
+  paired(state, 12.0 * static_cast<double>(B * H * T * T * D) / 1e9, "GFLOP/s", ours, ref);
+}
+BENCHMARK(BM_sdpa)->Name("sdpa_fwd_bwd_B8_H4_T_D64_causal")->Args({128, 1})->Args({128, 0})->Args({512, 1})
+    ->UseManualTime();
 
 // ---- memory-bound kernels against memcpy of the same bytes ----
 const Shape kRows{4096, 1024};

@@ -61,6 +61,13 @@ const SdpaCase kSdpaCases[] = {
     {"causal_t_gt_s", {1, 1, 4, 3}, {1, 1, 2, 3}, true},
     {"gqa", {1, 4, 2, 3}, {1, 2, 3, 3}, false},
     {"scale", {1, 1, 3, 4}, {1, 1, 5, 4}, false, 0.7},
+    // Longer than the kernel's causal query block (32), so the blocked path runs: a partial
+    // last block, blocks that see no key at all (T > S), and keys beyond every query (T < S).
+    {"causal_blocks", {1, 2, 70, 2}, {1, 2, 70, 2}, true},
+    {"causal_blocks_gqa", {1, 4, 40, 2}, {1, 2, 40, 2}, true},
+    {"causal_blocks_t_gt_s", {1, 1, 80, 2}, {1, 1, 40, 2}, true},
+    {"causal_blocks_t_lt_s", {1, 1, 40, 2}, {1, 1, 72, 2}, true},
+    {"plain_long", {1, 1, 40, 2}, {1, 1, 40, 2}, false},
 };
 
 }  // namespace
