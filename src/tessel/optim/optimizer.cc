@@ -158,7 +158,6 @@ void Sgd::step() {
   }
 }
 
-namespace {
 // Σ x² in f64 with 8 independent partial sums (vectorisable; a fixed order).
 double sum_squares(const float* __restrict x, int64_t n) {
   double acc[8] = {};
@@ -169,7 +168,6 @@ double sum_squares(const float* __restrict x, int64_t n) {
   for (; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
   return s;
 }
-}  // namespace
 
 double grad_sum_squares(const std::vector<Tensor>& params) {
   ProfileScope profile_scope("optimizer.grad_norm");

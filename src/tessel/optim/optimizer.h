@@ -84,6 +84,10 @@ class Sgd : public Optimizer {
   SgdOptions options_;
 };
 
+// Σ x[i]² over n floats, in f64 with a fixed order (8 partial sums); the building block of
+// the gradient norm, for callers holding raw gradient slices.
+double sum_squares(const float* x, int64_t n);
+
 // Σ over parameters of Σ grad² (in f64) — the square of the global gradient norm. Parameters
 // without a gradient count zero.
 double grad_sum_squares(const std::vector<Tensor>& params);

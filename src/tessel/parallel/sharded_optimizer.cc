@@ -94,10 +94,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
     if (stage == 0) counts = counts && layout_.dp_rank == 0;
     if (!s.stored[1].is_shard()) counts = counts && layout_.tp_rank == 0;
     if (counts) {
-      const float* pg = shard.data<float>();  // contiguous: a flat slice of a contiguous tensor
-      double acc = 0;
-      for (int64_t k = 0; k < s.len; ++k) acc += static_cast<double>(pg[k]) * pg[k];
-      sum_sq += acc;
+      sum_sq += optim::sum_squares(shard.data<float>(), s.len);  // contiguous: a flat slice
     }
     grads[i] = shard;
   }
