@@ -1,9 +1,10 @@
 // Scaled dot-product attention, the plain (non-flash) form: per (batch, head, block of
-// queries) two gemms around a row softmax, with the probabilities P kept as a hidden output for backward. q, k
-// and v are read in place in any layout whose head dim is contiguous (heads permuted out of a
-// fused qkv projection cost no copy), and out, dq, dk, dv are written laid out [B, T, H, D]
-// in memory, so merging the heads afterwards is a view. The (b, h) loop is sequential because
-// OpenBLAS threads each gemm itself; only the row softmax runs on the intra-op pool.
+// queries) two gemms around a row softmax, with the probabilities P kept as a hidden output
+// for backward. q, k and v are read in place in any layout whose head dim is contiguous
+// (heads permuted out of a fused qkv projection cost no copy), and out, dq, dk, dv are
+// written laid out [B, T, H, D] in memory, so merging the heads afterwards is a view. The
+// (b, h) loop is sequential because OpenBLAS threads each gemm itself; only the row softmax
+// runs on the intra-op pool.
 // Grouped-query attention reads kv head h / (H / Hkv), and the backward accumulates dK and dV
 // over the query heads of a group in head order.
 //
@@ -171,7 +172,8 @@ void sdpa_forward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, cons
         const int64_t rows = std::min(qb, d.T - t0), n = visible_keys(d, causal, t0 + rows - 1);
         T* pt = pb + t0 * d.S;
         // scores[rows, n] = q[rows, D] @ k[n, D]^T · scale
-        if (n > 0) gemm<T>(false, true, rows, n, d.D, scale, q.at(b, h) + t0 * q.ld, q.ld, k.at(b, kvh), k.ld, T(0), pt, ld_s);
+        if (n > 0)
+          gemm<T>(false, true, rows, n, d.D, scale, q.at(b, h) + t0 * q.ld, q.ld, k.at(b, kvh), k.ld, T(0), pt, ld_s);
         parallel_for(0, rows, row_grain(n), [&](int64_t lo, int64_t hi) {
           for (int64_t t = lo; t < hi; ++t) masked_softmax_row(pt + t * d.S, visible_keys(d, causal, t0 + t), d.S);
         });
@@ -232,7 +234,8 @@ void sdpa_backward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, con
                   dq->ld);
         // dK[n, D] += dS^T[n, rows] @ Q[rows, D] · scale
         if (dk != nullptr)
-          gemm<T>(true, false, n, d.D, rows, scale, dst, ld_s, q.at(b, h) + t0 * q.ld, q.ld, T(1), dk->at(b, kvh), dk->ld);
+          gemm<T>(true, false, n, d.D, rows, scale, dst, ld_s, q.at(b, h) + t0 * q.ld, q.ld, T(1), dk->at(b, kvh),
+                  dk->ld);
       }
     }
 }
@@ -253,8 +256,8 @@ std::vector<Tensor> sdpa_backward(const GradCall& c) {
     if (dq.defined()) hq = heads_of<T>(dq, keep[4]);
     if (dk.defined()) hk = heads_of<T>(dk, keep[5]);
     if (dv.defined()) hv = heads_of<T>(dv, keep[6]);
-    sdpa_backward_t<T>(d, c.attrs.b("causal"), static_cast<T>(scale), q, k, v, P.data<T>(), dO, dq.defined() ? &hq : nullptr,
-                       dk.defined() ? &hk : nullptr, dv.defined() ? &hv : nullptr);
+    sdpa_backward_t<T>(d, c.attrs.b("causal"), static_cast<T>(scale), q, k, v, P.data<T>(), dO,
+                       dq.defined() ? &hq : nullptr, dk.defined() ? &hk : nullptr, dv.defined() ? &hv : nullptr);
   });
   return {dq, dk, dv};
 }
