@@ -11,31 +11,18 @@
 namespace tessel {
 
 plan::ModelSpec model_spec_of(const RunConfig& config) {
+  const int64_t seq = config.train.seq_len;
   plan::ModelSpec m;
-  m.seq = config.train.seq_len;
   if (config.model.arch == "llama") {
     const nn::LlamaConfig& l = config.model.llama;
-    m.arch = "llama";
-    m.layers = l.num_hidden_layers;
-    m.hidden = l.hidden_size;
-    m.heads = l.num_attention_heads;
-    m.kv_heads = l.num_key_value_heads;
-    m.ffn = l.intermediate_size;
-    m.vocab = l.vocab_size;
-    m.tied_embedding = false;
-    m.position_embedding = false;
+    m = plan::llama_spec(config.model.arch, l.num_hidden_layers, l.hidden_size, l.num_attention_heads,
+                         l.num_key_value_heads, l.intermediate_size, l.vocab_size, seq);
   } else {
     const nn::Gpt2Config& g = config.model.gpt2;
-    m.arch = "gpt";
-    m.layers = g.n_layer;
-    m.hidden = g.n_embd;
-    m.heads = m.kv_heads = g.n_head;
-    m.ffn = 4 * g.n_embd;
-    m.vocab = g.vocab_size;
+    m = plan::gpt_spec(config.model.arch, g.n_layer, g.n_embd, g.n_head, g.vocab_size, seq);
     m.dropout = config.train.dropout >= 0 ? config.train.dropout : g.dropout;
     m.packed_qkv_gather = true;  // how parallel::gpt2_plan shards c_attn
   }
-  m.name = config.model.arch;
   plan::validate(m);
   return m;
 }

@@ -1,5 +1,7 @@
 #include "tessel/plan/model_spec.h"
 
+#include <utility>
+
 #include "tessel/core/error.h"
 
 namespace tessel::plan {
@@ -19,39 +21,43 @@ double ModelSpec::parameters() const {
   return p;
 }
 
-namespace {
-
-// Narayanan et al. 2021 (Megatron-LM on GPU clusters), Table 1: layers, hidden, heads; every
-// model with sequence length 2048 and vocabulary 51,200.
-ModelSpec gpt(const char* name, int64_t layers, int64_t hidden, int64_t heads) {
+ModelSpec gpt_spec(std::string name, int64_t layers, int64_t hidden, int64_t heads, int64_t vocab, int64_t seq) {
   ModelSpec m;
-  m.name = name;
+  m.name = std::move(name);
   m.arch = "gpt";
   m.layers = layers;
   m.hidden = hidden;
   m.heads = m.kv_heads = heads;
   m.ffn = 4 * hidden;
-  m.vocab = 51200;
-  m.seq = 2048;
-  m.dropout = 0.1;  // Megatron-LM's default hidden and attention dropout
+  m.vocab = vocab;
+  m.seq = seq;
   return m;
 }
 
-// Touvron et al. 2023 (Llama 2) and Meta's Llama 3 model cards / config.json files.
-ModelSpec llama(const char* name, int64_t layers, int64_t hidden, int64_t heads, int64_t kv, int64_t ffn,
-                int64_t vocab, int64_t seq) {
+ModelSpec llama_spec(std::string name, int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t ffn,
+                     int64_t vocab, int64_t seq) {
   ModelSpec m;
-  m.name = name;
+  m.name = std::move(name);
   m.arch = "llama";
   m.layers = layers;
   m.hidden = hidden;
   m.heads = heads;
-  m.kv_heads = kv;
+  m.kv_heads = kv_heads;
   m.ffn = ffn;
   m.vocab = vocab;
   m.seq = seq;
   m.tied_embedding = false;
   m.position_embedding = false;
+  return m;
+}
+
+namespace {
+
+// Narayanan et al. 2021 (Megatron-LM on GPU clusters), Table 1: layers, hidden, heads; every
+// model with sequence length 2048 and vocabulary 51,200.
+ModelSpec gpt(const char* name, int64_t layers, int64_t hidden, int64_t heads) {
+  ModelSpec m = gpt_spec(name, layers, hidden, heads, 51200, 2048);
+  m.dropout = 0.1;  // Megatron-LM's default hidden and attention dropout
   return m;
 }
 
@@ -66,12 +72,13 @@ const ModelSpec kPresets[] = {
     gpt("gpt-310b", 96, 16384, 128),
     gpt("gpt-530b", 105, 20480, 128),
     gpt("gpt-1t", 128, 25600, 160),
-    llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
-    llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
-    llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
-    llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
-    llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
-    llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+    // Touvron et al. 2023 (Llama 2) and Meta's Llama 3 model cards / config.json files.
+    llama_spec("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+    llama_spec("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+    llama_spec("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+    llama_spec("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+    llama_spec("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+    llama_spec("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
 };
 
 }  // namespace

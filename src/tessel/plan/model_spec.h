@@ -27,6 +27,13 @@ struct ModelSpec {
   double parameters() const;        // whole model
 };
 
+// A model of each architecture from its sizes, with the architecture's fixed traits: GPT has an
+// MLP of 4·hidden, as many kv heads as heads, learned positions and a tied head; Llama has
+// RoPE (no position table) and an untied head.
+ModelSpec gpt_spec(std::string name, int64_t layers, int64_t hidden, int64_t heads, int64_t vocab, int64_t seq);
+ModelSpec llama_spec(std::string name, int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t ffn,
+                     int64_t vocab, int64_t seq);
+
 // gpt-1.7b, gpt-3.6b, gpt-7.5b, gpt-18b, gpt-39b, gpt-76b, gpt-146b, gpt-310b, gpt-530b, gpt-1t,
 // llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama3-405b.
 ModelSpec model_preset(std::string_view name);
