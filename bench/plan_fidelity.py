@@ -2,15 +2,18 @@
 """Local fidelity of the planner: predicted step time beside the measured one for the hybrid
 layouts tessel runs on this machine (GPT-2 tiny, thread backend, up to 8 ranks).
 
-For each layout the machine is measured right before (`tessel cluster detect --ranks N`; a
-shared host's speed drifts over minutes), `tessel plan --layout ... --format json` predicts the
-step and `tessel train` runs it; the measured figure is the median step time after the warm-up
-steps. Quote the median ratio: the host is noisy.
+One round of a layout: `tessel cluster detect --ranks N` measures the machine, `tessel train`
+runs the layout, and detect measures again; `tessel plan --layout ... --format json` predicts
+the step on each of the two measurements and the round's prediction is their mean. The measured
+figure is the mean step time after the warm-up steps. A shared host can switch between a fast
+and a slow speed every second or two, so both sides are time averages (a median would land on
+one of the two speeds) and each round pairs a prediction with the measurement it brackets.
 
-With --repeats R (default 3) each layout is measured and predicted R times, alternating, and the
-medians compared.
+With --repeats R (default 3) every layout gets R rounds, the layouts taking turns so that a slow
+minute falls on many of them a little rather than on one a lot; the table gives the medians of
+the predictions, of the measurements and of the per-round ratios.
 
-  bench/plan_fidelity.py [--steps 8] [--warmup 2] [--repeats 3] [--layouts all|quick] [--tessel build/release/tessel]
+  bench/plan_fidelity.py [--steps 12] [--warmup 2] [--repeats 3] [--layouts all|quick] [--tessel build/release/tessel]
 """
 import argparse
 import json
@@ -52,49 +55,83 @@ def run(cmd, what):
     return out.stdout
 
 
+def layout_text(dp, tp, pp, vpp, stage, sp, mb, schedule, recompute):
+    mbs = 16 // (dp * mb)
+    return (f"dp={dp},tp={tp},pp={pp},vpp={vpp},mbs={mbs},sharding_stage={stage},sp={str(sp).lower()},"
+            f"recompute={recompute},schedule={schedule}")
+
+
+def predict(args, cluster, layout):
+    plan = json.loads(run([args.tessel, "plan", "--model", CONFIG, "--cluster", cluster, "--layout", layout,
+                           "--format", "json"], "tessel plan"))
+    return plan["plans"][0]["step_time_s"]
+
+
+def one_round(args, tmp, spec):
+    """Detect, train, detect: the mean of the two predictions and the mean measured step time."""
+    dp, tp, pp, vpp, stage, sp, mb, schedule, recompute = spec
+    ranks = dp * tp * pp
+    layout = layout_text(*spec)
+    predictions = []
+
+    def detect_and_predict():
+        path = os.path.join(tmp, f"local-{ranks}.yaml")
+        run([args.tessel, "cluster", "detect", "--ranks", str(ranks), "-q", "-o", path], "cluster detect")
+        predictions.append(predict(args, path, layout))
+
+    detect_and_predict()
+    metrics = os.path.join(tmp, "metrics.jsonl")
+    cmd = [args.tessel, "train", CONFIG, "--metrics", metrics, "--nproc", str(ranks)]
+    for s in [f"train.steps={args.steps}", "train.warmup=0", "train.save_every=0", f"parallel.dp={dp}",
+              f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.vpp={vpp}", f"parallel.sharding_stage={stage}",
+              f"parallel.sp={str(sp).lower()}", f"parallel.micro_batches={mb}", f"parallel.schedule={schedule}",
+              f"parallel.recompute={recompute}"]:
+        cmd += ["--set", s]
+    run(cmd, "tessel train")
+    with open(metrics) as f:
+        steps = [json.loads(line) for line in f if line.strip()]
+    measured = statistics.mean(s["step_time_s"] for s in steps[args.warmup:])
+    detect_and_predict()
+    return statistics.mean(predictions), measured
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=8, help="training steps per layout (default 8)")
-    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the median (default 2)")
-    ap.add_argument("--repeats", type=int, default=3, help="detect+plan+train rounds per layout (default 3)")
+    ap.add_argument("--steps", type=int, default=12, help="training steps per round (default 12)")
+    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the mean (default 2)")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds per layout (default 3)")
     ap.add_argument("--layouts", default="all", choices=["all", "quick"], help="all 16 layouts or 5 (default all)")
     ap.add_argument("--tessel", default=os.path.join(ROOT, "build/release/tessel"), help="the tessel binary")
     args = ap.parse_args()
     if not os.path.exists(args.tessel):
         sys.exit(f"error: {args.tessel} not found; build first (./run.sh build)")
+    if args.steps <= args.warmup:
+        sys.exit(f"error: --steps {args.steps} must exceed --warmup {args.warmup}")
     layouts = LAYOUTS if args.layouts == "all" else QUICK
     tmp = tempfile.mkdtemp(prefix="tessel-fidelity-")
-    print(f"GPT-2 tiny ({CONFIG}), thread backend; median step time over steps {args.warmup}..{args.steps - 1}; "
+    rounds = {spec: [] for spec in layouts}
+    total = args.repeats * len(layouts)
+    for r in range(args.repeats):
+        for i, spec in enumerate(layouts):
+            predicted, measured = one_round(args, tmp, spec)
+            rounds[spec].append((predicted, measured))
+            done = r * len(layouts) + i + 1
+            print(f"[{done}/{total}] {layout_text(*spec)}: predicted {predicted:.4f} s, measured {measured:.4f} s",
+                  file=sys.stderr, flush=True)
+    print(f"GPT-2 tiny ({CONFIG}), thread backend; mean step time over steps {args.warmup}..{args.steps - 1}; "
           f"medians of {args.repeats} rounds")
-    print(f"{'layout':<72} {'ranks':>5} {'predicted s':>12} {'measured s':>11} {'pred/meas':>10}")
+    print(f"{'layout':<72} {'ranks':>5} {'predicted s':>12} {'measured s':>11} {'pred/meas':>10} {'range':>11}")
     ratios = []
-    for dp, tp, pp, vpp, stage, sp, mb, schedule, recompute in layouts:
-        ranks = dp * tp * pp
-        mbs = 16 // (dp * mb)
-        layout = (f"dp={dp},tp={tp},pp={pp},vpp={vpp},mbs={mbs},sharding_stage={stage},sp={str(sp).lower()},"
-                  f"recompute={recompute},schedule={schedule}")
-        sets = [f"train.steps={args.steps}", "train.warmup=0", "train.save_every=0", f"parallel.dp={dp}",
-                f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.vpp={vpp}", f"parallel.sharding_stage={stage}",
-                f"parallel.sp={str(sp).lower()}", f"parallel.micro_batches={mb}", f"parallel.schedule={schedule}",
-                f"parallel.recompute={recompute}"]
-        predictions, measurements = [], []
-        for _ in range(args.repeats):
-            path = os.path.join(tmp, f"local-{ranks}.yaml")
-            run([args.tessel, "cluster", "detect", "--ranks", str(ranks), "-q", "-o", path], "cluster detect")
-            plan = json.loads(run([args.tessel, "plan", "--model", CONFIG, "--cluster", path, "--layout", layout,
-                                   "--format", "json"], "tessel plan"))
-            predictions.append(plan["plans"][0]["step_time_s"])
-            metrics = os.path.join(tmp, "metrics.jsonl")
-            cmd = [args.tessel, "train", CONFIG, "--metrics", metrics, "--nproc", str(ranks)]
-            for s in sets:
-                cmd += ["--set", s]
-            run(cmd, "tessel train")
-            with open(metrics) as f:
-                steps = [json.loads(line) for line in f if line.strip()]
-            measurements.append(statistics.median(s["step_time_s"] for s in steps[args.warmup:]))
-        predicted, measured = statistics.median(predictions), statistics.median(measurements)
-        ratios.append(predicted / measured)
-        print(f"{layout:<72} {ranks:>5} {predicted:>12.4f} {measured:>11.4f} {predicted / measured:>9.2f}x", flush=True)
+    for spec in layouts:
+        dp, tp, pp = spec[:3]
+        per_round = [p / m for p, m in rounds[spec]]
+        predicted = statistics.median(p for p, _ in rounds[spec])
+        measured = statistics.median(m for _, m in rounds[spec])
+        ratio = statistics.median(per_round)
+        ratios.append(ratio)
+        spread = f"{min(per_round):.2f}-{max(per_round):.2f}"
+        print(f"{layout_text(*spec):<72} {dp * tp * pp:>5} {predicted:>12.4f} {measured:>11.4f} {ratio:>9.2f}x "
+              f"{spread:>11}")
     within = sum(1 for r in ratios if abs(r - 1) <= 0.2)
     print(f"median predicted/measured {statistics.median(ratios):.2f}x; {within} of {len(ratios)} layouts within 20%")
 

@@ -287,6 +287,68 @@ TEST(Simulate, HandWorkedTimesWithPerStageCostsAndCommunication) {
   EXPECT_EQ(z.spans[0], (std::vector<Span>{{0, 1}, {1, 3}, {3, 6}}));
 }
 
+// Compute spans of `rank` only (messages are zero-length and only clutter the expectation).
+std::vector<std::pair<double, double>> compute_spans(const Schedule& s, const SimResult& r, int rank) {
+  std::vector<std::pair<double, double>> out;
+  for (size_t i = 0; i < s.ranks[rank].size(); ++i) {
+    const ActionKind k = s.ranks[rank][i].kind;
+    if (k == ActionKind::F || k == ActionKind::B || k == ActionKind::W) out.push_back(r.spans[rank][i]);
+  }
+  return out;
+}
+
+TEST(SimulateShared, HandWorkedFThenBOnOneProcessor) {
+  // FThenB, p=2, m=2, every step 1 alone, one processor for both ranks. Rank 0's F0 runs alone
+  // [0,1]; its F1 and rank 1's F0 share the processor, half speed each, both end at 3; rank 1
+  // runs F1 and B0 alone [3,5]; rank 1's B1 and rank 0's B0 share [5,7]; rank 0's B1 [7,8].
+  Schedule s = make_schedule("FThenB", 2, 2);
+  SimResult r = simulate(s, {1, 1}, {1, 1}, {0, 0}, 0, 1);
+  using Span = std::pair<double, double>;
+  EXPECT_EQ(compute_spans(s, r, 0), (std::vector<Span>{{0, 1}, {1, 3}, {5, 7}, {7, 8}}));
+  EXPECT_EQ(compute_spans(s, r, 1), (std::vector<Span>{{1, 3}, {3, 4}, {4, 5}, {5, 7}}));
+  EXPECT_EQ(r.makespan, 8);
+  EXPECT_EQ(r.busy, (std::vector<double>{6, 6}));  // wall time, the shared stretches counted whole
+
+  // One and a half processors: two busy ranks run at 0.75 each, so the shared F takes 4/3.
+  SimResult h = simulate(s, {1, 1}, {1, 1}, {0, 0}, 0, 1.5);
+  EXPECT_EQ(compute_spans(s, h, 0)[0], Span(0, 1));
+  EXPECT_DOUBLE_EQ(compute_spans(s, h, 0)[1].second, 1 + 4.0 / 3);
+  EXPECT_DOUBLE_EQ(compute_spans(s, h, 1)[0].second, 1 + 4.0 / 3);
+}
+
+TEST(SimulateShared, OneProcessorRunsAllTheWorkBackToBack) {
+  // Without message latency some rank can always run, so one shared processor never idles:
+  // the makespan is the sum of every step's work.
+  for (const Case& c : all_cases()) {
+    if (c.p < 2) continue;
+    SCOPED_TRACE(c.label());
+    Schedule s = make_schedule(c.kind, c.p, c.m, c.v);
+    const auto n = static_cast<size_t>(s.virtual_stages());
+    std::vector<double> f(n), b(n), w(n);
+    for (size_t i = 0; i < n; ++i) f[i] = 1 + 0.25 * i, b[i] = 2 + 0.5 * (i % 3), w[i] = s.split_backward ? 0.75 : 0.5;
+    double total = 0;
+    for (size_t i = 0; i < n; ++i) total += c.m * (f[i] + b[i] + w[i]);
+    SimResult r = simulate(s, f, b, w, 0, 1);
+    EXPECT_NEAR(r.makespan, total, 1e-9 * total);
+    // Never faster than with a processor per rank, never slower than that with every step
+    // slowed to the shared rate throughout.
+    SimResult own = simulate(s, f, b, w);
+    SimResult two = simulate(s, f, b, w, 0, 2);
+    EXPECT_GE(two.makespan, own.makespan * (1 - 1e-12));
+    EXPECT_LE(two.makespan, own.makespan * c.p / 2.0 * (1 + 1e-12));
+  }
+}
+
+TEST(SimulateShared, AsManyProcessorsAsRanksIsThePlainSimulation) {
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(c.label());
+    Schedule s = make_schedule(c.kind, c.p, c.m, c.v);
+    const auto n = static_cast<size_t>(s.virtual_stages());
+    std::vector<double> f(n, 1.5), b(n, 2.5), w(n, 1);
+    EXPECT_EQ(simulate(s, f, b, w, 0.25, c.p).spans, simulate(s, f, b, w, 0.25).spans);
+  }
+}
+
 TEST(Grid, OneFOneBTwoRanksThreeMicrobatches) {
   EXPECT_EQ(make_schedule("1F1B", 2, 3).grid(),
             "rank 0 | F0.0 F1.0  .   B0.0 F2.0 B1.0  .   B2.0\n"
@@ -362,6 +424,7 @@ TEST(Errors, BadInputsAreNamed) {
   expect_error([&] { simulate(s, {1, 1, 1}, {1, 1}, {0, 0}); }, {"f has 3 entries", "(2)"});
   expect_error([&] { simulate(s, {1, 1}, {1, -2}, {0, 0}); }, {"b[1] = -2"});
   expect_error([&] { simulate(s, 1, 1, 0, -1); }, {"comm = -1"});
+  expect_error([&] { simulate(s, {1, 1}, {1, 1}, {0, 0}, 0, -1); }, {"capacity = -1"});
   s.name = "mine";
   expect_error([&] { theoretical_idle_share(s); }, {"'mine'"});
 }

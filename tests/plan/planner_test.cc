@@ -155,6 +155,40 @@ TEST(Planner, SimulationAgreesWithTheClosedForm) {
   }
 }
 
+// Thread ranks on fewer cores than ranks: a pipeline rank waiting for a message leaves its core
+// to the others. On one core four pipeline stages run the whole model's work back to back, so
+// pp=4 costs what one rank alone on that core costs (plus the sends); sharing the core evenly
+// at all times would add the ramp of 1F1B on top.
+TEST(Planner, PipelineRanksOnSharedCoresLendTheirCoreWhileIdle) {
+  const ModelSpec m = gpt_spec("gpt-tiny", 8, 256, 4, 512, 128);
+  Cluster c;
+  c.name = "four-ranks-one-core";
+  c.devices_per_node = 4;
+  c.cores_per_node = 1;
+  c.dtype = "f32";
+  c.device.peak_flops = {{"f32", 100e9}};
+  c.device.memory_bytes = 8e9;
+  c.device.memory_bandwidth = 10e9;
+  c.intra = c.inter = Link{"shm", 1e15, 1e-12};
+  Cluster one = c;
+  one.devices_per_node = 1;
+  Layout alone;
+  alone.micro_batch = 2;
+  Layout pipe = alone;
+  pipe.pp = 4;
+  const Estimate single = evaluate(m, one, alone, 16);
+  for (bool simulate : {true, false}) {
+    const Estimate e = evaluate(m, c, pipe, 16, simulate);
+    EXPECT_NEAR(e.step_time / single.step_time, 1.0, 0.01) << (simulate ? "simulated" : "closed form");
+  }
+  // With a core per stage the same pipeline is about four times faster, less its bubble.
+  Cluster four = c;
+  four.cores_per_node = 4;
+  const Estimate own = evaluate(m, four, pipe, 16);
+  EXPECT_LT(own.step_time, single.step_time / 2);
+  EXPECT_GT(own.bubble, 0);
+}
+
 TEST(Planner, RankMappingPutsTensorParallelInsideANode) {
   Estimate e = predict(table1_row("gpt-146b"));
   ASSERT_EQ(e.mapping.order.size(), 3u);

@@ -136,7 +136,7 @@ double measure_op_overhead() {
 struct KernelFigures {
   double linear_share = 1, attention_share = 1, stream_bandwidth = 0;
   double small_linear_share = 1;  // a linear whose every dim is 256 or more, 256 at least once
-  double sgemm_rate = 0;  // median 1024^3 sgemm FLOP/s over the alternating rounds
+  double sgemm_rate = 0;  // 1024^3 sgemm FLOP/s over all the alternating rounds (time-averaged)
 };
 
 std::vector<TensorMeta> metas(std::initializer_list<Tensor> ts) {
@@ -150,8 +150,11 @@ KernelFigures measure_kernels() {
   Square big(1024);
   big.rate(1);
   // Each kernel alternates with a 1024^3 sgemm; the share is the median of per-round ratios,
-  // and the sgemm rates of all rounds give the peak the shares are of (same time window).
-  std::vector<double> rates;
+  // and the sgemm rounds together give the peak the shares are of (same time window). The peak
+  // is their time-averaged rate (all FLOPs over all seconds), not a median: a shared host can
+  // switch between a fast and a slow speed every second or two, the median of such rounds
+  // lands on one of the two, and a training step runs at the mix.
+  double sgemm_flops = 0, sgemm_seconds = 0;
   auto share = [&](const std::function<void()>& f, double flops) {
     f();
     std::vector<double> r;
@@ -160,7 +163,8 @@ KernelFigures measure_kernels() {
       f();
       const double kernel = flops / seconds_since(t0);
       const double sgemm = big.rate(1);
-      rates.push_back(sgemm);
+      sgemm_flops += 2.0 * 1024 * 1024 * 1024;
+      sgemm_seconds += 2.0 * 1024 * 1024 * 1024 / sgemm;
       r.push_back(kernel / sgemm);
     }
     return median(r);
@@ -217,7 +221,7 @@ KernelFigures measure_kernels() {
     t.push_back(seconds_since(t0));
   }
   k.stream_bandwidth = ln_bytes / median(t);
-  k.sgemm_rate = median(rates);
+  k.sgemm_rate = sgemm_flops / sgemm_seconds;
   return k;
 }
 
@@ -315,8 +319,8 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
           stream[r] = k.stream_bandwidth;
         },
         SpawnOptions{.threads_per_rank = threads});
-    // Medians over the ranks; the peak is the typical 1024^3 rate while every rank computes (a
-    // best-of figure would follow the host's fastest moments, not a training step's).
+    // Medians over the ranks; the peak is the time-averaged 1024^3 rate while every rank
+    // computes (a best-of figure would follow the host's fastest moments, not a training step's).
     best_peak = median(best);
     peak = median(typical);
     kernels.linear_share = median(linear_share);
@@ -364,8 +368,9 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
   k.reserved_bytes = 0;
   k.sources = {
       {"machine", fmt::format("hwloc: {}; {} ranks; {}", m.str(), ranks, origin)},
-      {"peak_flops", fmt::format("median cblas_sgemm 1024^3 rate with {} thread{} per rank while {} rank{} compute "
-                                 "(the rounds that time the kernels): {:.2f} GFLOP/s (best-of-shapes peak {:.2f}); {}",
+      {"peak_flops", fmt::format("time-averaged cblas_sgemm 1024^3 rate with {} thread{} per rank while {} rank{} "
+                                 "compute (the rounds that time the kernels): {:.2f} GFLOP/s (best-of-shapes peak "
+                                 "{:.2f}); {}",
                                  threads, threads == 1 ? "" : "s", std::max(1, std::min(ranks, m.cores / threads)),
                                  std::min(ranks, m.cores / threads) == 1 ? "" : "s", peak / 1e9, best_peak / 1e9,
                                  origin)},

@@ -6,6 +6,7 @@
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "tessel/core/error.h"
@@ -344,6 +345,93 @@ std::vector<std::vector<std::pair<double, double>>> play(const Schedule& s, Dura
   return spans;
 }
 
+// play() on ranks that share `capacity` ranks' worth of processors: while k ranks compute at
+// once, each progresses at min(1, capacity / k) of its own speed (processor sharing), and a
+// rank waiting for a message uses none. Event by event: start what is ready, run the busy
+// ranks at the shared rate until the next one finishes or a message arrives. Requires the
+// schedule to have passed play() (no deadlock), so some rank always runs or waits on a message.
+template <typename Duration>
+std::vector<std::vector<std::pair<double, double>>> play_shared(const Schedule& s, Duration duration, double comm,
+                                                                double capacity) {
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  const Index idx{s.microbatches, s.virtual_stages()};
+  std::vector<double> end(idx.size(), -1);  // end time of each step; -1: not done yet
+  std::vector<std::vector<std::pair<double, double>>> spans(s.stages);
+  std::vector<size_t> next(s.stages, 0);
+  std::vector<double> left(s.stages, -1);  // work left in the running compute step; -1: none
+  std::vector<double> started(s.stages, 0);
+  size_t remaining = 0;
+  for (const auto& list : s.ranks) remaining += list.size();
+
+  std::array<Dep, 2> deps;
+  double now = 0;
+  auto finish = [&](int r, double start) {
+    const Action& a = s.ranks[r][next[r]];
+    spans[r].emplace_back(start, now);
+    end[idx(a.kind, a.microbatch, s.virtual_stage(r, a.chunk))] = now;
+    ++next[r];
+    --remaining;
+  };
+  // Starts rank r's next steps that are ready at `now`: zero-length ones run through, a compute
+  // step is left running. Returns whether anything started; lowers `wake` to the time an
+  // awaited message becomes receivable.
+  auto start_ready = [&](int r, double& wake) {
+    bool started_any = false;
+    while (left[r] < 0 && next[r] < s.ranks[r].size()) {
+      const Action& a = s.ranks[r][next[r]];
+      const int vs = s.virtual_stage(r, a.chunk);
+      double ready_at = 0;
+      for (int i = 0, n = dependencies(s, a, vs, deps); i < n; ++i) {
+        const double t = end[idx(deps[i].kind, deps[i].microbatch, deps[i].vstage)];
+        if (t < 0) return started_any;
+        ready_at = std::max(ready_at, t + (deps[i].message ? comm : 0.0));
+      }
+      if (ready_at > now) {
+        wake = std::min(wake, ready_at);
+        return started_any;
+      }
+      const double work = is_compute(a.kind) ? duration(a, vs) : 0.0;
+      if (work > 0) {
+        left[r] = work;
+        started[r] = now;
+      } else {
+        finish(r, now);
+      }
+      started_any = true;
+    }
+    return started_any;
+  };
+  while (remaining > 0) {
+    double wake = kNever;
+    // A zero-length step may free another rank's next one: sweep until nothing starts.
+    for (bool progressed = true; progressed;) {
+      progressed = false;
+      wake = kNever;
+      for (int r = 0; r < s.stages; ++r) progressed = start_ready(r, wake) || progressed;
+    }
+    if (remaining == 0) break;
+    const auto running = std::count_if(left.begin(), left.end(), [](double w) { return w >= 0; });
+    const double rate = running > 0 ? std::min(1.0, capacity / static_cast<double>(running)) : 0.0;
+    double event = wake;
+    for (int r = 0; r < s.stages; ++r)
+      if (left[r] >= 0) event = std::min(event, now + left[r] / rate);
+    TESSEL_CHECK(event < kNever, "simulate {}: no rank can run (internal error: the schedule passed validation)",
+                 describe(s));
+    for (int r = 0; r < s.stages; ++r) {
+      if (left[r] < 0) continue;
+      const double finish_at = now + left[r] / rate;
+      left[r] = finish_at <= event * (1 + 1e-12) ? 0 : left[r] - (event - now) * rate;
+    }
+    now = event;
+    for (int r = 0; r < s.stages; ++r)
+      if (left[r] == 0) {
+        left[r] = -1;
+        finish(r, started[r]);
+      }
+  }
+  return spans;
+}
+
 void check_times(const Schedule& s, const char* what, const std::vector<double>& t) {
   TESSEL_CHECK(static_cast<int>(t.size()) == s.virtual_stages(),
                "simulate {}: {} has {} entries, expected one per virtual stage ({})", describe(s), what, t.size(),
@@ -391,12 +479,14 @@ void validate(const Schedule& s) {
 }
 
 SimResult simulate(const Schedule& s, const std::vector<double>& f, const std::vector<double>& b,
-                   const std::vector<double>& w, double comm) {
+                   const std::vector<double>& w, double comm, double capacity) {
   check_structure(s);
   check_times(s, "f", f);
   check_times(s, "b", b);
   check_times(s, "w", w);
   TESSEL_CHECK(std::isfinite(comm) && comm >= 0, "simulate {}: comm = {} must be finite and >= 0", describe(s), comm);
+  TESSEL_CHECK(std::isfinite(capacity) && capacity >= 0, "simulate {}: capacity = {} must be finite and >= 0",
+               describe(s), capacity);
   auto duration = [&](const Action& a, int vs) {
     switch (a.kind) {
       case ActionKind::F: return f[vs];
@@ -407,7 +497,12 @@ SimResult simulate(const Schedule& s, const std::vector<double>& f, const std::v
   };
 
   SimResult out;
-  out.spans = play(s, duration, comm);
+  if (capacity > 0 && capacity < s.stages) {
+    play(s, [](const Action&, int) { return 0.0; }, 0.0);  // throws on a deadlock
+    out.spans = play_shared(s, duration, comm, capacity);
+  } else {
+    out.spans = play(s, duration, comm);
+  }
   out.busy.assign(s.stages, 0);
   out.peak_in_flight.assign(s.stages, 0);
   // Activations of a (micro-batch, chunk) are held from its F until the step that finishes

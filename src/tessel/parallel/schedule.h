@@ -101,8 +101,13 @@ struct SimResult {
 // f[vs]; B takes b[vs] when split_backward, else b[vs] + w[vs] (the whole backward); W takes
 // w[vs]. A message becomes receivable `comm` after its SEND ran; SEND/RECV take no rank time
 // (a RECV's wait shows as idle). Vectors must have virtual_stages() entries, all >= 0.
+// `capacity` > 0 and below the rank count: the ranks share that many ranks' worth of
+// processors (thread ranks on fewer cores). While k ranks compute at once each runs at
+// min(1, capacity / k) of its speed, and a rank waiting for a message leaves its share to the
+// others; the times above are then each step's length when its rank runs alone. busy and
+// spans are wall time. 0 (or at least the rank count): every rank has its own processor.
 SimResult simulate(const Schedule& s, const std::vector<double>& f, const std::vector<double>& b,
-                   const std::vector<double>& w, double comm = 0);
+                   const std::vector<double>& w, double comm = 0, double capacity = 0);
 // The same with one time for every virtual stage. The defaults (1, 1, 1) give split and
 // unsplit schedules the same total work: an unsplit B then takes 2.
 SimResult simulate(const Schedule& s, double f = 1, double b = 1, double w = 1, double comm = 0);

@@ -121,6 +121,11 @@ struct Pass {
   }
 };
 
+// The compute share of one device while the layer runs (see LayerShape::busy_devices_per_node).
+double share_of(const Cluster& c, const LayerShape& s) {
+  return c.compute_share(s.busy_devices_per_node > 0 ? s.busy_devices_per_node : c.devices_per_node);
+}
+
 Attrs linear_attrs() { return Attrs{{"weight_in_out", false}}; }
 
 Attrs dropout_attrs(double p, std::vector<int64_t> shape) {
@@ -178,7 +183,7 @@ LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) 
   TESSEL_CHECK(s.tp >= 1 && s.micro_batch >= 1, "layer_cost: tp {} and micro-batch {} must be positive", s.tp,
                s.micro_batch);
   const Precision prec = precision_for(c.dtype);
-  Pass p{c, prec.activation == 4 ? DType::f32 : DType::bf16, c.compute_share(c.devices_per_node), {}};
+  Pass p{c, prec.activation == 4 ? DType::f32 : DType::bf16, share_of(c, s), {}};
   const int64_t t = s.tp, b = s.micro_batch, h = m.hidden;
   const int64_t tokens = b * m.seq;
   const int64_t norm_tokens = s.sp ? std::max<int64_t>(1, tokens / t) : tokens;  // LN, dropout, residual
@@ -259,7 +264,7 @@ LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) 
 
 LayerCost embedding_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) {
   const Precision prec = precision_for(c.dtype);
-  Pass p{c, prec.activation == 4 ? DType::f32 : DType::bf16, c.compute_share(c.devices_per_node), {}};
+  Pass p{c, prec.activation == 4 ? DType::f32 : DType::bf16, share_of(c, s), {}};
   const int64_t tokens = s.micro_batch * m.seq;
   // Gathering rows reads and writes tokens x hidden; the backward scatters them back.
   if (m.position_embedding) streaming(p, "add", {tokens, m.hidden}, 2);
@@ -274,7 +279,7 @@ LayerCost embedding_cost(const ModelSpec& m, const Cluster& c, const LayerShape&
 
 LayerCost head_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) {
   const Precision prec = precision_for(c.dtype);
-  Pass p{c, prec.activation == 4 ? DType::f32 : DType::bf16, c.compute_share(c.devices_per_node), {}};
+  Pass p{c, prec.activation == 4 ? DType::f32 : DType::bf16, share_of(c, s), {}};
   const int64_t tokens = s.micro_batch * m.seq, v = std::max<int64_t>(1, m.vocab / s.tp);
   const bool llama = m.arch == "llama";
   std::vector<TensorMeta> in = {p.meta({tokens, m.hidden}), p.meta({m.hidden})};

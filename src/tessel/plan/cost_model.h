@@ -63,6 +63,8 @@ struct LayerShape {
   bool sp = false;
   std::string recompute = "none";  // none | selective | full
   GroupSpan tp_group;              // where the tensor-parallel ranks sit
+  int busy_devices_per_node = 0;   // devices of a node computing while this layer runs, for the
+                                   // share of shared cores (Cluster::compute_share); 0: all
 };
 
 LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s);

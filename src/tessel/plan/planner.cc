@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <sstream>
 #include <tuple>
 
@@ -143,6 +144,8 @@ struct Prepared {
   std::vector<double> f, b, w;           // per virtual stage, per micro-batch
   std::vector<double> tp_per_vstage;     // tensor-parallel collective time per micro-batch
   double p2p = 0;                        // one activation or gradient send between stages
+  double capacity = 0;                   // stages that run at full speed at once when devices
+                                         // share cores (simulate's capacity); 0: all of them
   std::vector<double> params_per_rank;   // parameters held by each pipeline rank (before ZeRO)
   std::vector<int64_t> layers_per_vstage;
   double act_per_layer = 0, working = 0, head_act = 0;
@@ -173,7 +176,7 @@ void check_layout(const ModelSpec& m, const Cluster& c, Layout& l, int64_t globa
 }
 
 // Layer, embedding and head costs depend on few of a layout's fields; a search reuses them.
-using CostKey = std::tuple<int64_t, int, bool, std::string, int, int>;
+using CostKey = std::tuple<int64_t, int, bool, std::string, int, int, int>;
 using CostCache = std::map<CostKey, std::array<LayerCost, 3>>;
 
 Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCache* cache) {
@@ -193,10 +196,22 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
   const double pp_traffic = l.pp > 1 ? 2.0 * static_cast<double>(l.micro_batches) * l.vpp * act_bytes / l.tp : 0;
   p.mapping = map_ranks(c, l, tp_traffic, dp_traffic, pp_traffic);
   shape.tp_group = p.mapping.span("tp", l, c);
+  // Devices sharing a node's cores (local thread ranks): a pipeline rank waiting for a message
+  // leaves its cores to the others, so a stage's steps are costed as if its own devices were
+  // the only ones computing, and the simulator shares the cores among the stages busy at each
+  // moment. Assumes a node holds an equal part of every stage, as on one node.
+  if (l.pp > 1 && c.cores_per_node > 0 && c.devices_per_node > c.cores_per_node) {
+    const int stage_devices = (c.devices_per_node + l.pp - 1) / l.pp;
+    shape.busy_devices_per_node = stage_devices;
+    p.capacity = std::max(1.0, static_cast<double>(c.cores_per_node) / stage_devices);
+    if (p.capacity >= l.pp) p.capacity = 0;
+  }
   const GroupSpan pp_span = p.mapping.span("pp", l, c);
 
-  const CostKey key{shape.micro_batch, shape.tp, shape.sp, shape.recompute, shape.tp_group.size,
-                    shape.tp_group.per_node};
+  const CostKey key{shape.micro_batch,        shape.tp,
+                    shape.sp,                 shape.recompute,
+                    shape.tp_group.size,      shape.tp_group.per_node,
+                    shape.busy_devices_per_node};
   std::array<LayerCost, 3> costs;
   if (auto it = cache ? cache->find(key) : CostCache::iterator{}; cache && it != cache->end()) {
     costs = it->second;
@@ -279,8 +294,16 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
   if (simulate || l.pp == 1) {
     const std::string kind = l.pp == 1 ? "1F1B" : l.schedule;
     parallel::Schedule s = parallel::make_schedule(kind, l.pp, l.micro_batches, l.vpp);
-    parallel::SimResult r = parallel::simulate(s, p.f, p.b, p.w, p.p2p);
+    parallel::SimResult r = parallel::simulate(s, p.f, p.b, p.w, p.p2p, p.capacity);
     makespan = r.makespan;
+    if (p.capacity > 0) {
+      // Wall time on shared cores; the collectives inside stretch with the compute.
+      for (int i = 0; i < ranks; ++i) {
+        const size_t k = static_cast<size_t>(i);
+        if (busy[k] > 0) tp_time[k] *= r.busy[k] / busy[k];
+        busy[k] = r.busy[k];
+      }
+    }
     for (int i = 0; i < ranks; ++i) flight[static_cast<size_t>(i)] = r.peak_in_flight[static_cast<size_t>(i)];
     e.simulated = true;
   } else {
@@ -292,7 +315,14 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
     double ramp = (l.pp - 1) * stage;
     if (l.schedule == "VPP") ramp /= l.vpp;
     if (l.schedule == "ZBH1") ramp /= 3;
-    makespan = work + ramp + 2.0 * (l.pp - 1) * p.p2p;
+    double wall = work;
+    if (p.capacity > 0) {
+      // Shared cores: the stages' work goes through `capacity` stages' worth of cores at a
+      // time; the ramp, where fewer stages are busy, shrinks to nothing when one stage fills them.
+      wall = std::max(work, std::accumulate(busy.begin(), busy.end(), 0.0) / p.capacity);
+      ramp *= (p.capacity - 1) / (l.pp - 1);
+    }
+    makespan = wall + ramp + 2.0 * (l.pp - 1) * p.p2p;
     for (int i = 0; i < ranks; ++i) flight[static_cast<size_t>(i)] = in_flight(l, i);
   }
 
