@@ -208,10 +208,8 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
   }
   const GroupSpan pp_span = p.mapping.span("pp", l, c);
 
-  const CostKey key{shape.micro_batch,        shape.tp,
-                    shape.sp,                 shape.recompute,
-                    shape.tp_group.size,      shape.tp_group.per_node,
-                    shape.busy_devices_per_node};
+  const CostKey key{shape.micro_batch, shape.tp, shape.sp, shape.recompute, shape.tp_group.size,
+                    shape.tp_group.per_node, shape.busy_devices_per_node};
   std::array<LayerCost, 3> costs;
   if (auto it = cache ? cache->find(key) : CostCache::iterator{}; cache && it != cache->end()) {
     costs = it->second;
