@@ -293,14 +293,14 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
   // A rank's BLAS threads are its share of the cores (one each when ranks >= cores).
   const int threads = std::max(1, m.cores / ranks);
   const std::string origin = fmt::format("measured by tessel cluster detect on {}, {}", hostname(), today());
+  // Every core a rank would run on works at once, as the ranks of a training step do: the
+  // figures are what one rank gets while the others compute too (cores share caches, memory
+  // and, on virtual machines, sometimes a physical core).
+  const int concurrent = std::max(1, std::min(ranks, m.cores / threads));
 
   double peak = 0, best_peak = 0;
   KernelFigures kernels;
   {
-    // Every core a rank would run on works at once, as the ranks of a training step do: the
-    // figures are what one rank gets while the others compute too (cores share caches, memory
-    // and, on virtual machines, sometimes a physical core). Rank 0's figures are kept.
-    const int concurrent = std::max(1, std::min(ranks, m.cores / threads));
     progress(fmt::format("measuring sgemm peak and tessel's kernels ({} rank{} at once, {} BLAS thread{} each)...",
                          concurrent, concurrent == 1 ? "" : "s", threads, threads == 1 ? "" : "s")
                  .c_str());
@@ -371,9 +371,8 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
       {"peak_flops", fmt::format("time-averaged cblas_sgemm 1024^3 rate with {} thread{} per rank while {} rank{} "
                                  "compute (the rounds that time the kernels): {:.2f} GFLOP/s (best-of-shapes peak "
                                  "{:.2f}); {}",
-                                 threads, threads == 1 ? "" : "s", std::max(1, std::min(ranks, m.cores / threads)),
-                                 std::min(ranks, m.cores / threads) == 1 ? "" : "s", peak / 1e9, best_peak / 1e9,
-                                 origin)},
+                                 threads, threads == 1 ? "" : "s", concurrent, concurrent == 1 ? "" : "s",
+                                 peak / 1e9, best_peak / 1e9, origin)},
       {"memory_bandwidth", fmt::format("the larger of layer_norm on [2048, 256] ({:.2f} GB/s read+written) and a "
                                        "single-thread memcpy of 256 MiB ({:.2f} GB/s copied, twice that in traffic); {}",
                                        kernels.stream_bandwidth / 1e9, copied / 1e9, origin)},

@@ -287,6 +287,20 @@ int dependencies(const Schedule& s, const Action& a, int vs, std::array<Dep, 2>&
   return n;
 }
 
+// When action `a` (at virtual stage vs) may start given each step's end time (-1: not done):
+// the latest of its dependencies' ends, a message's `comm` later; -1 while one is not done.
+double ready_time(const Schedule& s, const Action& a, int vs, const Index& idx, const std::vector<double>& end,
+                  double comm) {
+  std::array<Dep, 2> deps;
+  double ready = 0;
+  for (int i = 0, n = dependencies(s, a, vs, deps); i < n; ++i) {
+    const double t = end[idx(deps[i].kind, deps[i].microbatch, deps[i].vstage)];
+    if (t < 0) return -1;
+    ready = std::max(ready, t + (deps[i].message ? comm : 0.0));
+  }
+  return ready;
+}
+
 // Runs every rank's list in order, each action as soon as its dependencies are done (list
 // scheduling: the order is fixed, only start times are free). `duration(a, vs)` is a compute
 // step's length. Returns (start, end) per action; throws naming each stuck rank on a deadlock.
@@ -309,14 +323,9 @@ std::vector<std::vector<std::pair<double, double>>> play(const Schedule& s, Dura
       while (next[r] < list.size()) {
         const Action& a = list[next[r]];
         const int vs = s.virtual_stage(r, a.chunk);
-        double start = clock[r];
-        bool ready = true;
-        for (int i = 0, n = dependencies(s, a, vs, deps); i < n && ready; ++i) {
-          double t = end[idx(deps[i].kind, deps[i].microbatch, deps[i].vstage)];
-          ready = t >= 0;
-          start = std::max(start, t + (deps[i].message ? comm : 0.0));
-        }
-        if (!ready) break;
+        const double ready = ready_time(s, a, vs, idx, end, comm);
+        if (ready < 0) break;
+        const double start = std::max(clock[r], ready);
         double stop = start + (is_compute(a.kind) ? duration(a, vs) : 0.0);
         spans[r].emplace_back(start, stop);
         end[idx(a.kind, a.microbatch, vs)] = stop;
@@ -363,7 +372,6 @@ std::vector<std::vector<std::pair<double, double>>> play_shared(const Schedule& 
   size_t remaining = 0;
   for (const auto& list : s.ranks) remaining += list.size();
 
-  std::array<Dep, 2> deps;
   double now = 0;
   auto finish = [&](int r, double start) {
     const Action& a = s.ranks[r][next[r]];
@@ -380,12 +388,8 @@ std::vector<std::vector<std::pair<double, double>>> play_shared(const Schedule& 
     while (left[r] < 0 && next[r] < s.ranks[r].size()) {
       const Action& a = s.ranks[r][next[r]];
       const int vs = s.virtual_stage(r, a.chunk);
-      double ready_at = 0;
-      for (int i = 0, n = dependencies(s, a, vs, deps); i < n; ++i) {
-        const double t = end[idx(deps[i].kind, deps[i].microbatch, deps[i].vstage)];
-        if (t < 0) return started_any;
-        ready_at = std::max(ready_at, t + (deps[i].message ? comm : 0.0));
-      }
+      const double ready_at = ready_time(s, a, vs, idx, end, comm);
+      if (ready_at < 0) return started_any;
       if (ready_at > now) {
         wake = std::min(wake, ready_at);
         return started_any;
