@@ -21,6 +21,14 @@ void CompletionWork::wait() {
   if (error_) std::rethrow_exception(error_);
 }
 
+bool CompletionWork::wait_until(std::chrono::steady_clock::time_point deadline) {
+  if (run_inline_ && !is_completed()) run_inline_();
+  std::unique_lock lock(mutex_);
+  if (!done_cv_.wait_until(lock, deadline, [&] { return done_; })) return false;
+  if (error_) std::rethrow_exception(error_);
+  return true;
+}
+
 bool CompletionWork::is_completed() {
   std::lock_guard lock(mutex_);
   return done_;

@@ -10,6 +10,7 @@
 // provides queuing, statistics, sub-groups and the hierarchical all_reduce.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -42,6 +43,9 @@ using WorkPtr = std::shared_ptr<Work>;
 class CompletionWork final : public Work {
  public:
   void wait() override;
+  // Blocks until done or `deadline`, whichever is first: true when done (rethrowing the
+  // operation's error), false at the deadline.
+  bool wait_until(std::chrono::steady_clock::time_point deadline);
   bool is_completed() override;
   void finish(std::exception_ptr error = nullptr);
   // Called by wait() before it blocks: lets the group run a job that has not started yet on the

@@ -149,12 +149,13 @@ class TimedWork final : public Work {
   TimedWork(std::shared_ptr<CompletionWork> inner, std::string what, Millis timeout, ThreadWorld* world, MailKey key)
       : inner_(std::move(inner)), what_(std::move(what)), deadline_(Clock::now() + timeout), timeout_(timeout),
         world_(world), key_(std::move(key)) {}
+  // Sleeps on the completion until the deadline (no polling: with more ranks than cores a
+  // polling waiter takes the core from the ranks it waits for). At the deadline the posting is
+  // withdrawn, unless a partner took it just then; that partner finishes it at once.
   void wait() override {
-    while (!inner_->is_completed()) {
-      if (Clock::now() > deadline_ && world_->cancel(key_, inner_.get()))
-        throw TimeoutError(fmt::format("{} timed out after {} ms: the peer never arrived", what_, timeout_.count()));
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    if (inner_->wait_until(deadline_)) return;
+    if (world_->cancel(key_, inner_.get()))
+      throw TimeoutError(fmt::format("{} timed out after {} ms: the peer never arrived", what_, timeout_.count()));
     inner_->wait();
   }
   bool is_completed() override { return inner_->is_completed(); }
