@@ -3,6 +3,7 @@
 // a rank that throws mid-collective) on both; hierarchical all_reduce across emulated nodes;
 // statistics.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -141,6 +142,30 @@ TEST(ThreadBackend, SendWithoutReceiverTimesOut) {
   });
   EXPECT_NE(msg.find("send"), std::string::npos) << msg;
   EXPECT_NE(msg.find("tag 7"), std::string::npos) << msg;
+}
+
+// A rank blocked in recv sleeps until its sender comes: it must not poll, which on ranks that
+// share cores takes the core from the sender. Over a 300 ms wait the receiving thread may be
+// woken a few times, not thousands (polling every 20 us made ~5,000 voluntary switches).
+TEST(ThreadBackend, ARankWaitingInRecvSleepsInsteadOfPolling) {
+  long switches = -1;
+  int got = 0;
+  spawn(2, [&](int rank) {
+    int v = 42;
+    if (rank == 1) {
+      std::this_thread::sleep_for(300ms);
+      world_group()->send(&v, 1, DType::i32, 0, 3);
+      return;
+    }
+    rusage before{}, after{};
+    getrusage(RUSAGE_THREAD, &before);
+    world_group()->recv(&got, 1, DType::i32, 1, 3);
+    getrusage(RUSAGE_THREAD, &after);
+    switches = after.ru_nvcsw - before.ru_nvcsw;
+  });
+  EXPECT_EQ(got, 42);
+  EXPECT_GE(switches, 0);
+  EXPECT_LT(switches, 50) << "voluntary context switches of the waiting rank";
 }
 
 TEST(ThreadBackend, StatsCountCallsAndBytes) {
