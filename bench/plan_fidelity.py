@@ -13,6 +13,12 @@ With --repeats R (default 3) every layout gets R rounds, the layouts taking turn
 minute falls on many of them a little rather than on one a lot; the table gives the medians of
 the predictions, of the measurements and of the per-round ratios.
 
+The `cpu` column is how busy the training run kept the cores it could use: the process's CPU
+time (user + system) over wall time x min(ranks, cores), median of the rounds. With at least
+as many ranks as cores a step leaves a core idle only while every rank on it waits, so a low
+figure there mostly means the host took the cores away (a co-tenant or the hypervisor); read
+such rows' ratios with that in mind. Startup and the warm-up steps are inside the figure.
+
   bench/plan_fidelity.py [--steps 12] [--warmup 2] [--repeats 3] [--layouts all|quick] [--tessel build/release/tessel]
 """
 import argparse
@@ -22,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs/gpt2-tiny.yaml")
@@ -87,12 +94,16 @@ def one_round(args, tmp, spec):
               f"parallel.sp={str(sp).lower()}", f"parallel.micro_batches={mb}", f"parallel.schedule={schedule}",
               f"parallel.recompute={recompute}"]:
         cmd += ["--set", s]
+    before, t0 = os.times(), time.monotonic()
     run(cmd, "tessel train")
+    after, wall = os.times(), time.monotonic() - t0
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    busy = cpu / (wall * min(ranks, os.cpu_count() or 1))
     with open(metrics) as f:
         steps = [json.loads(line) for line in f if line.strip()]
     measured = statistics.mean(s["step_time_s"] for s in steps[args.warmup:])
     detect_and_predict()
-    return statistics.mean(predictions), measured
+    return statistics.mean(predictions), measured, busy
 
 
 def main():
@@ -113,25 +124,26 @@ def main():
     total = args.repeats * len(layouts)
     for r in range(args.repeats):
         for i, spec in enumerate(layouts):
-            predicted, measured = one_round(args, tmp, spec)
-            rounds[spec].append((predicted, measured))
+            predicted, measured, busy = one_round(args, tmp, spec)
+            rounds[spec].append((predicted, measured, busy))
             done = r * len(layouts) + i + 1
-            print(f"[{done}/{total}] {layout_text(*spec)}: predicted {predicted:.4f} s, measured {measured:.4f} s",
-                  file=sys.stderr, flush=True)
+            print(f"[{done}/{total}] {layout_text(*spec)}: predicted {predicted:.4f} s, measured {measured:.4f} s, "
+                  f"cpu {100 * busy:.0f}%", file=sys.stderr, flush=True)
     print(f"GPT-2 tiny ({CONFIG}), thread backend; mean step time over steps {args.warmup}..{args.steps - 1}; "
           f"medians of {args.repeats} rounds")
-    print(f"{'layout':<72} {'ranks':>5} {'predicted s':>12} {'measured s':>11} {'pred/meas':>10} {'range':>11}")
+    print(f"{'layout':<72} {'ranks':>5} {'predicted s':>12} {'measured s':>11} {'pred/meas':>10} {'range':>11} {'cpu':>5}")
     ratios = []
     for spec in layouts:
         dp, tp, pp = spec[:3]
-        per_round = [p / m for p, m in rounds[spec]]
-        predicted = statistics.median(p for p, _ in rounds[spec])
-        measured = statistics.median(m for _, m in rounds[spec])
+        per_round = [p / m for p, m, _ in rounds[spec]]
+        predicted = statistics.median(p for p, _, _ in rounds[spec])
+        measured = statistics.median(m for _, m, _ in rounds[spec])
+        busy = statistics.median(b for _, _, b in rounds[spec])
         ratio = statistics.median(per_round)
         ratios.append(ratio)
         spread = f"{min(per_round):.2f}-{max(per_round):.2f}"
         print(f"{layout_text(*spec):<72} {dp * tp * pp:>5} {predicted:>12.4f} {measured:>11.4f} {ratio:>9.2f}x "
-              f"{spread:>11}")
+              f"{spread:>11} {100 * busy:>4.0f}%")
     within = sum(1 for r in ratios if abs(r - 1) <= 0.2)
     print(f"median predicted/measured {statistics.median(ratios):.2f}x; {within} of {len(ratios)} layouts within 20%")
 
