@@ -57,6 +57,7 @@ case "$mode" in
     build release
     build/release/bench/ops_bench "$@"
     build/release/bench/dist_bench
+    build/release/bench/sync_bench
     build/release/bench/pipeline_bench
     bench/ddp_vs_pytorch.py
     build/release/tessel bench comm --np 2
