@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "tessel/comm/thread_backend.h"
 #include "tessel/comm/world.h"
 #include "tessel/core/context.h"
@@ -61,10 +62,7 @@ double time_block(Op op, const Inputs& in, int iters) {
   return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / iters;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using tessel::bench::median;
 
 void measure(int rounds, int iters) {
   std::printf("%-7s %-8s %-6s %10s %12s %12s\n", "op", "autograd", "ranks", "plain ns", "distributed", "overhead ns");

@@ -16,6 +16,7 @@
 #include <map>
 #include <string>
 
+#include "bench_util.h"
 #include "tessel/core/context.h"
 #include "tessel/core/philox.h"
 #include "tessel/core/view.h"
@@ -35,10 +36,7 @@ Tensor random(const Shape& shape) {
   return t;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using tessel::bench::median;
 
 double seconds(const std::function<void()>& f) {
   auto t0 = Clock::now();

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "bench_util.h"
 #include "tessel/cli/parallel_trainer.h"
 #include "tessel/parallel/schedule.h"
 
@@ -18,10 +19,7 @@ using namespace tessel;
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using tessel::bench::median;
 
 }  // namespace
 

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "tessel/comm/thread_backend.h"
 #include "tessel/comm/world.h"
 
@@ -28,10 +29,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using tessel::bench::median;
 
 struct Options {
   int ranks = 8, group = 2, dim = 256, steps = 64, rounds = 9;

@@ -146,7 +146,7 @@ TEST(ThreadBackend, SendWithoutReceiverTimesOut) {
 
 // A rank blocked in recv sleeps until its sender comes: it must not poll, which on ranks that
 // share cores takes the core from the sender. Over a 300 ms wait the receiving thread may be
-// woken a few times, not thousands (polling every 20 us made ~5,000 voluntary switches).
+// woken a few times, not thousands (polling every 20 us made about 4,000 voluntary switches).
 TEST(ThreadBackend, ARankWaitingInRecvSleepsInsteadOfPolling) {
   long switches = -1;
   int got = 0;
