@@ -1,7 +1,8 @@
 // Cases for attention.cc: scaled_dot_product_attention non-causal and causal with T == S,
 // T < S (causal offset S - T) and T > S (queries that see no key), grouped-query heads (also
 // with batch 2 and head counts that split unevenly), an explicit scale, and a non-contiguous q
-// made by permuting [B, T, H, D].
+// made by permuting [B, T, H, D], q, k and v as the heads of one fused projection, and one
+// tensor passed as all three.
 #include <cmath>
 
 #include "op_cases.h"
@@ -106,6 +107,43 @@ std::vector<OpCase> attention_cases() {
             Tensor q = contiguous(permute(in[0], {0, 2, 1, 3}));
             return Tensors{ref_sdpa(q, in[1], in[2], true, 0.0)};
           },
+      .f32_rtol = 1e-4,
+      .f32_atol = 1e-5});
+  // q, k and v as the heads of one fused projection x [B, T, 3·H·D] (GPT-2's c_attn): the
+  // backward writes their gradients into one buffer laid out like x, which split's backward
+  // takes whole (attention_layout_test checks that no copy is made).
+  auto fused_heads = [](const Tensor& x, int64_t H) {
+    const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2] / 3;
+    std::vector<Tensor> parts = split(x, {C, C, C}, -1);
+    Tensors heads;
+    for (const Tensor& p : parts) heads.push_back(permute(reshape(p, {B, T, H, C / H}), {0, 2, 1, 3}));
+    return heads;
+  };
+  for (bool causal : {true, false}) {
+    out.push_back(OpCase{
+        .name = causal ? "sdpa/fused_qkv_causal" : "sdpa/fused_qkv",
+        .op = "sdpa",
+        .make_inputs = [](DType d) { return Tensors{rand_tensor({2, 5, 12}, d, 57, -1.5, 1.5)}; },
+        .run =
+            [fused_heads, causal](const Tensors& in) {
+              Tensors h = fused_heads(in[0], 2);
+              return Tensors{scaled_dot_product_attention(h[0], h[1], h[2], causal)};
+            },
+        .reference =
+            [fused_heads, causal](const Tensors& in) {
+              Tensors h = fused_heads(in[0], 2);
+              return Tensors{ref_sdpa(contiguous(h[0]), contiguous(h[1]), contiguous(h[2]), causal, 0.0)};
+            },
+        .f32_rtol = 1e-4,
+        .f32_atol = 1e-5});
+  }
+  // One tensor as q, k and v: the three gradients must not share a buffer.
+  out.push_back(OpCase{
+      .name = "sdpa/same_tensor_qkv",
+      .op = "sdpa",
+      .make_inputs = [](DType d) { return Tensors{rand_tensor({1, 2, 4, 3}, d, 58, -1.5, 1.5)}; },
+      .run = TESSEL_RUN1(scaled_dot_product_attention(in[0], in[0], in[0], true)),
+      .reference = [](const Tensors& in) { return Tensors{ref_sdpa(in[0], in[0], in[0], true, 0.0)}; },
       .f32_rtol = 1e-4,
       .f32_atol = 1e-5});
   return out;

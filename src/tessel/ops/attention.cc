@@ -17,8 +17,11 @@
 #include "tessel/ops/attention.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <tuple>
 
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/fast_math.h"
@@ -144,8 +147,8 @@ Heads<T> heads_of(const Tensor& t, Tensor& keep) {
 
 // A new [B, H, T, D] tensor laid out as [B, T, H, D] in memory, so that the usual
 // permute-and-merge of heads after attention is a view, not a copy.
-Tensor heads_major(int64_t B, int64_t H, int64_t T, int64_t D, DType dtype, bool zero) {
-  Tensor buf = zero ? Tensor::zeros({B, T, H, D}, dtype) : Tensor::empty({B, T, H, D}, dtype);
+Tensor heads_major(int64_t B, int64_t H, int64_t T, int64_t D, DType dtype) {
+  Tensor buf = Tensor::empty({B, T, H, D}, dtype);
   return view::permute(buf, {0, 2, 1, 3});
 }
 
@@ -160,20 +163,33 @@ int64_t query_block(const Dims& d, bool causal) {
   return causal ? std::clamp<int64_t>(kQueryBlock, 1, std::max<int64_t>(d.T, 1)) : std::max<int64_t>(d.T, 1);
 }
 
+// kt[D, S] = k[S, D]^T (rows `ld` apart), so that products with k^T are plain NN gemms:
+// OpenBLAS's small-matrix NN kernel runs the 32-row score blocks about twice as fast as the
+// NT form reading k directly (bench/ops_bench sdpa), and the copy is D·S floats per kv head.
+template <typename T>
+void transpose_rows(const T* k, int64_t ld, int64_t S, int64_t D, T* kt) {
+  constexpr int64_t kTile = 16;
+  for (int64_t s0 = 0; s0 < S; s0 += kTile)
+    for (int64_t d0 = 0; d0 < D; d0 += kTile)
+      for (int64_t s = s0; s < std::min(S, s0 + kTile); ++s)
+        for (int64_t d = d0; d < std::min(D, d0 + kTile); ++d) kt[d * S + s] = k[s * ld + d];
+}
+
 template <typename T>
 void sdpa_forward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, const Heads<T>& k, const Heads<T>& v,
                     const Heads<T>& out, T* P) {
   const int64_t ld_s = std::max<int64_t>(d.S, 1), qb = query_block(d, causal);
+  std::vector<T> kt(static_cast<size_t>(d.D * d.S));
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < d.H; ++h) {
       const int64_t kvh = h / d.group();
+      if (h % d.group() == 0) transpose_rows(k.at(b, kvh), k.ld, d.S, d.D, kt.data());
       T* pb = P + (b * d.H + h) * d.T * d.S;
       for (int64_t t0 = 0; t0 < d.T; t0 += qb) {
         const int64_t rows = std::min(qb, d.T - t0), n = visible_keys(d, causal, t0 + rows - 1);
         T* pt = pb + t0 * d.S;
-        // scores[rows, n] = q[rows, D] @ k[n, D]^T · scale
-        if (n > 0)
-          gemm<T>(false, true, rows, n, d.D, scale, q.at(b, h) + t0 * q.ld, q.ld, k.at(b, kvh), k.ld, T(0), pt, ld_s);
+        // scores[rows, n] = q[rows, D] @ kt[D, n] · scale
+        if (n > 0) gemm<T>(false, false, rows, n, d.D, scale, q.at(b, h) + t0 * q.ld, q.ld, kt.data(), ld_s, T(0), pt, ld_s);
         parallel_for(0, rows, row_grain(n), [&](int64_t lo, int64_t hi) {
           for (int64_t t = lo; t < hi; ++t) masked_softmax_row(pt + t * d.S, visible_keys(d, causal, t0 + t), d.S);
         });
@@ -192,7 +208,7 @@ std::vector<Tensor> sdpa_forward(const OpCall& c) {
   Dims d = dims_of(c.inputs[0].shape(), c.inputs[1].shape());
   bool causal = c.attrs.b("causal");
   double scale = scale_of(c.attrs, d.D);
-  Tensor out = heads_major(d.B, d.H, d.T, d.D, c.outputs[0].dtype, false);
+  Tensor out = heads_major(d.B, d.H, d.T, d.D, c.outputs[0].dtype);
   Tensor P = Tensor::empty(c.outputs[1]);
   TESSEL_DISPATCH_FLOAT(c.inputs[0].dtype(), "sdpa", [&]<typename T>() {
     Tensor kq, kk, kv, ko;
@@ -202,16 +218,37 @@ std::vector<Tensor> sdpa_forward(const OpCall& c) {
   return {out, P};
 }
 
+// Query blocks run last to first: the last block sees every key, so the first head of a kv
+// group writes all of dK and dV there (beta 0) and the rest accumulate, with no zero-fill.
 template <typename T>
 void sdpa_backward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, const Heads<T>& k, const Heads<T>& v,
                      const T* P, const Heads<T>& dO, const Heads<T>* dq, const Heads<T>* dk, const Heads<T>* dv) {
   const int64_t ld_s = std::max<int64_t>(d.S, 1), qb = query_block(d, causal);
-  std::vector<T> ds(static_cast<size_t>(d.T * d.S));
+  const int64_t blocks = (d.T + qb - 1) / qb;
+  std::vector<T> ds(static_cast<size_t>(d.T * d.S)), vt(static_cast<size_t>(d.D * d.S));
+  // Rows [from, S) of a kv head's dK or dV when its first query block sees only `from` keys.
+  auto zero_rows = [&](const Heads<T>* g, int64_t b, int64_t kvh, int64_t from) {
+    if (g != nullptr)
+      for (int64_t s = from; s < d.S; ++s) std::fill_n(g->at(b, kvh) + s * g->ld, d.D, T(0));
+  };
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < d.H; ++h) {
       const int64_t kvh = h / d.group();
-      for (int64_t t0 = 0; t0 < d.T; t0 += qb) {
+      const bool first_of_group = h % d.group() == 0;
+      if (first_of_group && (dq != nullptr || dk != nullptr)) transpose_rows(v.at(b, kvh), v.ld, d.S, d.D, vt.data());
+      if (first_of_group && blocks == 0) {  // no queries: nothing flows to K or V
+        zero_rows(dk, b, kvh, 0);
+        zero_rows(dv, b, kvh, 0);
+      }
+      for (int64_t blk = blocks - 1; blk >= 0; --blk) {
+        const int64_t t0 = blk * qb;
         const int64_t rows = std::min(qb, d.T - t0), n = visible_keys(d, causal, t0 + rows - 1);
+        const bool writes_kv = first_of_group && blk == blocks - 1;  // dK and dV's first writer
+        const T kv_beta = writes_kv ? T(0) : T(1);
+        if (writes_kv) {
+          zero_rows(dk, b, kvh, n);
+          zero_rows(dv, b, kvh, n);
+        }
         const T* pt = P + (b * d.H + h) * d.T * d.S + t0 * d.S;
         const T* gt = dO.at(b, h) + t0 * dO.ld;
         T* dst = ds.data() + t0 * d.S;
@@ -221,10 +258,10 @@ void sdpa_backward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, con
           continue;
         }
         // dV[n, D] += P^T[n, rows] @ dO[rows, D]
-        if (dv != nullptr) gemm<T>(true, false, n, d.D, rows, T(1), pt, ld_s, gt, dO.ld, T(1), dv->at(b, kvh), dv->ld);
+        if (dv != nullptr) gemm<T>(true, false, n, d.D, rows, T(1), pt, ld_s, gt, dO.ld, kv_beta, dv->at(b, kvh), dv->ld);
         if (dq == nullptr && dk == nullptr) continue;
-        // dP[rows, n] = dO[rows, D] @ V[n, D]^T, then dS = P ⊙ (dP - rowsum(dP ⊙ P))
-        gemm<T>(false, true, rows, n, d.D, T(1), gt, dO.ld, v.at(b, kvh), v.ld, T(0), dst, ld_s);
+        // dP[rows, n] = dO[rows, D] @ vt[D, n], then dS = P ⊙ (dP - rowsum(dP ⊙ P))
+        gemm<T>(false, false, rows, n, d.D, T(1), gt, dO.ld, vt.data(), ld_s, T(0), dst, ld_s);
         parallel_for(0, rows, row_grain(n), [&](int64_t lo, int64_t hi) {
           for (int64_t t = lo; t < hi; ++t) softmax_grad_row(pt + t * d.S, dst + t * d.S, n);
         });
@@ -234,19 +271,61 @@ void sdpa_backward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, con
                   dq->ld);
         // dK[n, D] += dS^T[n, rows] @ Q[rows, D] · scale
         if (dk != nullptr)
-          gemm<T>(true, false, n, d.D, rows, scale, dst, ld_s, q.at(b, h) + t0 * q.ld, q.ld, T(1), dk->at(b, kvh),
+          gemm<T>(true, false, n, d.D, rows, scale, dst, ld_s, q.at(b, h) + t0 * q.ld, q.ld, kv_beta, dk->at(b, kvh),
                   dk->ld);
       }
     }
+}
+
+// When q, k and v are the heads of one fused projection — views of one buffer whose rows
+// hold q's heads, k's and v's side by side, `row` elements apart — dq, dk and dv are laid out
+// the same way in one new buffer, so split's backward joins them into the projection's
+// gradient without a copy. Empty when they are not (separate projections, or q, k and v one
+// tensor as in a test).
+std::optional<std::array<Tensor, 3>> grads_like_fused_inputs(const GradCall& c) {
+  const Tensor& q = c.inputs[0];
+  if (!(c.needs_grad[0] && c.needs_grad[1] && c.needs_grad[2]) || q.numel() == 0) return std::nullopt;
+  const int64_t row = q.stride(2), batch = q.stride(0);
+  int64_t lo = q.offset();
+  for (const Tensor& t : c.inputs) {
+    const int64_t rows = t.size(2), width = t.size(1) * t.size(3);
+    bool packed = t.storage() == q.storage() && t.dtype() == q.dtype() && t.numel() > 0 && t.stride(3) == 1 &&
+                  t.stride(1) == t.size(3) && t.stride(2) == row && t.stride(0) == batch && t.size(0) == q.size(0) &&
+                  width <= row && rows * row <= batch;
+    if (!packed) return std::nullopt;
+    lo = std::min(lo, t.offset());
+  }
+  // Each tensor's columns within a row, [col, col + H·D): they must fit the row and not overlap.
+  std::array<std::pair<int64_t, int64_t>, 3> cols;
+  for (size_t i = 0; i < 3; ++i) {
+    const Tensor& t = c.inputs[i];
+    const int64_t col = (t.offset() - lo) % row;
+    if (t.offset() - lo >= row || col + t.size(1) * t.size(3) > row) return std::nullopt;
+    cols[i] = {col, col + t.size(1) * t.size(3)};
+  }
+  std::sort(cols.begin(), cols.end());
+  if (cols[0].second > cols[1].first || cols[1].second > cols[2].first) return std::nullopt;
+  Tensor buf = Tensor::empty({q.size(0) * batch}, q.dtype());
+  std::array<Tensor, 3> out;
+  for (size_t i = 0; i < 3; ++i) {
+    const Tensor& t = c.inputs[i];
+    out[i] = view::as_strided(buf, t.shape(), t.strides(), t.offset() - lo);
+  }
+  return out;
 }
 
 std::vector<Tensor> sdpa_backward(const GradCall& c) {
   Dims d = dims_of(c.input_metas[0].shape, c.input_metas[1].shape);
   double scale = scale_of(c.attrs, d.D);
   DType dt = c.input_metas[0].dtype;
-  Tensor dq = c.needs_grad[0] ? heads_major(d.B, d.H, d.T, d.D, dt, false) : Tensor();
-  Tensor dk = c.needs_grad[1] ? heads_major(d.B, d.Hkv, d.S, d.D, dt, true) : Tensor();
-  Tensor dv = c.needs_grad[2] ? heads_major(d.B, d.Hkv, d.S, d.D, dt, true) : Tensor();
+  Tensor dq, dk, dv;
+  if (auto fused = grads_like_fused_inputs(c)) {
+    std::tie(dq, dk, dv) = std::tuple{(*fused)[0], (*fused)[1], (*fused)[2]};
+  } else {
+    if (c.needs_grad[0]) dq = heads_major(d.B, d.H, d.T, d.D, dt);
+    if (c.needs_grad[1]) dk = heads_major(d.B, d.Hkv, d.S, d.D, dt);
+    if (c.needs_grad[2]) dv = heads_major(d.B, d.Hkv, d.S, d.D, dt);
+  }
   Tensor P = kernels::contig(c.outputs[1]);
   TESSEL_DISPATCH_FLOAT(dt, "sdpa", [&]<typename T>() {
     Tensor keep[7];

@@ -5,6 +5,7 @@
 #include "tessel/ops/shape.h"
 
 #include <numeric>
+#include <optional>
 
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/kernel_util.h"
@@ -156,8 +157,26 @@ std::vector<Tensor> split_forward(const OpCall& c) {
   }
   return out;
 }
+// The gradient parts as one view of the input's shape when they already lie side by side in
+// one buffer, the way split cut the input (sdpa writes the heads' gradients of a fused qkv
+// projection so): then the backward copies nothing. Empty otherwise.
+std::optional<Tensor> joined_in_place(const GradCall& g, int64_t d) {
+  const Tensor& first = g.grad_outputs[0];
+  if (!first.defined()) return std::nullopt;
+  int64_t at = 0;
+  for (const Tensor& p : g.grad_outputs) {
+    if (!p.defined() || p.storage() != first.storage() || p.dtype() != first.dtype() || p.strides() != first.strides() ||
+        p.offset() != first.offset() + at * first.stride(d))
+      return std::nullopt;
+    at += p.size(d);
+  }
+  if (at > 1 && first.stride(d) == 0) return std::nullopt;  // the parts alias one another
+  return view::as_strided(first, g.input_metas[0].shape, first.strides(), first.offset());
+}
+
 std::vector<Tensor> split_backward(const GradCall& g) {
   int64_t d = normalize_dim(g.attrs.i("dim"), static_cast<int64_t>(g.input_metas[0].shape.size()), "split");
+  if (auto joined = joined_in_place(g, d)) return {*joined};
   std::vector<Tensor> parts;
   const std::vector<int64_t>& sizes = g.attrs.ints("sizes");
   for (size_t i = 0; i < sizes.size(); ++i) {
