@@ -21,7 +21,6 @@
 #include <cmath>
 #include <limits>
 #include <optional>
-#include <tuple>
 
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/fast_math.h"
@@ -320,7 +319,9 @@ std::vector<Tensor> sdpa_backward(const GradCall& c) {
   DType dt = c.input_metas[0].dtype;
   Tensor dq, dk, dv;
   if (auto fused = grads_like_fused_inputs(c)) {
-    std::tie(dq, dk, dv) = std::tuple{(*fused)[0], (*fused)[1], (*fused)[2]};
+    dq = (*fused)[0];
+    dk = (*fused)[1];
+    dv = (*fused)[2];
   } else {
     if (c.needs_grad[0]) dq = heads_major(d.B, d.H, d.T, d.D, dt);
     if (c.needs_grad[1]) dk = heads_major(d.B, d.Hkv, d.S, d.D, dt);

@@ -157,6 +157,7 @@ std::vector<Tensor> split_forward(const OpCall& c) {
   }
   return out;
 }
+
 // The gradient parts as one view of the input's shape when they already lie side by side in
 // one buffer, the way split cut the input (sdpa writes the heads' gradients of a fused qkv
 // projection so): then the backward copies nothing. Empty otherwise.
