@@ -23,28 +23,25 @@ std::vector<Tensor> heads(const Tensor& x, bool copy) {
   return out;
 }
 
-Tensor input_grad(bool copy, bool profile, std::string* report) {
+// x's gradient through sdpa, with the profile of the backward in `report`.
+Tensor input_grad(bool copy, std::string* report) {
   Tensor x = rand_tensor({B, T, 3 * C}, DType::f32, 71, -1.5, 1.5).set_requires_grad();
   std::vector<Tensor> qkv = heads(x, copy);
   Tensor y = scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], true);
   Tensor gy = rand_tensor({B, H, T, D}, DType::f32, 72);
-  if (profile) {
-    profile_reset();
-    set_profiling(true);
-  }
+  profile_reset();
+  set_profiling(true);
   backward(y, gy);
-  if (profile) {
-    set_profiling(false);
-    *report = profile_report();
-    profile_reset();
-  }
+  set_profiling(false);
+  *report = profile_report();
+  profile_reset();
   return x.grad();
 }
 
 TEST(AttentionLayout, FusedQkvGradientsReachTheProjectionWithoutACat) {
   std::string fused_report, copied_report;
-  Tensor fused = input_grad(false, true, &fused_report);
-  Tensor copied = input_grad(true, true, &copied_report);
+  Tensor fused = input_grad(false, &fused_report);
+  Tensor copied = input_grad(true, &copied_report);
   EXPECT_NE(fused_report.find("split.backward"), std::string::npos) << fused_report;
   EXPECT_EQ(fused_report.find("\ncat "), std::string::npos) << "split's backward copied:\n" << fused_report;
   // The separate-tensor path still concatenates (the check above can fail).

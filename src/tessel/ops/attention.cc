@@ -2,11 +2,12 @@
 // queries) two gemms around a row softmax, with the probabilities P kept as a hidden output
 // for backward. q, k and v are read in place in any layout whose head dim is contiguous
 // (heads permuted out of a fused qkv projection cost no copy), and out, dq, dk, dv are
-// written laid out [B, T, H, D] in memory, so merging the heads afterwards is a view. The
+// written laid out [B, T, H, D] in memory, so merging the heads afterwards is a view (dq, dk
+// and dv of a fused projection's heads share one buffer laid out like it instead). The
 // (b, h) loop is sequential because OpenBLAS threads each gemm itself; only the row softmax
 // runs on the intra-op pool.
 // Grouped-query attention reads kv head h / (H / Hkv), and the backward accumulates dK and dV
-// over the query heads of a group in head order.
+// over the query heads of a group in head order (its query blocks last to first).
 //
 // Shapes: q[B, H, T, D], k and v[B, Hkv, S, D], P[B, H, T, S], out[B, H, T, D]
 //   forward   P = softmax(q k^T · scale + causal mask),  out = P v
@@ -225,29 +226,26 @@ void sdpa_backward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, con
   const int64_t ld_s = std::max<int64_t>(d.S, 1), qb = query_block(d, causal);
   const int64_t blocks = (d.T + qb - 1) / qb;
   std::vector<T> ds(static_cast<size_t>(d.T * d.S)), vt(static_cast<size_t>(d.D * d.S));
-  // Rows [from, S) of a kv head's dK or dV when its first query block sees only `from` keys.
-  auto zero_rows = [&](const Heads<T>* g, int64_t b, int64_t kvh, int64_t from) {
+  // Keys that no query sees (all of them when T = 0) get no product: their dK and dV rows are 0.
+  const int64_t seen = blocks > 0 ? visible_keys(d, causal, d.T - 1) : 0;
+  auto zero_unseen = [&](const Heads<T>* g, int64_t b, int64_t kvh) {
     if (g != nullptr)
-      for (int64_t s = from; s < d.S; ++s) std::fill_n(g->at(b, kvh) + s * g->ld, d.D, T(0));
+      for (int64_t s = seen; s < d.S; ++s) std::fill_n(g->at(b, kvh) + s * g->ld, d.D, T(0));
   };
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < d.H; ++h) {
       const int64_t kvh = h / d.group();
       const bool first_of_group = h % d.group() == 0;
-      if (first_of_group && (dq != nullptr || dk != nullptr)) transpose_rows(v.at(b, kvh), v.ld, d.S, d.D, vt.data());
-      if (first_of_group && blocks == 0) {  // no queries: nothing flows to K or V
-        zero_rows(dk, b, kvh, 0);
-        zero_rows(dv, b, kvh, 0);
+      if (first_of_group) {
+        if (dq != nullptr || dk != nullptr) transpose_rows(v.at(b, kvh), v.ld, d.S, d.D, vt.data());
+        zero_unseen(dk, b, kvh);
+        zero_unseen(dv, b, kvh);
       }
       for (int64_t blk = blocks - 1; blk >= 0; --blk) {
         const int64_t t0 = blk * qb;
         const int64_t rows = std::min(qb, d.T - t0), n = visible_keys(d, causal, t0 + rows - 1);
-        const bool writes_kv = first_of_group && blk == blocks - 1;  // dK and dV's first writer
-        const T kv_beta = writes_kv ? T(0) : T(1);
-        if (writes_kv) {
-          zero_rows(dk, b, kvh, n);
-          zero_rows(dv, b, kvh, n);
-        }
+        // The group's first product into dK and dV writes rows [0, seen) (n = seen here).
+        const T kv_beta = first_of_group && blk == blocks - 1 ? T(0) : T(1);
         const T* pt = P + (b * d.H + h) * d.T * d.S + t0 * d.S;
         const T* gt = dO.at(b, h) + t0 * dO.ld;
         T* dst = ds.data() + t0 * d.S;
@@ -282,15 +280,14 @@ void sdpa_backward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, con
 // gradient without a copy. Empty when they are not (separate projections, or q, k and v one
 // tensor as in a test).
 std::optional<std::array<Tensor, 3>> grads_like_fused_inputs(const GradCall& c) {
+  // (sdpa_infer has checked that the three share B and the dtype.)
   const Tensor& q = c.inputs[0];
   if (!(c.needs_grad[0] && c.needs_grad[1] && c.needs_grad[2]) || q.numel() == 0) return std::nullopt;
   const int64_t row = q.stride(2), batch = q.stride(0);
   int64_t lo = q.offset();
   for (const Tensor& t : c.inputs) {
-    const int64_t rows = t.size(2), width = t.size(1) * t.size(3);
-    bool packed = t.storage() == q.storage() && t.dtype() == q.dtype() && t.numel() > 0 && t.stride(3) == 1 &&
-                  t.stride(1) == t.size(3) && t.stride(2) == row && t.stride(0) == batch && t.size(0) == q.size(0) &&
-                  width <= row && rows * row <= batch;
+    bool packed = t.storage() == q.storage() && t.numel() > 0 && t.stride(3) == 1 && t.stride(1) == t.size(3) &&
+                  t.stride(2) == row && t.stride(0) == batch && t.size(2) * row <= batch;
     if (!packed) return std::nullopt;
     lo = std::min(lo, t.offset());
   }
@@ -298,9 +295,9 @@ std::optional<std::array<Tensor, 3>> grads_like_fused_inputs(const GradCall& c) 
   std::array<std::pair<int64_t, int64_t>, 3> cols;
   for (size_t i = 0; i < 3; ++i) {
     const Tensor& t = c.inputs[i];
-    const int64_t col = (t.offset() - lo) % row;
-    if (t.offset() - lo >= row || col + t.size(1) * t.size(3) > row) return std::nullopt;
-    cols[i] = {col, col + t.size(1) * t.size(3)};
+    const int64_t col = t.offset() - lo, width = t.size(1) * t.size(3);
+    if (col + width > row) return std::nullopt;
+    cols[i] = {col, col + width};
   }
   std::sort(cols.begin(), cols.end());
   if (cols[0].second > cols[1].first || cols[1].second > cols[2].first) return std::nullopt;
