@@ -19,7 +19,8 @@ as many ranks as cores a step leaves a core idle only while every rank on it wai
 figure there mostly means the host took the cores away (a co-tenant or the hypervisor); read
 such rows' ratios with that in mind. Startup and the warm-up steps are inside the figure.
 
-  bench/plan_fidelity.py [--steps 12] [--warmup 2] [--repeats 3] [--layouts all|quick] [--tessel build/release/tessel]
+  bench/plan_fidelity.py [--steps 12] [--warmup 2] [--repeats 3] [--layouts all|quick|I,J,...]
+                         [--tessel build/release/tessel]
 """
 import argparse
 import json
@@ -106,19 +107,36 @@ def one_round(args, tmp, spec):
     return statistics.mean(predictions), measured, busy
 
 
+def choose_layouts(text):
+    if text == "all":
+        return LAYOUTS
+    if text == "quick":
+        return QUICK
+    try:
+        picked = [int(i) for i in text.split(",")]
+    except ValueError:
+        sys.exit(f"error: --layouts takes all, quick or comma-separated indices 0..{len(LAYOUTS) - 1}; got '{text}'")
+    bad = [i for i in picked if not 0 <= i < len(LAYOUTS)]
+    if bad or not picked:
+        sys.exit(f"error: --layouts index {bad[0] if bad else ''} is not in 0..{len(LAYOUTS) - 1}; the layouts are:\n" +
+                 "\n".join(f"  {i}: {layout_text(*spec)}" for i, spec in enumerate(LAYOUTS)))
+    return [LAYOUTS[i] for i in picked]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=12, help="training steps per round (default 12)")
     ap.add_argument("--warmup", type=int, default=2, help="steps left out of the mean (default 2)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds per layout (default 3)")
-    ap.add_argument("--layouts", default="all", choices=["all", "quick"], help="all 16 layouts or 5 (default all)")
+    ap.add_argument("--layouts", default="all",
+                    help="all (the 16 layouts), quick (5 of them) or comma-separated indices into the 16 (default all)")
     ap.add_argument("--tessel", default=os.path.join(ROOT, "build/release/tessel"), help="the tessel binary")
     args = ap.parse_args()
     if not os.path.exists(args.tessel):
         sys.exit(f"error: {args.tessel} not found; build first (./run.sh build)")
     if args.steps <= args.warmup:
         sys.exit(f"error: --steps {args.steps} must exceed --warmup {args.warmup}")
-    layouts = LAYOUTS if args.layouts == "all" else QUICK
+    layouts = choose_layouts(args.layouts)
     tmp = tempfile.mkdtemp(prefix="tessel-fidelity-")
     rounds = {spec: [] for spec in layouts}
     total = args.repeats * len(layouts)
