@@ -120,7 +120,7 @@ def choose_layouts(text):
     if bad or not picked:
         sys.exit(f"error: --layouts index {bad[0] if bad else ''} is not in 0..{len(LAYOUTS) - 1}; the layouts are:\n" +
                  "\n".join(f"  {i}: {layout_text(*spec)}" for i, spec in enumerate(LAYOUTS)))
-    return [LAYOUTS[i] for i in picked]
+    return [LAYOUTS[i] for i in dict.fromkeys(picked)]  # a repeated index runs once
 
 
 def main():
