@@ -116,10 +116,10 @@ def choose_layouts(text):
         picked = [int(i) for i in text.split(",")]
     except ValueError:
         sys.exit(f"error: --layouts takes all, quick or comma-separated indices 0..{len(LAYOUTS) - 1}; got '{text}'")
-    bad = [i for i in picked if not 0 <= i < len(LAYOUTS)]
-    if bad or not picked:
-        sys.exit(f"error: --layouts index {bad[0] if bad else ''} is not in 0..{len(LAYOUTS) - 1}; the layouts are:\n" +
-                 "\n".join(f"  {i}: {layout_text(*spec)}" for i, spec in enumerate(LAYOUTS)))
+    for i in picked:
+        if not 0 <= i < len(LAYOUTS):
+            sys.exit(f"error: --layouts index {i} is not in 0..{len(LAYOUTS) - 1}; the layouts are:\n" +
+                     "\n".join(f"  {j}: {layout_text(*spec)}" for j, spec in enumerate(LAYOUTS)))
     return [LAYOUTS[i] for i in dict.fromkeys(picked)]  # a repeated index runs once
 
 
