@@ -129,6 +129,19 @@ TEST(Config, RejectsUnknownKeysAndBadValuesNamingTheKeyPath) {
   EXPECT_NE(e.find("not valid YAML"), std::string::npos) << e;
   e = config_error(ok, {"train.betas=[0.9]"});
   EXPECT_NE(e.find("train.betas"), std::string::npos) << e;
+  e = config_error(ok, {"train.warmup=-1"});
+  EXPECT_NE(e.find("'train.warmup'"), std::string::npos) << e;
+}
+
+// A short trial of a long run's config: warm-up may outlast the run, and the first log line says so.
+TEST(Config, AcceptsAWarmUpLongerThanTheRunAndSaysSo) {
+  RunConfig c = parse_run_config(tiny_yaml("gpt2"), {"train.steps=4", "train.warmup=30"}, "", "t");
+  EXPECT_EQ(c.train.warmup, 30);
+  std::string note = c.train.warmup_note();
+  EXPECT_NE(note.find("train.warmup (30)"), std::string::npos) << note;
+  EXPECT_NE(note.find("all 4 steps"), std::string::npos) << note;
+  EXPECT_NE(note.find("0.0004"), std::string::npos) << note;  // 3e-3 * 4 / 30
+  EXPECT_EQ(parse_run_config(tiny_yaml("gpt2"), {}, "", "t").train.warmup_note(), "");
 }
 
 TEST(Config, ReadsAHuggingFaceConfigJson) {

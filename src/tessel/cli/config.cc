@@ -302,14 +302,22 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   optim::LrSchedule::parse_kind(t.schedule);
   pc.micro_batches = t.global_batch / t.micro_batch;
   TESSEL_CHECK(t.dropout < 1.0, "{}: config 'train.dropout' must be below 1, got {}", source, t.dropout);
-  TESSEL_CHECK(t.warmup >= 0 && t.warmup <= t.steps, "{}: config 'train.warmup' ({}) must be in [0, train.steps={}]", source,
-               t.warmup, t.steps);
+  // A warm-up longer than the run is allowed (a short trial of a long run's config): the rate
+  // then rises the whole way, and the run's first log line says so (warmup_note).
+  TESSEL_CHECK(t.warmup >= 0, "{}: config 'train.warmup' must be 0 or more, got {}", source, t.warmup);
   if (t.dropout >= 0) c.model.gpt2.dropout = t.dropout;
   int64_t max_len = c.model.arch == "gpt2" ? c.model.gpt2.n_positions : c.model.llama.max_position_embeddings;
   TESSEL_CHECK(t.seq_len <= max_len, "{}: config 'train.seq_len' ({}) exceeds the model's {} ({})", source, t.seq_len,
                c.model.arch == "gpt2" ? "n_positions" : "max_position_embeddings", max_len);
   c.resolved = to_json(root);
   return c;
+}
+
+std::string TrainSection::warmup_note() const {
+  if (warmup <= steps) return "";
+  return fmt::format("; train.warmup ({}) is longer than the run, so the learning rate rises for all {} steps and "
+                     "ends at {:.3g}",
+                     warmup, steps, lr * static_cast<double>(steps) / static_cast<double>(warmup));
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -43,6 +43,9 @@ struct TrainSection {
   int64_t save_every = 0;  // 0: only at the end
   bool save_init = false;
   int64_t threads = 0;  // 0: TESSEL_NUM_THREADS / OMP_NUM_THREADS / all cores
+
+  // "" or, when warm-up outlasts the run, a clause for the run's first log line saying so.
+  std::string warmup_note() const;
 };
 
 struct LogSection {
