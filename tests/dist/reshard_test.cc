@@ -150,6 +150,9 @@ TEST(Reshard, AcrossMeshes) {
       {"mesh(x=2,y=2)[[0,1],[2,3]][S(0),S(1)]", "mesh(z=4)[3,2,1,0][S(1)]"},
       {"mesh(z=4)[0,1,2,3][R]", "mesh(x=2,y=2)[[0,1],[2,3]][P(sum),S(0)]"},
       {"mesh(a=1)[3][R]", "mesh(b=3)[0,1,2][S(0)]"},
+      {"mesh(x=2,y=2)[[0,1],[2,3]][S(0),P(sum)]", "mesh(pp=2)[0,1][S(1)]"},
+      {"mesh(x=2,y=2)[[0,1],[2,3]][S(0),R]", "mesh(c=2)[3,2][S(1)]"},
+      {"mesh(x=2,y=2)[[0,1],[2,3]][P(sum),P(sum)]", "mesh(z=4)[0,1,2,3][R]"},
   };
   Tensor full = values({7, 5});
   std::vector<double> want = full.to_doubles();
@@ -183,6 +186,31 @@ TEST(Reshard, AcrossMeshes) {
     });
     for (const std::string& f : failures) ADD_FAILURE() << f;
   }
+}
+
+// Between meshes the pieces leave from the cheapest layout without Partial, not always from
+// the one that only drops Partial: a Partial is reduce-scattered rather than all-reduced, and
+// a replicated dim is sliced so that every replica sends a part.
+TEST(Reshard, AcrossMeshesSendsFromTheCheapestLayout) {
+  auto plan = [](const char* src, const char* dst, const Shape& shape) {
+    return plan_reshard(DistAttr::parse(src), DistAttr::parse(dst), shape, DType::f32);
+  };
+  auto kinds = [](const ReshardPlan& p) {
+    std::vector<std::string> out;
+    for (const ReshardStep& s : p.steps) out.push_back(s.name());
+    return out;
+  };
+  // All-reduce [8, 7] (4 x 7 x 4 = 112 B per rank) then send: 224 B for the busiest rank.
+  ReshardPlan p = plan("mesh(x=2,y=2)[[0,1],[2,3]][S(0),P(sum)]", "mesh(pp=2)[0,1][S(1)]", {8, 7});
+  EXPECT_EQ(kinds(p), (std::vector<std::string>{"reduce_scatter", "send_recv"})) << p.str();
+  EXPECT_LT(p.max_bytes(), 224) << p.str();
+  // Two replicas of each row block: both send half (64 B) instead of one sending all (128 B).
+  p = plan("mesh(x=2,y=2)[[0,1],[2,3]][S(0),R]", "mesh(z=4)[4,5,6,7][S(1)]", {8, 8});
+  EXPECT_EQ(kinds(p), (std::vector<std::string>{"slice", "send_recv"})) << p.str();
+  for (int64_t r = 0; r < 4; ++r) EXPECT_EQ(p.bytes_for(r), 64) << "rank " << r << "\n" << p.str();
+  // Nothing to gain: a sharded source goes as it is.
+  p = plan("mesh(a=2)[0,1][S(0)]", "mesh(b=2)[2,3][S(1)]", {7, 5});
+  EXPECT_EQ(kinds(p), (std::vector<std::string>{"send_recv"})) << p.str();
 }
 
 }  // namespace

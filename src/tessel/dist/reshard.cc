@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <queue>
 
@@ -230,6 +231,47 @@ Placements drop_partial(const Placements& p) {
   return out;
 }
 
+// Layouts of the source mesh that pieces can leave from, Partial dropped first: `src` with
+// Partial made Replicate, then every list of R and S(d) over the mesh dims.
+std::vector<Placements> leaving_layouts(const Placements& src, int64_t tensor_dims) {
+  std::vector<Placements> out{drop_partial(src)};
+  std::vector<Placement> options{Replicate()};
+  for (int64_t d = 0; d < tensor_dims; ++d) options.push_back(Shard(d));
+  Placements cur(src.size(), Replicate());
+  std::function<void(size_t)> fill = [&](size_t m) {
+    if (m == src.size()) {
+      if (cur != out.front()) out.push_back(cur);
+      return;
+    }
+    for (const Placement& o : options) {
+      cur[m] = o;
+      fill(m + 1);
+    }
+  };
+  fill(0);
+  return out;
+}
+
+// The send_recv that hands every owned piece of `from` to the ranks of `to` that need it, with
+// the bytes each source rank sends.
+ReshardStep pieces_to(const DistAttr& from, const DistAttr& to, const Shape& shape, DType dtype) {
+  ReshardStep xfer;
+  xfer.kind = ReshardStep::Kind::send_recv;
+  xfer.before = from.placements;
+  xfer.after = to.placements;
+  for (int64_t s : from.mesh.process_ids()) {
+    if (!owns(from, s)) continue;
+    Box own = box_of(from, shape, s);
+    int64_t sent = 0;
+    for (int64_t d : to.mesh.process_ids()) {
+      if (d == s) continue;
+      sent += shape_numel(intersect(own, box_of(to, shape, d)).shape) * static_cast<int64_t>(dtype_size(dtype));
+    }
+    xfer.bytes[s] = sent;
+  }
+  return xfer;
+}
+
 }  // namespace
 
 ReshardPlan plan_reshard(const DistAttr& src, const DistAttr& dst, const Shape& shape, DType dtype) {
@@ -240,29 +282,30 @@ ReshardPlan plan_reshard(const DistAttr& src, const DistAttr& dst, const Shape& 
     plan.steps = plan_one_mesh(src, dst.placements, shape, dtype, plan.cost);
     return plan;
   }
-  // 1. No Partial on the source mesh.
-  double c1 = 0;
-  Placements mid = drop_partial(src.placements);
-  plan.steps = plan_one_mesh(src, mid, shape, dtype, c1);
-  // 2. Pieces to their destinations.
-  DistAttr from(src.mesh, mid), to(dst.mesh, drop_partial(dst.placements));
+  // 1. On the source mesh, to the layout the pieces leave from: no Partial, and the cheapest
+  // of them counting the move that follows (a Partial reduce-scattered rather than all-reduced,
+  // or a replicated dim sliced so that every replica sends a part).
+  DistAttr to(dst.mesh, drop_partial(dst.placements));
+  double best = std::numeric_limits<double>::infinity();
   ReshardStep xfer;
-  xfer.kind = ReshardStep::Kind::send_recv;
-  xfer.before = mid;
-  xfer.after = to.placements;
-  double moved = 0;
-  for (int64_t s : src.mesh.process_ids()) {
-    if (!owns(from, s)) continue;
-    Box own = box_of(from, shape, s);
-    int64_t sent = 0;
-    for (int64_t d : dst.mesh.process_ids()) {
-      if (d == s) continue;
-      Box part = intersect(own, box_of(to, shape, d));
-      sent += shape_numel(part.shape) * static_cast<int64_t>(dtype_size(dtype));
+  for (const Placements& mid : leaving_layouts(src.placements, static_cast<int64_t>(shape.size()))) {
+    double c1 = 0;
+    std::vector<ReshardStep> steps;
+    try {
+      steps = plan_one_mesh(src, mid, shape, dtype, c1);
+    } catch (const Error&) {
+      continue;  // not reachable on this mesh (a dim sharded in an order the moves cannot make)
     }
-    xfer.bytes[s] = sent;
-    moved = std::max(moved, static_cast<double>(sent));
+    ReshardStep move = pieces_to(DistAttr(src.mesh, mid), to, shape, dtype);
+    double moved = 0;
+    for (const auto& [rank, bytes] : move.bytes) moved = std::max(moved, static_cast<double>(bytes));
+    if (c1 + moved >= best) continue;  // ties keep the earlier: dropping Partial alone comes first
+    best = c1 + moved;
+    plan.steps = std::move(steps);
+    xfer = std::move(move);
   }
+  TESSEL_CHECK(std::isfinite(best), "reshard: no plan from {} to {} for shape {}", src.str(), dst.str(), shape_str(shape));
+  // 2. The pieces to the destination ranks that need them.
   plan.steps.push_back(xfer);
   // 3. Partial destinations are made locally.
   Placements cur = to.placements;
@@ -278,7 +321,7 @@ ReshardPlan plan_reshard(const DistAttr& src, const DistAttr& dst, const Shape& 
       s.reduce = dst.placements[m].reduce;
       plan.steps.push_back(s);
     }
-  plan.cost = c1 + moved;
+  plan.cost = best;
   return plan;
 }
 
