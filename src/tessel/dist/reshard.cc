@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <queue>
 
@@ -137,34 +136,40 @@ void fill_bytes(ReshardStep& s, const ProcessMesh& mesh, const Shape& shape, DTy
     s.bytes[r] = shape_numel(before.local_shape(shape, r)) * static_cast<int64_t>(dtype_size(dtype));
 }
 
-std::vector<ReshardStep> plan_one_mesh(const DistAttr& src, const Placements& dst, const Shape& shape, DType dtype,
-                                       double& cost) {
-  const ProcessMesh& mesh = src.mesh;
-  const int64_t M = mesh.ndim();
+// Cheapest move sequences on src's mesh from src's placements (Dijkstra over placement lists,
+// keyed by placements_str). Stops once `goal` is settled; without one it settles every list
+// reachable through R, S(d) and src's own Partial kinds.
+struct Moves {
+  std::map<std::string, double> cost;
+  std::map<std::string, std::pair<std::string, ReshardStep>> came_from;
+  std::map<std::string, Placements> lists;
+};
+
+Moves search_moves(const DistAttr& src, const Placements* goal, const Shape& shape, DType dtype) {
+  const int64_t M = src.mesh.ndim();
   // Candidate placements for any mesh dim: R, S(d) for every tensor dim, and the Partial kinds
   // of the two ends.
   std::vector<Placement> options{Replicate()};
   for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) options.push_back(Shard(d));
-  for (const Placements* ps : {&src.placements, &dst})
-    for (const Placement& p : *ps)
-      if (p.is_partial() && std::find(options.begin(), options.end(), p) == options.end()) options.push_back(p);
+  for (const Placements* ps : {&src.placements, goal})
+    if (ps != nullptr)
+      for (const Placement& p : *ps)
+        if (p.is_partial() && std::find(options.begin(), options.end(), p) == options.end()) options.push_back(p);
 
   auto key = [](const Placements& p) { return placements_str(p); };
-  std::map<std::string, double> dist;
-  std::map<std::string, std::pair<std::string, ReshardStep>> came_from;
-  std::map<std::string, Placements> states;
+  Moves mv;
   using Item = std::pair<double, std::string>;
   std::priority_queue<Item, std::vector<Item>, std::greater<>> open;
-  dist[key(src.placements)] = 0;
-  states[key(src.placements)] = src.placements;
+  mv.cost[key(src.placements)] = 0;
+  mv.lists[key(src.placements)] = src.placements;
   open.push({0, key(src.placements)});
-  const std::string goal = key(dst);
+  const std::string goal_key = goal != nullptr ? key(*goal) : "";
   while (!open.empty()) {
     auto [d, k] = open.top();
     open.pop();
-    if (d > dist[k]) continue;
-    if (k == goal) break;
-    const Placements p = states[k];
+    if (d > mv.cost[k]) continue;
+    if (k == goal_key) break;
+    const Placements p = mv.lists[k];
     for (int64_t m = 0; m < M; ++m)
       for (const Placement& q : options) {
         auto kind = move_kind(p, m, q);
@@ -173,10 +178,10 @@ std::vector<ReshardStep> plan_one_mesh(const DistAttr& src, const Placements& ds
         next[static_cast<size_t>(m)] = q;
         double nd = d + move_cost(p, m, q, src, shape, dtype);
         std::string nk = key(next);
-        auto it = dist.find(nk);
-        if (it != dist.end() && it->second <= nd) continue;
-        dist[nk] = nd;
-        states[nk] = next;
+        auto it = mv.cost.find(nk);
+        if (it != mv.cost.end() && it->second <= nd) continue;
+        mv.cost[nk] = nd;
+        mv.lists[nk] = next;
         ReshardStep step{.kind = *kind, .mesh_dim = m, .before = Placements(p.begin(), p.end()),
                          .after = Placements(next.begin(), next.end())};
         const Placement& cur = p[static_cast<size_t>(m)];
@@ -184,16 +189,22 @@ std::vector<ReshardStep> plan_one_mesh(const DistAttr& src, const Placements& ds
         if (step.kind == ReshardStep::Kind::all_to_all) step.tensor_dim2 = q.dim;
         if (step.kind == ReshardStep::Kind::reduce_scatter) step.tensor_dim = q.dim;
         step.reduce = cur.is_partial() ? cur.reduce : (q.is_partial() ? q.reduce : ReduceOp::sum);
-        came_from[nk] = {k, step};
+        mv.came_from[nk] = {k, step};
         open.push({nd, nk});
       }
   }
-  TESSEL_CHECK(dist.count(goal), "reshard: no plan from {} to {} for shape {}", src.str(), placements_str(dst), shape_str(shape));
-  cost = dist[goal];
+  return mv;
+}
+
+// The steps of `mv` from src's placements to `goal` (settled), with their bytes.
+std::vector<ReshardStep> steps_to(const Moves& mv, const DistAttr& src, const Placements& goal, const Shape& shape,
+                                  DType dtype) {
   std::vector<ReshardStep> steps;
-  for (std::string k = goal; k != key(src.placements); k = came_from[k].first) steps.push_back(came_from[k].second);
+  const std::string start = placements_str(src.placements);
+  for (std::string k = placements_str(goal); k != start; k = mv.came_from.at(k).first)
+    steps.push_back(mv.came_from.at(k).second);
   std::reverse(steps.begin(), steps.end());
-  for (ReshardStep& s : steps) fill_bytes(s, mesh, shape, dtype);
+  for (ReshardStep& s : steps) fill_bytes(s, src.mesh, shape, dtype);
   return steps;
 }
 
@@ -231,27 +242,6 @@ Placements drop_partial(const Placements& p) {
   return out;
 }
 
-// Layouts of the source mesh that pieces can leave from, Partial dropped first: `src` with
-// Partial made Replicate, then every list of R and S(d) over the mesh dims.
-std::vector<Placements> leaving_layouts(const Placements& src, int64_t tensor_dims) {
-  std::vector<Placements> out{drop_partial(src)};
-  std::vector<Placement> options{Replicate()};
-  for (int64_t d = 0; d < tensor_dims; ++d) options.push_back(Shard(d));
-  Placements cur(src.size(), Replicate());
-  std::function<void(size_t)> fill = [&](size_t m) {
-    if (m == src.size()) {
-      if (cur != out.front()) out.push_back(cur);
-      return;
-    }
-    for (const Placement& o : options) {
-      cur[m] = o;
-      fill(m + 1);
-    }
-  };
-  fill(0);
-  return out;
-}
-
 // The send_recv that hands every owned piece of `from` to the ranks of `to` that need it, with
 // the bytes each source rank sends.
 ReshardStep pieces_to(const DistAttr& from, const DistAttr& to, const Shape& shape, DType dtype) {
@@ -279,32 +269,38 @@ ReshardPlan plan_reshard(const DistAttr& src, const DistAttr& dst, const Shape& 
   dst.check(shape, "reshard destination");
   ReshardPlan plan{src, dst, shape, dtype, {}, 0};
   if (src.mesh == dst.mesh) {
-    plan.steps = plan_one_mesh(src, dst.placements, shape, dtype, plan.cost);
+    Moves mv = search_moves(src, &dst.placements, shape, dtype);
+    auto it = mv.cost.find(placements_str(dst.placements));
+    TESSEL_CHECK(it != mv.cost.end(), "reshard: no plan from {} to {} for shape {}", src.str(),
+                 placements_str(dst.placements), shape_str(shape));
+    plan.cost = it->second;
+    plan.steps = steps_to(mv, src, dst.placements, shape, dtype);
     return plan;
   }
   // 1. On the source mesh, to the layout the pieces leave from: no Partial, and the cheapest
   // of them counting the move that follows (a Partial reduce-scattered rather than all-reduced,
-  // or a replicated dim sliced so that every replica sends a part).
+  // or a replicated dim sliced so that every replica sends a part). Ties keep the list that
+  // only drops Partial, then the first by name.
+  Moves mv = search_moves(src, nullptr, shape, dtype);
   DistAttr to(dst.mesh, drop_partial(dst.placements));
+  std::vector<Placements> leaving{drop_partial(src.placements)};
+  for (const auto& [k, p] : mv.lists)
+    if (std::none_of(p.begin(), p.end(), [](const Placement& x) { return x.is_partial(); }) && p != leaving.front())
+      leaving.push_back(p);
   double best = std::numeric_limits<double>::infinity();
+  Placements mid;
   ReshardStep xfer;
-  for (const Placements& mid : leaving_layouts(src.placements, static_cast<int64_t>(shape.size()))) {
-    double c1 = 0;
-    std::vector<ReshardStep> steps;
-    try {
-      steps = plan_one_mesh(src, mid, shape, dtype, c1);
-    } catch (const Error&) {
-      continue;  // not reachable on this mesh (a dim sharded in an order the moves cannot make)
-    }
-    ReshardStep move = pieces_to(DistAttr(src.mesh, mid), to, shape, dtype);
+  for (const Placements& p : leaving) {
+    ReshardStep move = pieces_to(DistAttr(src.mesh, p), to, shape, dtype);
     double moved = 0;
     for (const auto& [rank, bytes] : move.bytes) moved = std::max(moved, static_cast<double>(bytes));
-    if (c1 + moved >= best) continue;  // ties keep the earlier: dropping Partial alone comes first
-    best = c1 + moved;
-    plan.steps = std::move(steps);
+    const double total = mv.cost.at(placements_str(p)) + moved;
+    if (total >= best) continue;
+    best = total;
+    mid = p;
     xfer = std::move(move);
   }
-  TESSEL_CHECK(std::isfinite(best), "reshard: no plan from {} to {} for shape {}", src.str(), dst.str(), shape_str(shape));
+  plan.steps = steps_to(mv, src, mid, shape, dtype);
   // 2. The pieces to the destination ranks that need them.
   plan.steps.push_back(xfer);
   // 3. Partial destinations are made locally.
