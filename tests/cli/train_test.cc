@@ -1,10 +1,12 @@
 // tessel train: exact resume, metrics, checkpoint contents and strict config errors.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "tessel/ckpt/safetensors.h"
+#include "tessel/cli/stop_signals.h"
 #include "tessel/cli/trainer.h"
 #include "tessel/core/context.h"
 
@@ -77,6 +79,47 @@ TEST_P(Resume, ContinuesTheExactTrajectory) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Resume, ::testing::Values("gpt2", "llama"));
+
+// Ctrl-C with --save: the step in progress finishes, a checkpoint of it is written, the run
+// ends early, and resuming from it continues the trajectory of the run nobody stopped.
+TEST(Train, StopsOnSigintWithACheckpointThatResumesExactly) {
+  RunConfig cfg = parse_run_config(tiny_yaml("gpt2"), {"train.save_every=5"}, "", "test");
+  TrainResult straight = train(cfg, TrainOptions{.quiet = true});
+  TempDir dir;
+  TrainResult stopped = train(cfg, TrainOptions{.save_dir = dir.str(), .quiet = true, .stop_on_signal = true},
+                              [](const StepRecord& s) {
+                                if (s.step == 6) ::raise(SIGINT);  // during the seventh step
+                              });
+  EXPECT_EQ(stopped.stopped_by, SIGINT);
+  ASSERT_EQ(stopped.steps.size(), 7u);
+  EXPECT_EQ(stopped.last_checkpoint, (dir.path() / "step-000007").string());
+  EXPECT_TRUE(fs::exists(dir.path() / "step-000005"));   // the interval's save before it
+  EXPECT_FALSE(fs::exists(dir.path() / "step-000020"));  // not the end of the run
+  TrainResult resumed = train(cfg, TrainOptions{.resume_dir = dir.str(), .quiet = true});
+  ASSERT_EQ(resumed.steps.size(), 13u);
+  EXPECT_EQ(resumed.steps.front().step, 7);
+  std::vector<double> all = losses(straight);
+  EXPECT_EQ(losses(resumed), std::vector<double>(all.begin() + 7, all.end()));
+
+  // The handlers are gone after the run: without stop_on_signal a signal is not intercepted.
+  struct sigaction now {};
+  ::sigaction(SIGINT, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, SIG_DFL);
+}
+
+// A second signal does not wait for the step: the process dies of it.
+TEST(Train, ASecondSignalStopsAtOnce) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        StopSignals stop("stopping after this step");
+        ::raise(SIGTERM);
+        if (stop.requested() != SIGTERM) std::_Exit(3);
+        ::raise(SIGTERM);
+        std::_Exit(4);
+      },
+      ::testing::KilledBySignal(SIGTERM), "SIGTERM: stopping after this step");
+}
 
 TEST(Train, WritesMetricsAndHuggingFaceNamedCheckpoints) {
   TempDir dir;

@@ -37,7 +37,9 @@ std::vector<Command> register_train(CLI::App& app) {
   cmd->add_option("config", a->config, "training config (YAML)")->required();
   cmd->add_option("--set", a->sets, "override a config value, e.g. --set train.lr=3e-4 (repeatable)");
   cmd->add_option("--metrics", a->metrics, "write one JSON line of metrics per step to this file");
-  cmd->add_option("--save", a->save, "write checkpoints to DIR/step-NNNNNN/");
+  cmd->add_option("--save", a->save,
+                  "write checkpoints to DIR/step-NNNNNN/; then Ctrl-C or SIGTERM stops the run after the step in "
+                  "progress with a checkpoint of it (one rank)");
   cmd->add_option("--resume", a->resume, "resume from a step folder, or the newest one under DIR");
   cmd->add_option("--nproc", a->nproc,
                   "ranks to run on the thread backend (default: dp·tp·pp of the config's parallel section)")
@@ -63,7 +65,8 @@ std::vector<Command> register_train(CLI::App& app) {
                         plan::parallel_yaml(e.layout));
              }
              const int64_t ranks = cfg.parallel.world_size();
-             const TrainOptions base{.metrics_path = a->metrics, .save_dir = a->save, .resume_dir = a->resume};
+             const TrainOptions base{.metrics_path = a->metrics, .save_dir = a->save, .resume_dir = a->resume,
+                                     .stop_on_signal = true};
              if (a->backend == "gloo" || ranks > 1 || a->nproc > 1 || !a->trace.empty()) {
                ParallelTrainOptions po{.base = base, .trace_path = a->trace};
                ParallelTrainResult r;
@@ -86,6 +89,7 @@ std::vector<Command> register_train(CLI::App& app) {
                return 0;
              }
              TrainResult r = train(cfg, base);
+             if (r.stopped_by != 0) return 128 + r.stopped_by;  // the shell's convention for a signal
              if (!r.steps.empty())
                log_info("done: {} steps in {:.1f}s, final loss {:.4f}", r.steps.size(), r.seconds, r.steps.back().loss);
              return 0;

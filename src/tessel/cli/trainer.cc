@@ -7,9 +7,11 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 
 #include "tessel/autograd/engine.h"
 #include "tessel/ckpt/checkpoint.h"
+#include "tessel/cli/stop_signals.h"
 #include "tessel/core/context.h"
 #include "tessel/core/log.h"
 #include "tessel/core/profile.h"
@@ -124,13 +126,20 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
 
   TrainResult result;
   TrainerState state{.step = start, .seed = t.seed, .config = cfg.resolved};
+  int64_t saved_at = -1;
   auto save = [&](int64_t step) {
+    saved_at = step;
     state.step = step;
     result.last_checkpoint = save_checkpoint(options.save_dir, *model, optimizer.get(), state);
     if (live) std::fputs("\r\033[K", stderr);
     say(fmt::format("saved {}", result.last_checkpoint));
   };
   if (!options.save_dir.empty() && t.save_init && start == 0) save(0);
+
+  std::optional<StopSignals> stop;
+  if (options.stop_on_signal && !options.save_dir.empty())
+    stop.emplace(fmt::format("stopping after this step with a checkpoint in {} (send it again to stop at once)",
+                             options.save_dir));
 
   auto run_start = Clock::now();
   double recent = 0;  // smoothed seconds per step for the ETA
@@ -189,8 +198,16 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
       log_info("{}", line);
     }
     if (!options.save_dir.empty() && t.save_every > 0 && (step + 1) % t.save_every == 0 && step + 1 != t.steps) save(step + 1);
+    if (stop && stop->requested() != 0 && step + 1 < t.steps) {
+      result.stopped_by = stop->requested();
+      if (saved_at != step + 1) save(step + 1);
+      if (live) std::fputs("\r\033[K", stderr);
+      say(fmt::format("stopped by {} after step {} of {}; continue with --resume {} --save {}",
+                      stop_signal_name(result.stopped_by), step + 1, t.steps, options.save_dir, options.save_dir));
+      break;
+    }
   }
-  if (!options.save_dir.empty() && start < t.steps) save(t.steps);
+  if (!options.save_dir.empty() && start < t.steps && result.stopped_by == 0) save(t.steps);
   result.seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
   if (options.collect_params)
     for (nn::Parameter* p : model->parameters()) result.final_params[p->name] = p->value;

@@ -19,6 +19,9 @@ struct TrainOptions {
   bool progress = true;      // live line on a terminal, plain lines otherwise
   bool quiet = false;        // no log lines (tests)
   bool collect_params = false;  // return the final parameters (tests compare layouts with them)
+  // With save_dir: SIGINT/SIGTERM end the run after the step in progress, with a checkpoint
+  // of where it stopped (a second signal stops at once). `tessel train` sets it.
+  bool stop_on_signal = false;
 };
 
 struct StepRecord {
@@ -29,6 +32,7 @@ struct StepRecord {
 struct TrainResult {
   std::vector<StepRecord> steps;  // one per step run (not including resumed-over steps)
   std::string last_checkpoint;
+  int stopped_by = 0;  // the signal that ended the run early (TrainOptions::stop_on_signal), else 0
   std::map<std::string, Tensor> final_params;  // with TrainOptions::collect_params
   double seconds = 0;
 };

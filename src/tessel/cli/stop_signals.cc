@@ -1,0 +1,75 @@
+// The handler only stores the signal and writes a prepared message (both async-signal-safe);
+// the training loop polls requested() between steps.
+#include "tessel/cli/stop_signals.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "tessel/core/error.h"
+
+namespace tessel {
+
+namespace {
+
+volatile sig_atomic_t g_requested = 0;
+std::atomic<bool> g_installed{false};
+char g_note[512];  // written before the handlers are installed, read only by them
+size_t g_note_len = 0;
+struct sigaction g_old_int, g_old_term;
+
+void write_all(const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(STDERR_FILENO, p, n);
+    if (w <= 0) return;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_requested != 0) {  // the second one: stop now, the way the signal normally does
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    ::sigemptyset(&dfl.sa_mask);
+    ::sigaction(sig, &dfl, nullptr);
+    ::raise(sig);
+    return;
+  }
+  g_requested = sig;
+  const char* name = sig == SIGINT ? "\nSIGINT: " : "\nSIGTERM: ";
+  write_all(name, std::strlen(name));
+  write_all(g_note, g_note_len);
+}
+
+}  // namespace
+
+StopSignals::StopSignals(const std::string& note) {
+  TESSEL_CHECK(!g_installed.exchange(true), "StopSignals: already installed");
+  g_note_len = std::min(note.size() + 1, sizeof(g_note));
+  std::memcpy(g_note, note.data(), g_note_len - 1);
+  g_note[g_note_len - 1] = '\n';
+  g_requested = 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  ::sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // a read or write in progress carries on
+  ::sigaction(SIGINT, &sa, &g_old_int);
+  ::sigaction(SIGTERM, &sa, &g_old_term);
+}
+
+StopSignals::~StopSignals() {
+  ::sigaction(SIGINT, &g_old_int, nullptr);
+  ::sigaction(SIGTERM, &g_old_term, nullptr);
+  g_installed = false;
+}
+
+int StopSignals::requested() const { return g_requested; }
+
+std::string stop_signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : std::to_string(sig);
+}
+
+}  // namespace tessel
