@@ -174,6 +174,35 @@ TEST(Config, RejectsUnknownKeysAndBadValuesNamingTheKeyPath) {
   EXPECT_NE(e.find("train.betas"), std::string::npos) << e;
   e = config_error(ok, {"train.warmup=-1"});
   EXPECT_NE(e.find("'train.warmup'"), std::string::npos) << e;
+  e = config_error(ok, {"train.dropout=-0.5"});
+  EXPECT_NE(e.find("'train.dropout' must be in [0, 1)"), std::string::npos) << e;
+}
+
+// Model sizes and constants the model cannot be built or trained with: named by key path at
+// load time, not later by the model in its own words or by a diverged loss.
+TEST(Config, RejectsModelSizesNamingTheKeyPath) {
+  const std::string gpt2 = tiny_yaml("gpt2"), llama = tiny_yaml("llama");
+  const std::vector<std::pair<std::string, std::string>> gpt2_cases = {
+      {"model.n_head=3", "'model.n_embd' (32) must be a multiple of 'model.n_head' (3)"},
+      {"model.n_layer=0", "'model.n_layer' must be positive, got 0"},
+      {"model.layer_norm_epsilon=-1", "'model.layer_norm_epsilon' must be positive"},
+      {"model.resid_pdrop=1.5", "'model.resid_pdrop' must be in [0, 1)"},
+      {"model.initializer_range=-0.02", "'model.initializer_range' must be 0 or more"}};
+  for (const auto& [set, want] : gpt2_cases) {
+    std::string e = config_error(gpt2, {set});
+    EXPECT_NE(e.find(want), std::string::npos) << set << ": " << e;
+  }
+  const std::vector<std::pair<std::string, std::string>> llama_cases = {
+      {"model.num_key_value_heads=3", "'model.num_attention_heads' (4) must be a multiple of 'model.num_key_value_heads' (3)"},
+      {"model.rope_theta=0", "'model.rope_theta' must be positive"},
+      {"model.rms_norm_eps=0", "'model.rms_norm_eps' must be positive"},
+      {"model.hidden_size=36", "'model.hidden_size' / 'model.num_attention_heads' = 36 / 4 = 9, must be even"},
+      {"model.intermediate_size=-1", "'model.intermediate_size' must be positive"}};
+  for (const auto& [set, want] : llama_cases) {
+    std::string e = config_error(llama, {set});
+    EXPECT_NE(e.find(want), std::string::npos) << set << ": " << e;
+  }
+  EXPECT_EQ(config_error(llama), "<no error>");
 }
 
 // A short trial of a long run's config: warm-up may outlast the run, and the first log line says so.

@@ -140,6 +140,52 @@ std::string resolve_path(const std::string& p, const std::string& base_dir) {
   return std::filesystem::exists(joined) || !std::filesystem::exists(p) ? joined.lexically_normal().string() : p;
 }
 
+// Sizes and constants the model could not be built or trained with, named by key path (the
+// model constructors check again, in their own words, for callers that skip the config).
+void check_model_sizes(const ModelSection& m, const std::string& source) {
+  auto positive = [&](const char* key, double v) {
+    TESSEL_CHECK(v > 0, "{}: config 'model.{}' must be positive, got {}", source, key, v);
+  };
+  auto multiple = [&](const char* key, int64_t v, const char* of, int64_t d) {
+    TESSEL_CHECK(v % d == 0, "{}: config 'model.{}' ({}) must be a multiple of 'model.{}' ({})", source, key, v, of, d);
+  };
+  auto at_least_zero = [&](const char* key, double v) {
+    TESSEL_CHECK(v >= 0, "{}: config 'model.{}' must be 0 or more, got {}", source, key, v);
+  };
+  if (m.arch == "gpt2") {
+    const nn::Gpt2Config& c = m.gpt2;
+    positive("n_layer", static_cast<double>(c.n_layer));
+    positive("n_embd", static_cast<double>(c.n_embd));
+    positive("n_head", static_cast<double>(c.n_head));
+    positive("vocab_size", static_cast<double>(c.vocab_size));
+    positive("n_positions", static_cast<double>(c.n_positions));
+    positive("layer_norm_epsilon", c.layer_norm_epsilon);
+    at_least_zero("initializer_range", c.initializer_range);
+    multiple("n_embd", c.n_embd, "n_head", c.n_head);
+    TESSEL_CHECK(c.dropout >= 0 && c.dropout < 1, "{}: config 'model.resid_pdrop' must be in [0, 1), got {}", source,
+                 c.dropout);
+  } else {
+    const nn::LlamaConfig& c = m.llama;
+    positive("num_hidden_layers", static_cast<double>(c.num_hidden_layers));
+    positive("hidden_size", static_cast<double>(c.hidden_size));
+    positive("num_attention_heads", static_cast<double>(c.num_attention_heads));
+    positive("num_key_value_heads", static_cast<double>(c.num_key_value_heads));
+    positive("intermediate_size", static_cast<double>(c.intermediate_size));
+    positive("vocab_size", static_cast<double>(c.vocab_size));
+    positive("max_position_embeddings", static_cast<double>(c.max_position_embeddings));
+    positive("rope_theta", c.rope_theta);
+    positive("rms_norm_eps", c.rms_norm_eps);
+    at_least_zero("initializer_range", c.initializer_range);
+    multiple("hidden_size", c.hidden_size, "num_attention_heads", c.num_attention_heads);
+    multiple("num_attention_heads", c.num_attention_heads, "num_key_value_heads", c.num_key_value_heads);
+    const int64_t head_dim = c.hidden_size / c.num_attention_heads;
+    TESSEL_CHECK(head_dim % 2 == 0,
+                 "{}: a head's width, 'model.hidden_size' / 'model.num_attention_heads' = {} / {} = {}, must be even "
+                 "(rotary embedding turns pairs of features)",
+                 source, c.hidden_size, c.num_attention_heads, head_dim);
+  }
+}
+
 void read_model(Section& s, ModelSection& m, const std::string& base_dir, const std::string& source) {
   m.arch = s.require<std::string>("arch");
   TESSEL_CHECK(m.arch == "gpt2" || m.arch == "llama", "{}: config 'model.arch' must be gpt2 or llama, got '{}'", source,
@@ -170,6 +216,7 @@ void read_model(Section& s, ModelSection& m, const std::string& base_dir, const 
     c.initializer_range = s.get("initializer_range", c.initializer_range);
   }
   s.finish();
+  check_model_sizes(m, source);
 }
 
 // Keys of a Hugging Face config.json that tessel reads; everything else there is ignored.
@@ -301,7 +348,8 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
                source, t.optimizer);
   optim::LrSchedule::parse_kind(t.schedule);
   pc.micro_batches = t.global_batch / t.micro_batch;
-  TESSEL_CHECK(t.dropout < 1.0, "{}: config 'train.dropout' must be below 1, got {}", source, t.dropout);
+  TESSEL_CHECK(t.dropout < 1.0 && (t.dropout >= 0 || !train.has("dropout")),
+               "{}: config 'train.dropout' must be in [0, 1), got {}", source, t.dropout);
   // A warm-up longer than the run is allowed (a short trial of a long run's config): the rate
   // then rises the whole way, and the run's first log line says so (warmup_note).
   TESSEL_CHECK(t.warmup >= 0, "{}: config 'train.warmup' must be 0 or more, got {}", source, t.warmup);
