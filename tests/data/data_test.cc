@@ -46,6 +46,14 @@ TEST(Dataset, ErrorsNameTheFile) {
   }
   fs::remove(odd);
   EXPECT_THROW(TokenDataset::open("/nonexistent/train.bin", TokenFormat::uint16), Error);
+  // A folder given as the data path (data.path: data/ instead of data/train.bin).
+  const std::string dir = fs::temp_directory_path().string();
+  try {
+    TokenDataset::open(dir, TokenFormat::uint16);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(parse_token_format("utf8"), Error);
   EXPECT_THROW(Sampler(10, 9, 1, SampleOrder::random, 0), Error);  // needs 11 tokens
 }

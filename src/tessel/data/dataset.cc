@@ -38,9 +38,14 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format) {
   struct stat st{};
   int rc = ::fstat(fd, &st);
   size_t bytes = rc == 0 ? static_cast<size_t>(st.st_size) : 0;
-  if (rc != 0 || bytes == 0) {
+  if (rc != 0 || !S_ISREG(st.st_mode) || bytes == 0) {
+    const int err = errno;
     ::close(fd);
-    TESSEL_THROW("data file '{}': {}", path, rc != 0 ? std::strerror(errno) : "is empty");
+    TESSEL_THROW("data file '{}': {}", path,
+                 rc != 0                 ? std::strerror(err)
+                 : S_ISDIR(st.st_mode)   ? "is a directory, not a token file"
+                 : !S_ISREG(st.st_mode)  ? "is not a regular file (a token file is memory-mapped)"
+                                         : "is empty");
   }
   size_t width = format == TokenFormat::uint16 ? 2 : format == TokenFormat::uint32 ? 4 : 1;
   if (bytes % width != 0) {
