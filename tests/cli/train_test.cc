@@ -182,25 +182,25 @@ TEST(Config, RejectsUnknownKeysAndBadValuesNamingTheKeyPath) {
 // load time, not later by the model in its own words or by a diverged loss.
 TEST(Config, RejectsModelSizesNamingTheKeyPath) {
   const std::string gpt2 = tiny_yaml("gpt2"), llama = tiny_yaml("llama");
-  const std::vector<std::pair<std::string, std::string>> gpt2_cases = {
-      {"model.n_head=3", "'model.n_embd' (32) must be a multiple of 'model.n_head' (3)"},
-      {"model.n_layer=0", "'model.n_layer' must be positive, got 0"},
-      {"model.layer_norm_epsilon=-1", "'model.layer_norm_epsilon' must be positive"},
-      {"model.resid_pdrop=1.5", "'model.resid_pdrop' must be in [0, 1)"},
-      {"model.initializer_range=-0.02", "'model.initializer_range' must be 0 or more"}};
-  for (const auto& [set, want] : gpt2_cases) {
-    std::string e = config_error(gpt2, {set});
-    EXPECT_NE(e.find(want), std::string::npos) << set << ": " << e;
-  }
-  const std::vector<std::pair<std::string, std::string>> llama_cases = {
-      {"model.num_key_value_heads=3", "'model.num_attention_heads' (4) must be a multiple of 'model.num_key_value_heads' (3)"},
-      {"model.rope_theta=0", "'model.rope_theta' must be positive"},
-      {"model.rms_norm_eps=0", "'model.rms_norm_eps' must be positive"},
-      {"model.hidden_size=36", "'model.hidden_size' / 'model.num_attention_heads' = 36 / 4 = 9, must be even"},
-      {"model.intermediate_size=-1", "'model.intermediate_size' must be positive"}};
-  for (const auto& [set, want] : llama_cases) {
-    std::string e = config_error(llama, {set});
-    EXPECT_NE(e.find(want), std::string::npos) << set << ": " << e;
+  struct Case {
+    const std::string& yaml;
+    std::string set, want;
+  };
+  const std::vector<Case> cases = {
+      {gpt2, "model.n_head=3", "'model.n_embd' (32) must be a multiple of 'model.n_head' (3)"},
+      {gpt2, "model.n_layer=0", "'model.n_layer' must be positive, got 0"},
+      {gpt2, "model.layer_norm_epsilon=-1", "'model.layer_norm_epsilon' must be positive"},
+      {gpt2, "model.resid_pdrop=1.5", "'model.resid_pdrop' must be in [0, 1)"},
+      {gpt2, "model.initializer_range=-0.02", "'model.initializer_range' must be 0 or more"},
+      {llama, "model.num_key_value_heads=3",
+       "'model.num_attention_heads' (4) must be a multiple of 'model.num_key_value_heads' (3)"},
+      {llama, "model.rope_theta=0", "'model.rope_theta' must be positive"},
+      {llama, "model.rms_norm_eps=0", "'model.rms_norm_eps' must be positive"},
+      {llama, "model.hidden_size=36", "'model.hidden_size' / 'model.num_attention_heads' = 36 / 4 = 9, must be even"},
+      {llama, "model.intermediate_size=-1", "'model.intermediate_size' must be positive"}};
+  for (const Case& c : cases) {
+    std::string e = config_error(c.yaml, {c.set});
+    EXPECT_NE(e.find(c.want), std::string::npos) << c.set << ": " << e;
   }
   EXPECT_EQ(config_error(llama), "<no error>");
 }

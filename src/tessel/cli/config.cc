@@ -143,47 +143,40 @@ std::string resolve_path(const std::string& p, const std::string& base_dir) {
 // Sizes and constants the model could not be built or trained with, named by key path (the
 // model constructors check again, in their own words, for callers that skip the config).
 void check_model_sizes(const ModelSection& m, const std::string& source) {
-  auto positive = [&](const char* key, double v) {
-    TESSEL_CHECK(v > 0, "{}: config 'model.{}' must be positive, got {}", source, key, v);
+  using Values = std::initializer_list<std::pair<const char*, double>>;
+  auto positive = [&](Values keys) {
+    for (const auto& [key, v] : keys)
+      TESSEL_CHECK(v > 0, "{}: config 'model.{}' must be positive, got {}", source, key, v);
   };
   auto multiple = [&](const char* key, int64_t v, const char* of, int64_t d) {
     TESSEL_CHECK(v % d == 0, "{}: config 'model.{}' ({}) must be a multiple of 'model.{}' ({})", source, key, v, of, d);
   };
-  auto at_least_zero = [&](const char* key, double v) {
-    TESSEL_CHECK(v >= 0, "{}: config 'model.{}' must be 0 or more, got {}", source, key, v);
-  };
+  const double init_range = m.arch == "gpt2" ? m.gpt2.initializer_range : m.llama.initializer_range;
+  TESSEL_CHECK(init_range >= 0, "{}: config 'model.initializer_range' must be 0 or more, got {}", source, init_range);
+  auto d = [](int64_t v) { return static_cast<double>(v); };
   if (m.arch == "gpt2") {
     const nn::Gpt2Config& c = m.gpt2;
-    positive("n_layer", static_cast<double>(c.n_layer));
-    positive("n_embd", static_cast<double>(c.n_embd));
-    positive("n_head", static_cast<double>(c.n_head));
-    positive("vocab_size", static_cast<double>(c.vocab_size));
-    positive("n_positions", static_cast<double>(c.n_positions));
-    positive("layer_norm_epsilon", c.layer_norm_epsilon);
-    at_least_zero("initializer_range", c.initializer_range);
+    positive({{"n_layer", d(c.n_layer)}, {"n_embd", d(c.n_embd)}, {"n_head", d(c.n_head)},
+              {"vocab_size", d(c.vocab_size)}, {"n_positions", d(c.n_positions)},
+              {"layer_norm_epsilon", c.layer_norm_epsilon}});
     multiple("n_embd", c.n_embd, "n_head", c.n_head);
     TESSEL_CHECK(c.dropout >= 0 && c.dropout < 1, "{}: config 'model.resid_pdrop' must be in [0, 1), got {}", source,
                  c.dropout);
-  } else {
-    const nn::LlamaConfig& c = m.llama;
-    positive("num_hidden_layers", static_cast<double>(c.num_hidden_layers));
-    positive("hidden_size", static_cast<double>(c.hidden_size));
-    positive("num_attention_heads", static_cast<double>(c.num_attention_heads));
-    positive("num_key_value_heads", static_cast<double>(c.num_key_value_heads));
-    positive("intermediate_size", static_cast<double>(c.intermediate_size));
-    positive("vocab_size", static_cast<double>(c.vocab_size));
-    positive("max_position_embeddings", static_cast<double>(c.max_position_embeddings));
-    positive("rope_theta", c.rope_theta);
-    positive("rms_norm_eps", c.rms_norm_eps);
-    at_least_zero("initializer_range", c.initializer_range);
-    multiple("hidden_size", c.hidden_size, "num_attention_heads", c.num_attention_heads);
-    multiple("num_attention_heads", c.num_attention_heads, "num_key_value_heads", c.num_key_value_heads);
-    const int64_t head_dim = c.hidden_size / c.num_attention_heads;
-    TESSEL_CHECK(head_dim % 2 == 0,
-                 "{}: a head's width, 'model.hidden_size' / 'model.num_attention_heads' = {} / {} = {}, must be even "
-                 "(rotary embedding turns pairs of features)",
-                 source, c.hidden_size, c.num_attention_heads, head_dim);
+    return;
   }
+  const nn::LlamaConfig& c = m.llama;
+  positive({{"num_hidden_layers", d(c.num_hidden_layers)}, {"hidden_size", d(c.hidden_size)},
+            {"num_attention_heads", d(c.num_attention_heads)}, {"num_key_value_heads", d(c.num_key_value_heads)},
+            {"intermediate_size", d(c.intermediate_size)}, {"vocab_size", d(c.vocab_size)},
+            {"max_position_embeddings", d(c.max_position_embeddings)}, {"rope_theta", c.rope_theta},
+            {"rms_norm_eps", c.rms_norm_eps}});
+  multiple("hidden_size", c.hidden_size, "num_attention_heads", c.num_attention_heads);
+  multiple("num_attention_heads", c.num_attention_heads, "num_key_value_heads", c.num_key_value_heads);
+  const int64_t head_dim = c.hidden_size / c.num_attention_heads;
+  TESSEL_CHECK(head_dim % 2 == 0,
+               "{}: a head's width, 'model.hidden_size' / 'model.num_attention_heads' = {} / {} = {}, must be even "
+               "(rotary embedding turns pairs of features)",
+               source, c.hidden_size, c.num_attention_heads, head_dim);
 }
 
 void read_model(Section& s, ModelSection& m, const std::string& base_dir, const std::string& source) {
