@@ -6,8 +6,8 @@
 #include <fstream>
 
 #include "tessel/ckpt/safetensors.h"
-#include "tessel/cli/stop_signals.h"
 #include "tessel/cli/trainer.h"
+#include "tessel/launch/signals.h"
 #include "tessel/core/context.h"
 
 namespace tessel {

@@ -11,13 +11,13 @@
 
 #include "tessel/autograd/engine.h"
 #include "tessel/ckpt/checkpoint.h"
-#include "tessel/cli/stop_signals.h"
 #include "tessel/core/context.h"
 #include "tessel/core/log.h"
 #include "tessel/core/profile.h"
 #include "tessel/core/thread_pool.h"
 #include "tessel/core/view.h"
 #include "tessel/data/loader.h"
+#include "tessel/launch/signals.h"
 #include "tessel/ops/ops.h"
 
 namespace tessel {
@@ -200,10 +200,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
     if (!options.save_dir.empty() && t.save_every > 0 && (step + 1) % t.save_every == 0 && step + 1 != t.steps) save(step + 1);
     if (stop && stop->requested() != 0 && step + 1 < t.steps) {
       result.stopped_by = stop->requested();
-      if (saved_at != step + 1) save(step + 1);
-      if (live) std::fputs("\r\033[K", stderr);
+      if (saved_at != step + 1) save(step + 1);  // either save cleared the live line
       say(fmt::format("stopped by {} after step {} of {}; continue with --resume {} --save {}",
-                      stop_signal_name(result.stopped_by), step + 1, t.steps, options.save_dir, options.save_dir));
+                      signal_name(result.stopped_by), step + 1, t.steps, options.save_dir, options.save_dir));
       break;
     }
   }

@@ -23,6 +23,7 @@
 #include "tessel/comm/socket.h"
 #include "tessel/comm/tcp_store.h"
 #include "tessel/core/error.h"
+#include "tessel/launch/signals.h"
 
 namespace tessel {
 
@@ -48,26 +49,6 @@ std::string describe_status(int status) {
     return fmt::format("was killed by signal {} ({})", WTERMSIG(status), name != nullptr ? name : "unknown");
   }
   return fmt::format("ended with wait status {}", status);
-}
-
-std::string signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : std::to_string(sig); }
-
-// Writes all of `s` to fd; a closed stdout/stderr (EPIPE) drops the output rather than
-// killing the launcher, which must still stop its processes.
-void write_all(int fd, std::string_view s) {
-  while (!s.empty()) {
-    const ssize_t k = ::write(fd, s.data(), s.size());
-    if (k > 0) {
-      s.remove_prefix(static_cast<std::size_t>(k));
-    } else if (k < 0 && errno == EINTR) {
-      continue;
-    } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, 100);
-    } else {
-      return;
-    }
-  }
 }
 
 void say(const std::string& line) { write_all(2, line + "\n"); }

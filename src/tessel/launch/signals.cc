@@ -1,17 +1,37 @@
-// The handler only stores the signal and writes a prepared message (both async-signal-safe);
-// the training loop polls requested() between steps.
-#include "tessel/cli/stop_signals.h"
+// The stop handler only stores the signal and writes a prepared message (both
+// async-signal-safe); the training loop polls requested() between steps.
+#include "tessel/launch/signals.h"
 
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 
 #include "tessel/core/error.h"
 
 namespace tessel {
+
+std::string signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : std::to_string(sig); }
+
+void write_all(int fd, std::string_view s) {
+  while (!s.empty()) {
+    const ssize_t k = ::write(fd, s.data(), s.size());
+    if (k > 0) {
+      s.remove_prefix(static_cast<std::size_t>(k));
+    } else if (k < 0 && errno == EINTR) {
+      continue;
+    } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 100);
+    } else {
+      return;
+    }
+  }
+}
 
 namespace {
 
@@ -20,15 +40,6 @@ std::atomic<bool> g_installed{false};
 char g_note[512];  // written before the handlers are installed, read only by them
 size_t g_note_len = 0;
 struct sigaction g_old_int, g_old_term;
-
-void write_all(const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(STDERR_FILENO, p, n);
-    if (w <= 0) return;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
 
 extern "C" void on_stop_signal(int sig) {
   if (g_requested != 0) {  // the second one: stop now, the way the signal normally does
@@ -39,10 +50,11 @@ extern "C" void on_stop_signal(int sig) {
     ::raise(sig);
     return;
   }
+  const int saved_errno = errno;  // the interrupted code may be about to read it
   g_requested = sig;
-  const char* name = sig == SIGINT ? "\nSIGINT: " : "\nSIGTERM: ";
-  write_all(name, std::strlen(name));
-  write_all(g_note, g_note_len);
+  write_all(STDERR_FILENO, sig == SIGINT ? "\nSIGINT: " : "\nSIGTERM: ");
+  write_all(STDERR_FILENO, std::string_view(g_note, g_note_len));
+  errno = saved_errno;
 }
 
 }  // namespace
@@ -68,9 +80,5 @@ StopSignals::~StopSignals() {
 }
 
 int StopSignals::requested() const { return g_requested; }
-
-std::string stop_signal_name(int sig) {
-  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : std::to_string(sig);
-}
 
 }  // namespace tessel
