@@ -205,6 +205,42 @@ TEST(Config, RejectsModelSizesNamingTheKeyPath) {
   EXPECT_EQ(config_error(llama), "<no error>");
 }
 
+// Optimizer and run values that parse but would train wrongly (a negative rate at the end of the
+// decay, 0/0 in AdamW) or quietly not as asked (a parallel degree of 0 fell back to one rank).
+TEST(Config, RejectsTrainAndParallelValuesNamingTheKeyPath) {
+  const std::string gpt2 = tiny_yaml("gpt2");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train.weight_decay=-0.1", "'train.weight_decay' must be 0 or more, got -0.1"},
+      {"train.grad_clip=-1", "'train.grad_clip' must be 0 or more, got -1"},
+      {"train.save_every=-5", "'train.save_every' must be 0 or more, got -5"},
+      {"train.threads=-2", "'train.threads' must be 0 or more, got -2"},
+      {"train.seed=-1", "'train.seed' must be 0 or more, got -1"},
+      {"train.eps=0", "'train.eps' must be positive, got 0"},
+      {"train.min_lr=-1e-4", "'train.min_lr' (-0.0001) must be in [0, 'train.lr' (0.003)]"},
+      {"train.min_lr=1", "'train.min_lr' (1) must be in [0, 'train.lr' (0.003)]"},
+      {"parallel.dp=0", "cfg.yaml: config parallel.dp must be at least 1, got 0"},
+      {"parallel.tp=-1", "cfg.yaml: config parallel.tp must be at least 1, got -1"},
+      {"parallel.vpp=2", "parallel.vpp = 2 needs parallel.pp > 1"},
+      {"parallel.sharding_stage=4", "parallel.sharding_stage must be 0, 1, 2 or 3, got 4"},
+      {"parallel.schedule=GPipes", "unknown pipeline schedule 'GPipes'"},
+      {"parallel.recompute=selective", "parallel.recompute must be none or full, got 'selective'"},
+      {"parallel.pp=3", "the model has 2 blocks, fewer than pp · vpp = 3 virtual stages"}};
+  for (const auto& [set, want] : cases) {
+    std::string e = config_error(gpt2, {set});
+    EXPECT_NE(e.find(want), std::string::npos) << set << ": " << e;
+  }
+  // Each optimizer's own keys are checked only for that optimizer: the other ignores them.
+  EXPECT_EQ(config_error(gpt2, {"train.momentum=1.5"}), "<no error>");
+  EXPECT_EQ(config_error(gpt2, {"train.optimizer=sgd", "train.eps=0"}), "<no error>");
+  std::string e = config_error(gpt2, {"train.optimizer=sgd", "train.momentum=1.5"});
+  EXPECT_NE(e.find("'train.momentum' must be in [0, 1), got 1.5"), std::string::npos) << e;
+  e = config_error(gpt2, {"train.optimizer=sgd", "train.momentum=0", "train.nesterov=true"});
+  EXPECT_NE(e.find("'train.nesterov' needs 'train.momentum' above 0"), std::string::npos) << e;
+  EXPECT_EQ(config_error(gpt2, {"train.optimizer=sgd", "train.momentum=0"}), "<no error>");
+  EXPECT_EQ(config_error(gpt2, {"train.grad_clip=0", "train.weight_decay=0", "train.min_lr=0"}), "<no error>");
+  EXPECT_EQ(config_error(gpt2, {"parallel.dp=2", "parallel.pp=2", "parallel.schedule=ZB-H1"}), "<no error>");
+}
+
 // A short trial of a long run's config: warm-up may outlast the run, and the first log line says so.
 TEST(Config, AcceptsAWarmUpLongerThanTheRunAndSaysSo) {
   RunConfig c = parse_run_config(tiny_yaml("gpt2"), {"train.steps=4", "train.warmup=30"}, "", "t");

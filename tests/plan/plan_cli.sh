@@ -45,4 +45,9 @@ set +e
 out=$("$tessel" plan --model gpt-9t --cluster dgx-a100-80g:8 --global-batch 8 2>&1); rc=$?
 set -e
 [ "$rc" = 2 ] && grep -q "unknown model preset 'gpt-9t'" <<< "$out" || { echo "bad model: rc $rc: $out"; exit 1; }
+set +e
+out=$("$tessel" plan --model gpt-1.7b --cluster dgx-a100-80g:8 --global-batch 0 2>&1); rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "^error: --global-batch: must be a positive whole number, got '0'" <<< "$out" ||
+  { echo "bad count: rc $rc: $out"; exit 1; }
 echo "plan cli: ok"

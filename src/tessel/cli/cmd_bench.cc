@@ -18,12 +18,13 @@ std::vector<Command> register_bench(CLI::App& app) {
               "launch` it runs on the gloo backend across the launched processes");
   comm->add_option("--backend", o->backend, "thread or gloo (without tessel launch gloo ranks are threads)")
       ->check(CLI::IsMember({"thread", "gloo"}));
-  comm->add_option("--np", o->np, "number of ranks (ignored under tessel launch)")->check(CLI::PositiveNumber);
+  comm->add_option("--np", o->np, "number of ranks (ignored under tessel launch)")->check(kPositiveCount);
   comm->add_option("--op", o->op, "all_reduce, all_gather, reduce_scatter, all_to_all, broadcast or send_recv")
       ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"}));
-  comm->add_option("--min", o->min_bytes, "smallest size in bytes (doubling up to --max)")->check(CLI::PositiveNumber);
-  comm->add_option("--max", o->max_bytes, "largest size in bytes")->check(CLI::PositiveNumber);
-  comm->add_option("--iters", o->iterations, "iterations per size (default: enough for 0.2 s)");
+  comm->add_option("--min", o->min_bytes, "smallest size in bytes (doubling up to --max)")->check(kPositiveCount);
+  comm->add_option("--max", o->max_bytes, "largest size in bytes")->check(kPositiveCount);
+  comm->add_option("--iters", o->iterations, "iterations per size (default or 0: enough for 0.2 s)")
+      ->check(kNonNegativeCount);
   out.push_back({comm, [o] {
                    if (o->min_bytes < 4 || o->min_bytes > o->max_bytes)
                      throw BadInput(fmt::format("--min {} and --max {}: need 4 <= min <= max", o->min_bytes, o->max_bytes));

@@ -27,7 +27,7 @@ std::vector<Command> register_cluster(CLI::App& app) {
   detect->add_option("--ranks", a->ranks,
                      "thread ranks the plan will use on this machine: the cluster's devices_per_node, each device "
                      "getting total memory / N and its share of the cores (default: one per physical core)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveCount);
   detect->add_option("-o,--output", a->output, "write the YAML to FILE instead of standard output");
   detect->add_flag("-q,--quiet", a->quiet, "no progress lines on standard error");
   return {{detect, [a] {

@@ -163,10 +163,10 @@ std::vector<Command> register_plan(CLI::App& app) {
   cmd->add_option("--model", a->model, "a model preset or a training config (YAML)");
   cmd->add_option("--cluster", a->cluster, "PRESET:N, local[:N] or a cluster YAML file");
   cmd->add_option("--global-batch", a->global_batch, "sequences per step (default: the config's train.global_batch)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveCount);
   cmd->add_option("--seq-len", a->seq_len, "sequence length (default: the preset's or the config's)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--top", a->top, "how many plans to show (default 5)")->check(CLI::PositiveNumber);
+      ->check(kPositiveCount);
+  cmd->add_option("--top", a->top, "how many plans to show (default 5)")->check(kPositiveCount);
   cmd->add_option("--format", a->format, "table, json (every plan with its parts) or yaml (the best plan as the "
                                          "parallel: section of a training config)")
       ->check(CLI::IsMember({"table", "json", "yaml"}));

@@ -43,7 +43,7 @@ std::vector<Command> register_train(CLI::App& app) {
   cmd->add_option("--resume", a->resume, "resume from a step folder, or the newest one under DIR");
   cmd->add_option("--nproc", a->nproc,
                   "ranks to run on the thread backend (default: dp·tp·pp of the config's parallel section)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveCount);
   cmd->add_option("--backend", a->backend,
                   "thread: --nproc ranks in this process; gloo: this process is one rank started by `tessel launch`")
       ->check(CLI::IsMember({"thread", "gloo"}));
@@ -108,9 +108,10 @@ std::vector<Command> register_bench_train(CLI::App& bench) {
   CLI::App* cmd = bench.add_subcommand("train", "training tokens/s and model FLOP/s beside the sgemm peak");
   cmd->add_option("config", a->config, "training config (YAML)")->required();
   cmd->add_option("--set", a->sets, "override a config value (repeatable)");
-  cmd->add_option("--steps", a->opts.steps, "measured steps (median reported)")->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", a->opts.warmup, "unmeasured warm-up steps")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--threads", a->threads, "intra-op and BLAS threads (default: the config's, else all)");
+  cmd->add_option("--steps", a->opts.steps, "measured steps (median reported)")->check(kPositiveCount);
+  cmd->add_option("--warmup", a->opts.warmup, "unmeasured warm-up steps")->check(kNonNegativeCount);
+  cmd->add_option("--threads", a->threads, "intra-op and BLAS threads (default or 0: the config's, else all)")
+      ->check(kNonNegativeCount);
   cmd->add_flag("--json", a->json, "print one JSON object instead of a table");
   return {{cmd, [a] {
              RunConfig cfg = load_or_bad_input(a->config, a->sets);

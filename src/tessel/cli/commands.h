@@ -14,6 +14,12 @@ struct BadInput : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Whole-number option checks whose errors read "--top: must be a positive whole number, got
+// '0'" rather than CLI11's range text with its 1.8e308 bound; help shows them as POSITIVE and
+// NONNEGATIVE, as CLI11's own do.
+extern const CLI::Validator kPositiveCount;
+extern const CLI::Validator kNonNegativeCount;
+
 // A registered subcommand: when `cmd` was parsed, `run` returns the exit status.
 struct Command {
   CLI::App* cmd = nullptr;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "tessel/core/error.h"
+#include "tessel/parallel/schedule.h"
 
 namespace tessel {
 
@@ -284,7 +285,9 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   t.beta2 = betas[1];
   t.eps = train.get("eps", t.eps);
   t.grad_clip = train.get("grad_clip", t.grad_clip);
-  t.seed = static_cast<uint64_t>(train.get<int64_t>("seed", static_cast<int64_t>(t.seed)));
+  const int64_t seed = train.get<int64_t>("seed", static_cast<int64_t>(t.seed));
+  TESSEL_CHECK(seed >= 0, "{}: config 'train.seed' must be 0 or more, got {}", source, seed);
+  t.seed = static_cast<uint64_t>(seed);
   t.dropout = train.get("dropout", t.dropout);
   t.optimizer = train.get("optimizer", t.optimizer);
   t.momentum = train.get("momentum", t.momentum);
@@ -345,7 +348,33 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
                "{}: config 'train.dropout' must be in [0, 1), got {}", source, t.dropout);
   // A warm-up longer than the run is allowed (a short trial of a long run's config): the rate
   // then rises the whole way, and the run's first log line says so (warmup_note).
-  TESSEL_CHECK(t.warmup >= 0, "{}: config 'train.warmup' must be 0 or more, got {}", source, t.warmup);
+  auto not_negative = [&](const char* key, double v) {
+    TESSEL_CHECK(v >= 0, "{}: config '{}' must be 0 or more, got {}", source, key, v);
+  };
+  not_negative("train.warmup", static_cast<double>(t.warmup));
+  not_negative("train.weight_decay", t.weight_decay);
+  not_negative("train.grad_clip", t.grad_clip);  // 0 turns clipping off
+  not_negative("train.save_every", static_cast<double>(t.save_every));
+  not_negative("train.threads", static_cast<double>(t.threads));
+  TESSEL_CHECK(t.min_lr >= 0 && t.min_lr <= t.lr,
+               "{}: config 'train.min_lr' ({}) must be in [0, 'train.lr' ({})]: the schedule decays towards it", source,
+               t.min_lr, t.lr);
+  // Each optimizer's own keys are checked for that optimizer only. A zero epsilon would divide
+  // 0 by 0 for every parameter whose gradient is still 0 (unused vocabulary rows).
+  if (t.optimizer == "adamw") positive("train.eps", t.eps);
+  if (t.optimizer == "sgd") {
+    TESSEL_CHECK(t.momentum >= 0 && t.momentum < 1, "{}: config 'train.momentum' must be in [0, 1), got {}", source,
+                 t.momentum);
+    TESSEL_CHECK(!t.nesterov || t.momentum > 0, "{}: config 'train.nesterov' needs 'train.momentum' above 0", source);
+  }
+  // The parallel section is checked for every run, not only when it asks for several ranks:
+  // a degree of 0 or -1 would otherwise fall back to one rank without a word.
+  try {
+    parallel::canonical_schedule_name(pc.schedule);
+    pc.validate(c.model.arch == "gpt2" ? c.model.gpt2.n_layer : c.model.llama.num_hidden_layers, t.global_batch);
+  } catch (const Error& e) {
+    TESSEL_THROW("{}: config {}", source, e.what());
+  }
   if (t.dropout >= 0) c.model.gpt2.dropout = t.dropout;
   int64_t max_len = c.model.arch == "gpt2" ? c.model.gpt2.n_positions : c.model.llama.max_position_embeddings;
   TESSEL_CHECK(t.seq_len <= max_len, "{}: config 'train.seq_len' ({}) exceeds the model's {} ({})", source, t.seq_len,

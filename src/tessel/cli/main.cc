@@ -2,6 +2,8 @@
 //
 // Exit status: 0 on success, 2 for bad input (unknown flag, bad config, missing file),
 // 1 when a run fails after it started.
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 
 #include "tessel/cli/commands.h"
@@ -9,10 +11,32 @@
 
 using namespace tessel;
 
+namespace {
+
+CLI::Validator whole_number(int64_t least, const char* what, const char* name) {
+  return CLI::Validator(
+      [least, what](std::string& text) -> std::string {
+        int64_t v = 0;
+        const char* end = text.data() + text.size();
+        auto [stop, ec] = std::from_chars(text.data(), end, v);
+        if (ec != std::errc() || stop != end || v < least) return fmt::format("must be {}, got '{}'", what, text);
+        return "";
+      },
+      name);
+}
+
+}  // namespace
+
+const CLI::Validator tessel::kPositiveCount = whole_number(1, "a positive whole number", "POSITIVE");
+const CLI::Validator tessel::kNonNegativeCount = whole_number(0, "a whole number, 0 or more", "NONNEGATIVE");
+
 int main(int argc, char** argv) {
   CLI::App app{"tessel: train large networks across many devices from a program written for one"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tessel 0.1.0");
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("error: {}\nRun with --help for more information.\n", e.what());
+  });
   std::vector<Command> commands;
   for (auto* reg : {register_train, register_launch, register_plan, register_bench, register_cluster, register_explain})
     for (Command& c : reg(app)) commands.push_back(std::move(c));
