@@ -141,6 +141,44 @@ TEST(Train, WritesMetricsAndHuggingFaceNamedCheckpoints) {
   EXPECT_EQ(f.metadata().at("format"), "pt");
 }
 
+// A run that cannot write its checkpoints fails before its first step, not at its first save.
+TEST(Train, AnUnusableSaveFolderFailsBeforeTheFirstStep) {
+  TempDir dir;
+  std::ofstream(dir.path() / "a-file") << "not a folder";
+  RunConfig cfg = parse_run_config(tiny_yaml("gpt2"), {"train.steps=2"}, "", "test");
+  int steps = 0;
+  std::string error = "<no error>";
+  try {
+    train(cfg, TrainOptions{.save_dir = (dir.path() / "a-file" / "ckpt").string(), .quiet = true},
+          [&](const StepRecord&) { ++steps; });
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("a-file/ckpt' cannot be created"), std::string::npos) << error;
+  EXPECT_EQ(steps, 0);
+  EXPECT_EQ(fs::directory_iterator(dir.path())->path().filename(), "a-file");  // no probe file left behind
+}
+
+// Resuming with other settings is allowed (a lower rate after a spike), but the run says which
+// differ, as it will not continue the saved trajectory. A longer run, another save interval or
+// a rate written another way ("3e-3" for "3.0e-3") is not a difference.
+TEST(Train, ResumingWithOtherSettingsNamesThem) {
+  TempDir dir;
+  RunConfig first = parse_run_config(tiny_yaml("gpt2"), {"train.steps=2"}, "", "test");
+  train(first, TrainOptions{.save_dir = dir.str(), .quiet = true});
+  auto resume_log = [&](const std::vector<std::string>& sets) {
+    RunConfig again = parse_run_config(tiny_yaml("gpt2"), sets, "", "test");
+    ::testing::internal::CaptureStderr();
+    train(again, TrainOptions{.resume_dir = dir.str(), .quiet = true});
+    return ::testing::internal::GetCapturedStderr();
+  };
+  std::string log = resume_log({"train.steps=3", "train.global_batch=8", "train.micro_batch=4", "train.seed=6"});
+  EXPECT_NE(log.find("differ from the checkpoint's"), std::string::npos) << log;
+  EXPECT_NE(log.find("train.global_batch 4 -> 8, train.micro_batch 2 -> 4, train.seed 5 -> 6"), std::string::npos)
+      << log;
+  EXPECT_EQ(resume_log({"train.steps=3", "train.lr=3e-3", "train.save_every=1"}), "");
+}
+
 std::string config_error(const std::string& yaml, const std::vector<std::string>& sets = {}) {
   try {
     parse_run_config(yaml, sets, "", "cfg.yaml");

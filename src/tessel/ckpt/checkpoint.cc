@@ -51,6 +51,16 @@ void load_model(const std::string& path, nn::LanguageModel& model) {
                     "checkpoint '{}' holds \"{}\", which is not a parameter of this {} model", path, name, model.arch());
 }
 
+void check_checkpoint_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TESSEL_CHECK_AS(CheckpointError, !ec, "checkpoint folder '{}' cannot be created: {}", dir, ec.message());
+  fs::path probe = fs::path(dir) / fmt::format(".write-test.{}", ::getpid());
+  bool ok = std::ofstream(probe).good();
+  fs::remove(probe, ec);
+  TESSEL_CHECK_AS(CheckpointError, ok, "checkpoint folder '{}' is not writable", dir);
+}
+
 std::string save_checkpoint(const std::string& dir, nn::LanguageModel& model, const optim::Optimizer* optimizer,
                             const TrainerState& state) {
   fs::path final_dir = fs::path(dir) / fmt::format("step-{:06d}", state.step);

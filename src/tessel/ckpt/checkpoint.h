@@ -29,6 +29,9 @@ struct TrainerState {
   Json config;       // the run's resolved config, for the record
 };
 
+// Creates DIR if needed and checks that a file can be written in it, so that a run with
+// --save fails before its first step rather than at its first checkpoint.
+void check_checkpoint_dir(const std::string& dir);
 // Writes DIR/step-NNNNNN/ and returns its path.
 std::string save_checkpoint(const std::string& dir, nn::LanguageModel& model, const optim::Optimizer* optimizer,
                             const TrainerState& state);

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <map>
 #include <optional>
 
 #include "tessel/autograd/engine.h"
@@ -54,6 +56,44 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const RunConfig& c, std::vector
                                                                                 .weight_decay = t.weight_decay});
 }
 
+// A resolved config's values by key path ("train.lr" -> "2.0e-3"), as the YAML wrote them.
+void flatten(const Json& j, const std::string& path, std::map<std::string, std::string>& out) {
+  if (j.is_object()) {
+    for (const auto& [key, value] : j.as_object()) flatten(value, path.empty() ? key : path + "." + key, out);
+    return;
+  }
+  out[path] = j.is_string() ? j.as_string() : j.dump();
+}
+
+bool same_setting(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  char *end_a = nullptr, *end_b = nullptr;  // "2.0e-3" and "0.002" are one rate
+  double x = std::strtod(a.c_str(), &end_a), y = std::strtod(b.c_str(), &end_b);
+  return !a.empty() && !b.empty() && *end_a == '\0' && *end_b == '\0' && x == y;
+}
+
+// The settings of `now` that differ from the checkpoint's config `then` and change the
+// trajectory: "train.global_batch 16 -> 8". The length of the run, how often it saves or logs,
+// its threads and where its first weights came from are expected to change on a resume.
+std::vector<std::string> changed_settings(const Json& then, const Json& now) {
+  std::map<std::string, std::string> a, b;
+  flatten(then, "", a);
+  flatten(now, "", b);
+  auto ignored = [](const std::string& key) {
+    return key.starts_with("log.") || key.starts_with("parallel.") || key == "train.steps" ||
+           key == "train.save_every" || key == "train.save_init" || key == "train.threads" || key == "model.init_from";
+  };
+  std::vector<std::string> out;
+  for (const auto& [key, value] : b) {
+    auto it = a.find(key);
+    std::string before = it == a.end() ? "(default)" : it->second;
+    if (!ignored(key) && !same_setting(before, value)) out.push_back(fmt::format("{} {} -> {}", key, before, value));
+  }
+  for (const auto& [key, value] : a)
+    if (!ignored(key) && !b.contains(key)) out.push_back(fmt::format("{} {} -> (default)", key, value));
+  return out;
+}
+
 }  // namespace
 
 Json step_metrics(const StepRecord& r) {
@@ -69,6 +109,7 @@ Json step_metrics(const StepRecord& r) {
 
 TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::function<void(const StepRecord&)>& on_step) {
   const TrainSection& t = cfg.train;
+  if (!options.save_dir.empty()) check_checkpoint_dir(options.save_dir);
   if (t.threads > 0) set_default_num_threads(static_cast<int>(t.threads));
   auto say = [&](const std::string& message) {
     if (!options.quiet) log_info("{}", message);
@@ -101,7 +142,14 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
   if (!options.resume_dir.empty()) {
     TrainerState st = load_checkpoint(options.resume_dir, *model, optimizer.get());
     start = st.step;
-    if (st.seed != t.seed) log_warn("resuming with seed {} but the checkpoint was trained with seed {}", t.seed, st.seed);
+    if (st.config.is_object()) {
+      std::vector<std::string> changed = changed_settings(st.config, cfg.resolved);
+      if (!changed.empty())
+        log_warn("resuming with settings that differ from the checkpoint's, so the run will not continue its "
+                 "trajectory exactly: {}", fmt::join(changed, ", "));
+    } else if (st.seed != t.seed) {
+      log_warn("resuming with seed {} but the checkpoint was trained with seed {}", t.seed, st.seed);
+    }
     say(fmt::format("resumed from {} at step {}", resolve_checkpoint(options.resume_dir), start));
   }
   TESSEL_CHECK(start <= t.steps, "the checkpoint is at step {}, past train.steps = {}", start, t.steps);
