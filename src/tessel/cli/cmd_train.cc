@@ -84,14 +84,15 @@ std::vector<Command> register_train(CLI::App& app) {
                  r = train_parallel_threads(cfg, nproc, po);
                }
                if (!r.train.steps.empty() && (a->backend != "gloo" || world_group()->rank() == 0))
-                 log_info("done: {} steps in {:.1f}s, final loss {:.4f}", r.train.steps.size(), r.train.seconds,
-                          r.train.steps.back().loss);
+                 log_info("done: {} step{} in {:.1f}s, final loss {:.4f}", r.train.steps.size(),
+                          r.train.steps.size() == 1 ? "" : "s", r.train.seconds, r.train.steps.back().loss);
                return 0;
              }
              TrainResult r = train(cfg, base);
              if (r.stopped_by != 0) return 128 + r.stopped_by;  // the shell's convention for a signal
              if (!r.steps.empty())
-               log_info("done: {} steps in {:.1f}s, final loss {:.4f}", r.steps.size(), r.seconds, r.steps.back().loss);
+               log_info("done: {} step{} in {:.1f}s, final loss {:.4f}", r.steps.size(), r.steps.size() == 1 ? "" : "s",
+                        r.seconds, r.steps.back().loss);
              return 0;
            }}};
 }

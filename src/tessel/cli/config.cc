@@ -385,9 +385,9 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
 
 std::string TrainSection::warmup_note() const {
   if (warmup <= steps) return "";
-  return fmt::format("; train.warmup ({}) is longer than the run, so the learning rate rises for all {} steps and "
+  return fmt::format("; train.warmup ({}) is longer than the run, so the learning rate rises for all {} step{} and "
                      "ends at {:.3g}",
-                     warmup, steps, lr * static_cast<double>(steps) / static_cast<double>(warmup));
+                     warmup, steps, steps == 1 ? "" : "s", lr * static_cast<double>(steps) / static_cast<double>(warmup));
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

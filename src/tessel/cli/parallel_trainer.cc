@@ -175,9 +175,9 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
   const int64_t M = pc.micro_batches, mb = t.global_batch / M;
   const int64_t width = cfg.model.arch == "gpt2" ? cfg.model.gpt2.n_embd : cfg.model.llama.hidden_size;
   PipelineRuntime runtime(schedule, layout, {mb, t.seq_len, width}, DType::f32);
-  say(fmt::format("{} model, {:.3f}M parameters; {} ranks: {}; {} steps of {} x {} tokens{}", model->arch(),
+  say(fmt::format("{} model, {:.3f}M parameters; {} ranks: {}; {} step{} of {} x {} tokens{}", model->arch(),
                   static_cast<double>(model->num_parameters()) / 1e6, pc.world_size(), pc.str(), t.steps,
-                  t.global_batch, t.seq_len, t.warmup_note()));
+                  t.steps == 1 ? "" : "s", t.global_batch, t.seq_len, t.warmup_note()));
   if (pc.pp > 1 && lead && !options.base.quiet) log_info("pipeline schedule (unit-time view):\n{}", schedule.grid());
 
   std::ofstream metrics;
