@@ -7,6 +7,7 @@
 #include "tessel/cli/plan_support.h"
 #include "tessel/cli/cluster_detect.h"
 #include "tessel/cli/trainer.h"
+#include "tessel/ckpt/checkpoint.h"
 #include "tessel/comm/world.h"
 #include "tessel/core/log.h"
 
@@ -68,6 +69,10 @@ std::vector<Command> register_train(CLI::App& app) {
              const TrainOptions base{.metrics_path = a->metrics, .save_dir = a->save, .resume_dir = a->resume,
                                      .stop_on_signal = true};
              if (a->backend == "gloo" || ranks > 1 || a->nproc > 1 || !a->trace.empty()) {
+               if (ranks == 1 && a->backend != "gloo" && a->nproc <= 1 && !a->trace.empty() &&
+                   !(a->save.empty() && a->resume.empty()))
+                 throw BadInput("--trace runs even one rank on the parallel trainer, which cannot --save or --resume "
+                                "yet; leave out --trace, or --save/--resume");
                ParallelTrainOptions po{.base = base, .trace_path = a->trace};
                ParallelTrainResult r;
                if (a->backend == "gloo") {
@@ -79,14 +84,24 @@ std::vector<Command> register_train(CLI::App& app) {
                } else {
                  const int nproc = a->nproc > 0 ? a->nproc : static_cast<int>(ranks);
                  if (nproc != ranks)
-                   throw BadInput(fmt::format("--nproc {} but the config's parallel section (dp {}, tp {}, pp {}) needs "
-                                              "{} ranks", nproc, cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, ranks));
+                   throw BadInput(fmt::format(
+                       "--nproc {} but the config's parallel section (dp {}, tp {}, pp {}) needs {} rank{}; give the "
+                       "layout (e.g. --set parallel.dp={}) or let --plan auto choose one for {} ranks",
+                       nproc, cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, ranks, ranks == 1 ? "" : "s", nproc,
+                       nproc));
                  r = train_parallel_threads(cfg, nproc, po);
                }
                if (!r.train.steps.empty() && (a->backend != "gloo" || world_group()->rank() == 0))
                  log_info("done: {} step{} in {:.1f}s, final loss {:.4f}", r.train.steps.size(),
                           r.train.steps.size() == 1 ? "" : "s", r.train.seconds, r.train.steps.back().loss);
                return 0;
+             }
+             if (!a->save.empty()) {  // a folder it cannot write is the user's to fix (exit 2), before any step
+               try {
+                 check_checkpoint_dir(a->save);
+               } catch (const Error& e) {
+                 throw BadInput(e.what());
+               }
              }
              TrainResult r = train(cfg, base);
              if (r.stopped_by != 0) return 128 + r.stopped_by;  // the shell's convention for a signal

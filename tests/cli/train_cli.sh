@@ -1,0 +1,28 @@
+#!/bin/bash
+# `tessel train` end to end as a user meets it: what it refuses exits 2 with a message that says
+# what to do instead, before any step runs.
+#   tests/cli/train_cli.sh TESSEL_BINARY SOURCE_DIR
+set -euo pipefail
+tessel=$1
+config=$2/configs/gpt2-tiny.yaml
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# expect_refusal WANT ARGS...: exit status 2 and WANT in the message.
+expect_refusal() {
+  local want=$1 out rc
+  shift
+  set +e
+  out=$("$tessel" train "$config" --set train.steps=1 "$@" 2>&1)
+  rc=$?
+  set -e
+  [ "$rc" = 2 ] && grep -qF -- "$want" <<< "$out" || { echo "train $*: rc $rc, wanted '$want' in: $out"; exit 1; }
+}
+
+expect_refusal "needs 1 rank; give the layout (e.g. --set parallel.dp=2) or let --plan auto choose" --nproc 2
+expect_refusal "--trace runs even one rank on the parallel trainer, which cannot --save" --trace "$tmp/t.json" --save "$tmp/ck"
+expect_refusal "error: --nproc: must be a positive whole number, got '0'" --nproc 0
+expect_refusal "config parallel.tp must be at least 1, got 0" --set parallel.tp=0
+expect_refusal "checkpoint folder '$config/ck' cannot be created" --save "$config/ck"
+[ ! -e "$tmp/ck" ] || { echo "a refused run created its checkpoint folder"; exit 1; }
+echo "train cli: ok"
