@@ -121,7 +121,7 @@ RankMapping map_ranks(const Cluster& c, const Layout& l, double tp_bytes, double
     else
       where = fmt::format("{} ranks, {} per node: {} inside, {} across", g.size, g.per_node, c.intra.kind,
                           c.inter.kind);
-    r.reasons.push_back(fmt::format("{}: {:.3g} GB per device per step -> {}", name, bytes / 1e9, where));
+    r.reasons.push_back(fmt::format("{}: {:.4g} GB per device per step -> {}", name, bytes / 1e9, where));
   }
   return r;
 }
