@@ -118,6 +118,9 @@ TEST(Reshard, AllPairsOnThreeRanks) { check_mesh({3}, {7, 5}); }
 TEST(Reshard, AllPairsOnFourRanks) { check_mesh({4}, {6, 3}); }
 TEST(Reshard, AllPairsOnTwoByTwo) { check_mesh({2, 2}, {5, 3}); }
 TEST(Reshard, AllPairsThreeDims) { check_mesh({2}, {3, 1, 4}); }
+// A leading dim of 1 (a micro-batch of one sequence): gathers and reduce-scatters along dim 1
+// then work on the collective's buffer in place, as they do along dim 0.
+TEST(Reshard, AllPairsWithALeadingDimOfOne) { check_mesh({3}, {1, 7, 2}); }
 
 TEST(Reshard, KnownOneStepTransitions) {
   ProcessMesh mesh = ProcessMesh::iota({4});

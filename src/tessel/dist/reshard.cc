@@ -343,6 +343,13 @@ Tensor unfront(const Tensor& x, int64_t d) {
 }
 
 // Elements per index of dim d: the product of the other dims.
+// The product of the dims before `d`: 1 when slices along d are contiguous runs in order.
+int64_t outer_extent(const Shape& shape, int64_t d) {
+  int64_t n = 1;
+  for (int64_t i = 0; i < d; ++i) n *= shape[static_cast<size_t>(i)];
+  return n;
+}
+
 int64_t numel_except(const Shape& shape, int64_t d) {
   int64_t n = 1;
   for (size_t i = 0; i < shape.size(); ++i)
@@ -424,6 +431,9 @@ Tensor run_step(const Tensor& x, const ReshardStep& s, const ProcessMesh& mesh, 
       for (int64_t n : counts) total += n;
       Tensor buffer = Tensor::empty({total}, dt);
       mesh_dim_group(mesh, m)->all_gather_v(piece.raw_data(), buffer.raw_data(), counts, dt);
+      // Along the outermost non-trivial dim (dim 0 of a ZeRO-3 weight) the blocks in group
+      // order already are the output.
+      if (outer_extent(full, d) == 1) return view::reshape(buffer, full);
       Tensor out = Tensor::empty(full, dt);
       int64_t at = 0, offset = 0;
       for (size_t r = 0; r < ext.size(); ++r) {
@@ -445,9 +455,12 @@ Tensor run_step(const Tensor& x, const ReshardStep& s, const ProcessMesh& mesh, 
       const int64_t row = numel_except(full, d);
       std::vector<int64_t> counts;
       for (int64_t e : ext) counts.push_back(e * row);
-      Tensor packed = Tensor::empty({shape_numel(full)}, dt);
+      // Along the outermost non-trivial dim a contiguous input already holds the blocks in
+      // group order; the collective only reads it.
+      const bool in_order = outer_extent(full, d) == 1 && x.is_contiguous();
+      Tensor packed = in_order ? x : Tensor::empty({shape_numel(full)}, dt);
       int64_t at = 0, offset = 0;
-      for (size_t r = 0; r < ext.size(); ++r) {
+      for (size_t r = 0; r < ext.size() && !in_order; ++r) {
         Shape block = full;
         block[static_cast<size_t>(d)] = ext[r];
         view::copy(view::reshape(view::slice(packed, 0, at, at + counts[r]), block),
