@@ -288,7 +288,7 @@ std::string Cluster::to_yaml() const {
   line(fmt::format("name: {}", string_text(name)));
   line(fmt::format("nodes: {}", nodes));
   line(fmt::format("devices_per_node: {}", devices_per_node));
-  line(fmt::format("total_devices: {}", total_devices));
+  if (total_devices > 0) line(fmt::format("total_devices: {}", total_devices));  // absent: every device of every node
   line(fmt::format("cores_per_node: {}", cores_per_node));
   line(fmt::format("dtype: {}", string_text(dtype)));
   line("device:");
