@@ -303,5 +303,48 @@ TEST(Config, ReadsAHuggingFaceConfigJson) {
   EXPECT_EQ(c.model.llama.rope_theta, 500000.0);
 }
 
+// A config.json whose architecture tessel does not build (another activation, untied or tied
+// head against the family's rule, biases, scaled RoPE, other widths) is refused by key, not
+// trained as something else under the same Hugging Face names; the family's own values pass.
+TEST(Config, RefusesHuggingFaceConfigsOfAnotherArchitecture) {
+  const std::string gpt2 = R"("model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256,
+    "n_positions": 64)";
+  const std::string llama = R"("model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 256,
+    "max_position_embeddings": 64)";
+  auto error_of = [](const std::string& json) {
+    TempDir dir;
+    std::ofstream(dir.path() / "config.json") << "{" << json << "}";
+    try {
+      parse_run_config("model: {hf_config: config.json}\ndata: {path: " + corpus() + "}\ntrain: {seq_len: 32}\n", {},
+                       dir.str(), "t.yaml");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {gpt2 + R"(, "activation_function": "relu")",
+       "\"activation_function\" is relu, which tessel's gpt2 does not build: the MLP uses the tanh-approximated "
+       "GELU (gelu_new or gelu_pytorch_tanh)"},
+      {gpt2 + R"(, "n_inner": 100)", "\"n_inner\" is 100, which tessel's gpt2 does not build: the MLP is 4 x n_embd = 256"},
+      {gpt2 + R"(, "tie_word_embeddings": false)", "\"tie_word_embeddings\" is false"},
+      {llama + R"(, "hidden_act": "gelu")", "\"hidden_act\" is gelu"},
+      {llama + R"(, "tie_word_embeddings": true)", "\"tie_word_embeddings\" is true"},
+      {llama + R"(, "attention_bias": true)", "\"attention_bias\" is true"},
+      {llama + R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0})", "\"rope_scaling\" is "},
+      {llama + R"(, "head_dim": 32)", "\"head_dim\" is 32, which tessel's llama does not build: a head is hidden_size"}};
+  for (const auto& [json, want] : refused) {
+    std::string e = error_of(json);
+    EXPECT_NE(e.find(want), std::string::npos) << json << ": " << e;
+    EXPECT_NE(e.find("t.yaml: model.hf_config"), std::string::npos) << e;
+  }
+  EXPECT_EQ(error_of(gpt2 + R"(, "activation_function": "gelu_new", "n_inner": null, "tie_word_embeddings": true,
+    "scale_attn_weights": true, "task_specific_params": {"text-generation": {"max_length": 50}})"), "<no error>");
+  EXPECT_EQ(error_of(gpt2 + R"(, "n_inner": 256)"), "<no error>");
+  EXPECT_EQ(error_of(llama + R"(, "hidden_act": "silu", "rope_scaling": null, "attention_bias": false,
+    "mlp_bias": false, "tie_word_embeddings": false, "head_dim": 16)"), "<no error>");
+}
+
 }  // namespace
 }  // namespace tessel

@@ -3,6 +3,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -219,6 +220,50 @@ const std::set<std::string> kHfKeys = {"n_layer", "n_embd", "n_head", "vocab_siz
                                        "num_attention_heads", "num_key_value_heads", "intermediate_size",
                                        "max_position_embeddings", "rope_theta", "rms_norm_eps"};
 
+// Keys of a config.json that turn the model into something tessel does not build. Any value
+// but the ones tessel implements (absent or null is always fine) is refused, rather than
+// training — and saving under Hugging Face's names — a model other than the one described.
+struct HfFixed {
+  const char* arch;
+  const char* key;
+  std::vector<std::string> accepted;
+  const char* why;
+};
+const std::vector<HfFixed> kHfFixed = {
+    {"gpt2", "activation_function", {"gelu_new", "gelu_pytorch_tanh"}, "the MLP uses the tanh-approximated GELU"},
+    {"gpt2", "scale_attn_weights", {"true"}, "attention scores are scaled by 1/sqrt(head width)"},
+    {"gpt2", "scale_attn_by_inverse_layer_idx", {"false"}, "attention scores are not scaled by layer"},
+    {"gpt2", "add_cross_attention", {"false"}, "the blocks have no cross-attention"},
+    {"gpt2", "tie_word_embeddings", {"true"}, "the LM head is the token embedding"},
+    {"llama", "hidden_act", {"silu"}, "the MLP is SwiGLU with SiLU"},
+    {"llama", "tie_word_embeddings", {"false"}, "the LM head is a matrix of its own"},
+    {"llama", "attention_bias", {"false"}, "the attention projections have no biases"},
+    {"llama", "mlp_bias", {"false"}, "the MLP projections have no biases"},
+    {"llama", "rope_scaling", {}, "RoPE is unscaled"},
+};
+
+void check_hf_architecture(const YAML::Node& hf, const std::string& arch, const std::string& where) {
+  auto int_of = [&](const char* key) { return hf[key] ? hf[key].as<int64_t>() : int64_t{0}; };
+  for (const HfFixed& f : kHfFixed) {
+    const YAML::Node v = hf[f.key];
+    if (arch != f.arch || !v || v.IsNull()) continue;
+    const std::string text = v.IsScalar() ? v.as<std::string>() : YAML::Dump(v);
+    TESSEL_CHECK(v.IsScalar() && std::find(f.accepted.begin(), f.accepted.end(), text) != f.accepted.end(),
+                 "{}: \"{}\" is {}, which tessel's {} does not build: {} ({})", where, f.key, text, arch, f.why,
+                 f.accepted.empty() ? std::string("null or absent") : fmt::format("{}", fmt::join(f.accepted, " or ")));
+  }
+  // Widths other than the ones tessel derives.
+  if (arch == "gpt2" && hf["n_inner"] && !hf["n_inner"].IsNull())
+    TESSEL_CHECK(hf["n_inner"].as<int64_t>() == 4 * int_of("n_embd"),
+                 "{}: \"n_inner\" is {}, which tessel's gpt2 does not build: the MLP is 4 x n_embd = {} wide", where,
+                 hf["n_inner"].as<std::string>(), 4 * int_of("n_embd"));
+  if (arch == "llama" && hf["head_dim"] && !hf["head_dim"].IsNull() && int_of("num_attention_heads") > 0)
+    TESSEL_CHECK(hf["head_dim"].as<int64_t>() == int_of("hidden_size") / int_of("num_attention_heads"),
+                 "{}: \"head_dim\" is {}, which tessel's llama does not build: a head is hidden_size / "
+                 "num_attention_heads = {} wide",
+                 where, hf["head_dim"].as<std::string>(), int_of("hidden_size") / int_of("num_attention_heads"));
+}
+
 void merge_hf_config(YAML::Node model, const std::string& base_dir, const std::string& source) {
   if (!model || !model.IsMap() || !model["hf_config"]) return;
   std::string path = resolve_path(model["hf_config"].as<std::string>(), base_dir);
@@ -230,6 +275,12 @@ void merge_hf_config(YAML::Node model, const std::string& base_dir, const std::s
   }
   TESSEL_CHECK(hf.IsMap(), "{}: model.hf_config '{}' is not a JSON object", source, path);
   if (!model["arch"] && hf["model_type"]) model["arch"] = hf["model_type"].as<std::string>();
+  try {
+    check_hf_architecture(hf, model["arch"] ? model["arch"].as<std::string>() : "",
+                          fmt::format("{}: model.hf_config '{}'", source, path));
+  } catch (const YAML::Exception& e) {
+    TESSEL_THROW("{}: model.hf_config '{}': a value has the wrong type: {}", source, path, e.what());
+  }
   for (const auto& kv : hf) {
     std::string key = kv.first.as<std::string>();
     if (kHfKeys.count(key) && !model[key]) model[key] = kv.second;
