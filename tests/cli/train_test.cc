@@ -327,13 +327,15 @@ TEST(Config, RefusesHuggingFaceConfigsOfAnotherArchitecture) {
       {gpt2 + R"(, "activation_function": "relu")",
        "\"activation_function\" is relu, which tessel's gpt2 does not build: the MLP uses the tanh-approximated "
        "GELU (gelu_new or gelu_pytorch_tanh)"},
-      {gpt2 + R"(, "n_inner": 100)", "\"n_inner\" is 100, which tessel's gpt2 does not build: the MLP is 4 x n_embd = 256"},
+      {gpt2 + R"(, "n_inner": 100)",
+       "\"n_inner\" is 100, which tessel's gpt2 does not build: the MLP is 4 x n_embd = 256"},
       {gpt2 + R"(, "tie_word_embeddings": false)", "\"tie_word_embeddings\" is false"},
       {llama + R"(, "hidden_act": "gelu")", "\"hidden_act\" is gelu"},
       {llama + R"(, "tie_word_embeddings": true)", "\"tie_word_embeddings\" is true"},
       {llama + R"(, "attention_bias": true)", "\"attention_bias\" is true"},
       {llama + R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0})", "\"rope_scaling\" is "},
-      {llama + R"(, "head_dim": 32)", "\"head_dim\" is 32, which tessel's llama does not build: a head is hidden_size"}};
+      {llama + R"(, "head_dim": 32)",
+       "\"head_dim\" is 32, which tessel's llama does not build: a head is hidden_size"}};
   for (const auto& [json, want] : refused) {
     std::string e = error_of(json);
     EXPECT_NE(e.find(want), std::string::npos) << json << ": " << e;

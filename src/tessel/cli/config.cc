@@ -438,7 +438,8 @@ std::string TrainSection::warmup_note() const {
   if (warmup <= steps) return "";
   return fmt::format("; train.warmup ({}) is longer than the run, so the learning rate rises for all {} step{} and "
                      "ends at {:.3g}",
-                     warmup, steps, steps == 1 ? "" : "s", lr * static_cast<double>(steps) / static_cast<double>(warmup));
+                     warmup, steps, steps == 1 ? "" : "s",
+                     lr * static_cast<double>(steps) / static_cast<double>(warmup));
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -220,8 +220,8 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     // The loss lives on the last stage's ranks: its (dp 0, tp 0) rank tells everyone.
     double loss = layout.pp_rank == pc.pp - 1 && layout.dp_rank == 0 && layout.tp_rank == 0 ? loss_here / M : 0.0;
     world->all_reduce(&loss, 1, DType::f64, ReduceOp::sum);
-    TESSEL_CHECK(std::isfinite(loss), "training diverged: the loss is {} at step {} (try a lower train.lr or train.grad_clip)",
-                 loss, step);
+    TESSEL_CHECK(std::isfinite(loss),
+                 "training diverged: the loss is {} at step {} (try a lower train.lr or train.grad_clip)", loss, step);
     const auto t1 = Clock::now();
     const double secs = std::chrono::duration<double>(t1 - t0).count();
     StepRecord rec{step, loss, lr, norm, static_cast<double>(t.global_batch * t.seq_len) / secs, secs};

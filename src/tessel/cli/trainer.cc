@@ -158,11 +158,12 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
   DataLoader loader(data, sampler, LoaderOptions{.start_step = start});
   const int64_t M = cfg.micro_batches(), mb = t.micro_batch;
   const double tokens_per_step = static_cast<double>(t.global_batch * t.seq_len);
-  say(fmt::format("{} model, {:.3f}M parameters; data {} ({} tokens); {} step{} of {} x {} tokens ({} micro-batch{} of {}); "
-      "{} thread{}{}",
-      model->arch(), static_cast<double>(model->num_parameters()) / 1e6, cfg.data.path, data->size(), t.steps,
-      t.steps == 1 ? "" : "s", t.global_batch, t.seq_len, M, M == 1 ? "" : "es", mb, current_num_threads(), current_num_threads() == 1 ? "" : "s",
-      t.warmup_note()));
+  const int threads = current_num_threads();
+  say(fmt::format("{} model, {:.3f}M parameters; data {} ({} tokens); {} step{} of {} x {} tokens ({} micro-batch{} "
+                  "of {}); {} thread{}{}",
+                  model->arch(), static_cast<double>(model->num_parameters()) / 1e6, cfg.data.path, data->size(),
+                  t.steps, t.steps == 1 ? "" : "s", t.global_batch, t.seq_len, M, M == 1 ? "" : "es", mb, threads,
+                  threads == 1 ? "" : "s", t.warmup_note()));
 
   std::string metrics_path = options.metrics_path.empty() ? cfg.log.metrics : options.metrics_path;
   std::ofstream metrics;
