@@ -7,6 +7,8 @@
 
 #include "tessel/ckpt/safetensors.h"
 #include "tessel/cli/trainer.h"
+#include "tessel/core/view.h"
+#include "tessel/data/loader.h"
 #include "tessel/launch/signals.h"
 #include "tessel/core/context.h"
 
@@ -179,6 +181,70 @@ TEST(Train, ResumingWithOtherSettingsNamesThem) {
   EXPECT_EQ(resume_log({"train.steps=3", "train.lr=3e-3", "train.save_every=1"}), "");
 }
 
+// Evaluating on validation tokens reads nothing the training reads and changes no state:
+// the training losses are those of the run without it, bit for bit, and the validation loss
+// comes at step 0, every eval_every steps and at the end.
+TEST(Train, ValidationLeavesTheTrajectoryAlone) {
+  RunConfig plain = parse_run_config(tiny_yaml("gpt2"), {"train.steps=12"}, "", "test");
+  RunConfig with = parse_run_config(tiny_yaml("gpt2"), {"train.steps=12", "data.val_path=" + corpus(),
+                                                        "train.eval_every=5", "train.eval_batches=2"}, "", "test");
+  TrainResult a = train(plain, TrainOptions{.quiet = true});
+  TrainResult b = train(with, TrainOptions{.quiet = true});
+  EXPECT_EQ(losses(a), losses(b));
+  ASSERT_EQ(b.validation.size(), 4u);
+  std::vector<int64_t> at;
+  for (const auto& [step, loss] : b.validation) at.push_back(step);
+  EXPECT_EQ(at, (std::vector<int64_t>{0, 5, 10, 12}));
+  EXPECT_LT(b.validation.back().second, b.validation.front().second);  // it learns the same text
+  for (const StepRecord& r : b.steps) EXPECT_EQ(r.val_loss.has_value(), r.step == 4 || r.step == 9 || r.step == 11);
+  EXPECT_TRUE(a.validation.empty());
+}
+
+// The validation loss is the mean loss over global batches 0, 1, ... of the sequential order
+// of the validation tokens, in micro-batches, without dropout: here recomputed by hand on the
+// model as initialised (the step-0 evaluation).
+TEST(Train, ValidationLossIsTheMeanOverFixedBatchesWithoutDropout) {
+  RunConfig cfg = parse_run_config(tiny_yaml("gpt2"), {"train.steps=1", "data.val_path=" + corpus(),
+                                                       "train.eval_batches=3"}, "", "test");
+  ASSERT_GT(cfg.model.gpt2.dropout, 0);  // tiny_yaml trains with dropout, evaluation must not
+  TrainResult r = train(cfg, TrainOptions{.quiet = true});
+  ASSERT_FALSE(r.validation.empty());
+
+  std::unique_ptr<nn::LanguageModel> model = build_model(cfg);
+  model->materialize(cfg.train.seed);
+  model->train(false);
+  NoGradGuard no_grad;
+  TokenDataset val = TokenDataset::open(corpus(), TokenFormat::text);
+  Sampler order(val.size(), cfg.train.seq_len, cfg.train.global_batch, SampleOrder::sequential, cfg.train.seed);
+  double sum = 0;
+  int n = 0;
+  for (int64_t b = 0; b < 3; ++b) {
+    Batch batch = make_batch(val, order, b, 0, cfg.train.global_batch);
+    for (int64_t row = 0; row < cfg.train.global_batch; row += cfg.train.micro_batch, ++n)
+      sum += nn::lm_loss(*model, view::slice(batch.inputs, 0, row, row + cfg.train.micro_batch),
+                         view::slice(batch.targets, 0, row, row + cfg.train.micro_batch))
+                 .item();
+  }
+  EXPECT_EQ(r.validation.front().first, 0);
+  EXPECT_EQ(r.validation.front().second, sum / n);
+}
+
+// data.val_fraction holds out the tail of the file: training reads exactly what it would read
+// from a file of the part before it.
+TEST(Train, AHeldOutTailIsNotTrainedOn) {
+  TempDir dir;
+  std::ifstream in(corpus(), std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const int64_t held = static_cast<int64_t>(static_cast<double>(text.size()) * 0.1);
+  std::string head = (dir.path() / "head.txt").string();
+  std::ofstream(head, std::ios::binary) << text.substr(0, text.size() - static_cast<size_t>(held));
+  RunConfig split = parse_run_config(tiny_yaml("gpt2"), {"train.steps=6", "data.val_fraction=0.1"}, "", "test");
+  RunConfig cut = parse_run_config(tiny_yaml("gpt2"), {"train.steps=6", "data.path=" + head}, "", "test");
+  TrainResult a = train(split, TrainOptions{.quiet = true});
+  EXPECT_EQ(losses(a), losses(train(cut, TrainOptions{.quiet = true})));
+  EXPECT_EQ(a.validation.size(), 2u);  // before training and at the end
+}
+
 std::string config_error(const std::string& yaml, const std::vector<std::string>& sets = {}) {
   try {
     parse_run_config(yaml, sets, "", "cfg.yaml");
@@ -262,7 +328,10 @@ TEST(Config, RejectsTrainAndParallelValuesNamingTheKeyPath) {
       {"parallel.sharding_stage=4", "parallel.sharding_stage must be 0, 1, 2 or 3, got 4"},
       {"parallel.schedule=GPipes", "unknown pipeline schedule 'GPipes'"},
       {"parallel.recompute=selective", "parallel.recompute must be none or full, got 'selective'"},
-      {"parallel.pp=3", "the model has 2 blocks, fewer than pp · vpp = 3 virtual stages"}};
+      {"parallel.pp=3", "the model has 2 blocks, fewer than pp · vpp = 3 virtual stages"},
+      {"train.eval_every=10", "'train.eval_every' needs validation tokens: 'data.val_path' or 'data.val_fraction'"},
+      {"data.val_fraction=0.6", "'data.val_fraction' must be in [0, 0.5], got 0.6"},
+      {"train.eval_batches=0", "'train.eval_batches' must be positive, got 0"}};
   for (const auto& [set, want] : cases) {
     std::string e = config_error(gpt2, {set});
     EXPECT_NE(e.find(want), std::string::npos) << set << ": " << e;
@@ -277,6 +346,10 @@ TEST(Config, RejectsTrainAndParallelValuesNamingTheKeyPath) {
   EXPECT_EQ(config_error(gpt2, {"train.optimizer=sgd", "train.momentum=0"}), "<no error>");
   EXPECT_EQ(config_error(gpt2, {"train.grad_clip=0", "train.weight_decay=0", "train.min_lr=0"}), "<no error>");
   EXPECT_EQ(config_error(gpt2, {"parallel.dp=2", "parallel.pp=2", "parallel.schedule=ZB-H1"}), "<no error>");
+  e = config_error(gpt2, {"data.val_fraction=0.1", "data.val_path=x.bin"});
+  EXPECT_NE(e.find("'data.val_path' and 'data.val_fraction' are two sources of validation tokens"), std::string::npos)
+      << e;
+  EXPECT_EQ(config_error(gpt2, {"data.val_fraction=0.1", "train.eval_every=10"}), "<no error>");
 }
 
 // A short trial of a long run's config: warm-up may outlast the run, and the first log line says so.

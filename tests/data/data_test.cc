@@ -35,6 +35,22 @@ TEST(Dataset, ReadsTextUint16AndUint32) {
   for (const std::string& p : {text, u16, u32}) fs::remove(p);
 }
 
+// A held-out tail is the same tokens, with its own size and its own largest id.
+TEST(Dataset, SliceIsARangeOfTheSameTokens) {
+  std::string u16 = temp_file("s.bin", std::string("\x01\x00\xff\x00\x02\x00\x07\x00", 8));
+  TokenDataset all = TokenDataset::open(u16, TokenFormat::uint16);
+  TokenDataset tail = all.slice(2, 4);
+  EXPECT_EQ(tail.size(), 2);
+  EXPECT_EQ(tail.token(0), 2);
+  EXPECT_EQ(tail.token(1), 7);
+  EXPECT_EQ(tail.max_token(), 7);
+  EXPECT_EQ(all.max_token(), 255);
+  EXPECT_EQ(TokenDataset::from_tokens({5, 6, 7}).slice(1, 2).token(0), 6);
+  EXPECT_THROW(all.slice(3, 3), Error);
+  EXPECT_THROW(all.slice(0, 5), Error);
+  fs::remove(u16);
+}
+
 TEST(Dataset, ErrorsNameTheFile) {
   std::string odd = temp_file("odd.bin", "abc");
   try {

@@ -315,6 +315,8 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   c.data.path = resolve_path(data.require<std::string>("path"), base_dir);
   c.data.format = parse_token_format(data.get<std::string>("format", "text"));
   c.data.order = parse_sample_order(data.get<std::string>("order", "random"));
+  c.data.val_path = resolve_path(data.get<std::string>("val_path", ""), base_dir);
+  c.data.val_fraction = data.get("val_fraction", c.data.val_fraction);
   data.finish();
 
   Section train(root["train"], "train", source);
@@ -346,6 +348,8 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   t.save_every = train.get("save_every", t.save_every);
   t.save_init = train.get("save_init", t.save_init);
   t.threads = train.get("threads", t.threads);
+  t.eval_every = train.get("eval_every", t.eval_every);
+  t.eval_batches = train.get("eval_batches", t.eval_batches);
   train.finish();
 
   Section par(root["parallel"], "parallel", source);
@@ -407,6 +411,15 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   not_negative("train.grad_clip", t.grad_clip);  // 0 turns clipping off
   not_negative("train.save_every", static_cast<double>(t.save_every));
   not_negative("train.threads", static_cast<double>(t.threads));
+  not_negative("train.eval_every", static_cast<double>(t.eval_every));
+  positive("train.eval_batches", static_cast<double>(t.eval_batches));
+  TESSEL_CHECK(c.data.val_fraction >= 0 && c.data.val_fraction <= 0.5,
+               "{}: config 'data.val_fraction' must be in [0, 0.5], got {}", source, c.data.val_fraction);
+  TESSEL_CHECK(c.data.val_path.empty() || c.data.val_fraction == 0,
+               "{}: config 'data.val_path' and 'data.val_fraction' are two sources of validation tokens; give one",
+               source);
+  TESSEL_CHECK(c.data.has_validation() || !train.has("eval_every"),
+               "{}: config 'train.eval_every' needs validation tokens: 'data.val_path' or 'data.val_fraction'", source);
   TESSEL_CHECK(t.min_lr >= 0 && t.min_lr <= t.lr,
                "{}: config 'train.min_lr' ({}) must be in [0, 'train.lr' ({})]: the schedule decays towards it", source,
                t.min_lr, t.lr);

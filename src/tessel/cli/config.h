@@ -27,6 +27,11 @@ struct DataSection {
   std::string path;
   TokenFormat format = TokenFormat::text;
   SampleOrder order = SampleOrder::random;
+  // Validation tokens: a file of the same format, or the last `val_fraction` of `path` held
+  // out (training then reads only the part before it). Neither: no evaluation.
+  std::string val_path;
+  double val_fraction = 0;
+  bool has_validation() const { return !val_path.empty() || val_fraction > 0; }
 };
 
 struct TrainSection {
@@ -43,6 +48,9 @@ struct TrainSection {
   int64_t save_every = 0;  // 0: only at the end
   bool save_init = false;
   int64_t threads = 0;  // 0: TESSEL_NUM_THREADS / OMP_NUM_THREADS / all cores
+  // With validation data: the validation loss every `eval_every` steps (0: at the start and the
+  // end only) over `eval_batches` fixed global batches read in order from the validation tokens.
+  int64_t eval_every = 0, eval_batches = 4;
 
   // "" or, when warm-up outlasts the run, a clause for the run's first log line saying so.
   std::string warmup_note() const;

@@ -106,6 +106,9 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
                pc.pp, pc.world_size(), world->size());
   // Thread ranks get their intra-op threads from spawn; a process rank sets its own.
   if (t.threads > 0 && world->backend() != "thread") set_default_num_threads(static_cast<int>(t.threads));
+  TESSEL_CHECK(!cfg.data.has_validation(),
+               "validation (data.val_path, data.val_fraction) runs on one rank for now; leave it out of a parallel "
+               "layout's config");
   TESSEL_CHECK(options.base.save_dir.empty() && options.base.resume_dir.empty(),
                "--save/--resume are not supported with parallel layouts yet (train on one rank to checkpoint)");
   const bool lead = world->rank() == 0;

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -73,15 +74,18 @@ bool same_setting(const std::string& a, const std::string& b) {
 }
 
 // The settings of `now` that differ from the checkpoint's config `then` and change the
-// trajectory: "train.global_batch 16 -> 8". The length of the run, how often it saves or logs,
-// its threads and where its first weights came from are expected to change on a resume.
+// trajectory: "train.global_batch 16 -> 8". The length of the run, how often it saves, logs or
+// evaluates (and on which file), its threads and where its first weights came from are
+// expected to change on a resume.
 std::vector<std::string> changed_settings(const Json& then, const Json& now) {
   std::map<std::string, std::string> a, b;
   flatten(then, "", a);
   flatten(now, "", b);
   auto ignored = [](const std::string& key) {
     return key.starts_with("log.") || key.starts_with("parallel.") || key == "train.steps" ||
-           key == "train.save_every" || key == "train.save_init" || key == "train.threads" || key == "model.init_from";
+           key == "train.save_every" || key == "train.save_init" || key == "train.threads" ||
+           key == "model.init_from" || key == "train.eval_every" || key == "train.eval_batches" ||
+           key == "data.val_path";
   };
   std::vector<std::string> out;
   for (const auto& [key, value] : b) {
@@ -94,6 +98,66 @@ std::vector<std::string> changed_settings(const Json& then, const Json& now) {
   return out;
 }
 
+// The validation tokens and the fixed batches read from them: global batches 0, 1, ... of the
+// sequential order, the same at every evaluation and for every run of the config.
+struct Validation {
+  std::shared_ptr<const TokenDataset> tokens;
+  std::optional<Sampler> order;
+  int64_t batches = 0;
+};
+
+// Opens the training tokens and, when the config has them, the validation tokens: a file of
+// their own, or the tail of the training file held out (training then reads the part before).
+std::shared_ptr<TokenDataset> open_data(const RunConfig& cfg, Validation& val) {
+  const DataSection& d = cfg.data;
+  auto data = std::make_shared<TokenDataset>(TokenDataset::open(d.path, d.format));
+  if (!d.has_validation()) return data;
+  std::string what;
+  if (!d.val_path.empty()) {
+    val.tokens = std::make_shared<TokenDataset>(TokenDataset::open(d.val_path, d.format));
+    what = fmt::format("data.val_path '{}'", d.val_path);
+  } else {
+    const int64_t n = data->size(), held = static_cast<int64_t>(static_cast<double>(n) * d.val_fraction);
+    TESSEL_CHECK(held > 0 && held < n, "data.val_fraction {} of the {} tokens of '{}' holds out {}; nothing to "
+                 "validate on or to train on", d.val_fraction, n, d.path, held);
+    val.tokens = std::make_shared<TokenDataset>(data->slice(n - held, n));
+    data = std::make_shared<TokenDataset>(data->slice(0, n - held));
+    what = fmt::format("data.val_fraction {} (the last {} tokens of '{}')", d.val_fraction, held, d.path);
+  }
+  try {
+    val.order.emplace(val.tokens->size(), cfg.train.seq_len, cfg.train.global_batch, SampleOrder::sequential,
+                      cfg.train.seed);
+  } catch (const Error& e) {
+    TESSEL_THROW("validation tokens from {}: {}", what, e.what());
+  }
+  val.batches = cfg.train.eval_batches;
+  return data;
+}
+
+// The mean loss over the validation batches, in micro-batches as training runs them: no
+// gradients, no dropout; the model is back in training mode afterwards, also on an error.
+double validation_loss(nn::LanguageModel& model, const Validation& val, int64_t micro_batch) {
+  struct EvalMode {
+    nn::LanguageModel& m;
+    explicit EvalMode(nn::LanguageModel& model) : m(model) { m.train(false); }
+    ~EvalMode() { m.train(true); }
+  } eval_mode(model);
+  NoGradGuard no_grad;
+  ProfileScope scope("(validation)");
+  const int64_t rows = val.order->global_batch();
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t b = 0; b < val.batches; ++b) {
+    Batch batch = make_batch(*val.tokens, *val.order, b, 0, rows);
+    for (int64_t r = 0; r < rows; r += micro_batch) {
+      const int64_t end = std::min(rows, r + micro_batch);
+      sum += nn::lm_loss(model, view::slice(batch.inputs, 0, r, end), view::slice(batch.targets, 0, r, end)).item();
+      ++count;
+    }
+  }
+  return sum / static_cast<double>(count);
+}
+
 }  // namespace
 
 Json step_metrics(const StepRecord& r) {
@@ -104,6 +168,7 @@ Json step_metrics(const StepRecord& r) {
   line["grad_norm"] = r.grad_norm;
   line["tokens_per_s"] = r.tokens_per_s;
   line["step_time_s"] = r.seconds;
+  if (r.val_loss) line["val_loss"] = *r.val_loss;
   return line;
 }
 
@@ -115,11 +180,16 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
     if (!options.quiet) log_info("{}", message);
   };
 
-  auto data = std::make_shared<TokenDataset>(TokenDataset::open(cfg.data.path, cfg.data.format));
+  Validation val;
+  std::shared_ptr<TokenDataset> data = open_data(cfg, val);
   std::unique_ptr<nn::LanguageModel> model = build_model(cfg);
   TESSEL_CHECK(data->max_token() < model->vocab_size(),
                "data file '{}' holds token id {} but model.vocab_size is {}", cfg.data.path, data->max_token(),
                model->vocab_size());
+  if (val.tokens)
+    TESSEL_CHECK(val.tokens->max_token() < model->vocab_size(),
+                 "validation tokens of '{}' hold token id {} but model.vocab_size is {}", val.tokens->path(),
+                 val.tokens->max_token(), model->vocab_size());
   model->materialize(t.seed);
   if (!cfg.model.init_from.empty()) {
     load_model(cfg.model.init_from, *model);
@@ -190,6 +260,12 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
     stop.emplace(fmt::format("stopping after this step with a checkpoint in {} (send it again to stop at once)",
                              options.save_dir));
 
+  if (val.tokens && start == 0) {
+    const double v = validation_loss(*model, val, t.micro_batch);
+    result.validation.emplace_back(0, v);
+    say(fmt::format("validation loss before training: {:.4f} ({} batch{} of {} x {} tokens)", v, val.batches,
+                    val.batches == 1 ? "" : "es", t.global_batch, t.seq_len));
+  }
   auto run_start = Clock::now();
   double recent = 0;  // smoothed seconds per step for the ETA
   for (int64_t step = start; step < t.steps; ++step) {
@@ -227,6 +303,10 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
     double secs = std::chrono::duration<double>(Clock::now() - t0).count();
 
     StepRecord rec{step, loss, lr, norm, tokens_per_step / secs, secs};
+    if (val.tokens && ((t.eval_every > 0 && (step + 1) % t.eval_every == 0) || step + 1 == t.steps)) {
+      rec.val_loss = validation_loss(*model, val, t.micro_batch);
+      result.validation.emplace_back(step + 1, *rec.val_loss);
+    }
     result.steps.push_back(rec);
     if (on_step) on_step(rec);
     if (metrics.is_open()) {
@@ -239,7 +319,8 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
     std::string line = fmt::format("step {}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  {} tok/s  ETA {}", step + 1,
                                    t.steps, loss, lr, norm, rate_str(rec.tokens_per_s),
                                    duration_str(recent * static_cast<double>(t.steps - step - 1)));
-    bool permanent = step == start || (step + 1) % cfg.log.every == 0 || step + 1 == t.steps;
+    if (rec.val_loss) line += fmt::format("  val_loss {:.4f}", *rec.val_loss);
+    bool permanent = step == start || (step + 1) % cfg.log.every == 0 || step + 1 == t.steps || rec.val_loss;
     if (live) {
       std::fprintf(stderr, "\r\033[K%s%s", line.c_str(), permanent ? "\n" : "");
       std::fflush(stderr);

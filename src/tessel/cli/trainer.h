@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@ struct TrainOptions {
 struct StepRecord {
   int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, seconds = 0;
+  std::optional<double> val_loss;  // the validation loss after this step's update, when evaluated
 };
 
 struct TrainResult {
@@ -34,6 +36,9 @@ struct TrainResult {
   std::string last_checkpoint;
   int stopped_by = 0;  // the signal that ended the run early (TrainOptions::stop_on_signal), else 0
   std::map<std::string, Tensor> final_params;  // with TrainOptions::collect_params
+  // With validation data: (updates applied, validation loss), from step 0 when the run starts
+  // there (before any update).
+  std::vector<std::pair<int64_t, double>> validation;
   double seconds = 0;
 };
 

@@ -73,6 +73,17 @@ TokenDataset TokenDataset::from_tokens(std::vector<uint32_t> tokens) {
   return d;
 }
 
+TokenDataset TokenDataset::slice(int64_t begin, int64_t end) const {
+  TESSEL_CHECK(0 <= begin && begin < end && end <= size_, "{}: token range [{}, {}) is not inside its {} tokens",
+               path_, begin, end, size_);
+  TokenDataset d = *this;
+  const int64_t width = format_ == TokenFormat::text ? 1 : format_ == TokenFormat::uint16 ? 2 : 4;
+  d.bytes_ = bytes_ + begin * width;
+  d.size_ = end - begin;
+  d.max_token_ = -1;
+  return d;
+}
+
 int64_t TokenDataset::token(int64_t i) const {
   switch (format_) {
     case TokenFormat::text: return bytes_[i];

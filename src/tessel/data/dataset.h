@@ -25,6 +25,10 @@ class TokenDataset {
   // A dataset over tokens held in memory (tests, generated data).
   static TokenDataset from_tokens(std::vector<uint32_t> tokens);
 
+  // Tokens [begin, end) as a dataset of their own, sharing the bytes (a held-out tail for
+  // validation); throws unless 0 <= begin < end <= size().
+  TokenDataset slice(int64_t begin, int64_t end) const;
+
   int64_t size() const { return size_; }
   const std::string& path() const { return path_; }
   // Token i (0 <= i < size()).
