@@ -74,6 +74,11 @@ std::vector<Command> register_train(CLI::App& app) {
                  throw BadInput("--trace runs even one rank on the parallel trainer, which cannot --save or --resume "
                                 "yet; leave out --trace, or --save/--resume");
                ParallelTrainOptions po{.base = base, .trace_path = a->trace};
+               try {
+                 check_parallel_supports(cfg, po);
+               } catch (const Error& e) {
+                 throw BadInput(e.what());
+               }
                ParallelTrainResult r;
                if (a->backend == "gloo") {
                  auto world = init_world(WorldOptions{.backend = "gloo"});

@@ -97,6 +97,15 @@ std::string bytes_str(int64_t b) {
 
 }  // namespace
 
+void check_parallel_supports(const RunConfig& cfg, const ParallelTrainOptions& options) {
+  TESSEL_CHECK(options.base.save_dir.empty() && options.base.resume_dir.empty(),
+               "--save/--resume are not supported with parallel layouts yet (train on one rank to checkpoint)");
+  TESSEL_CHECK(cfg.model.init_from.empty(), "model.init_from is not supported with parallel layouts yet");
+  TESSEL_CHECK(!cfg.data.has_validation(),
+               "validation (data.val_path, data.val_fraction) runs on one rank for now; leave it out of a parallel "
+               "layout's config");
+}
+
 ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrainOptions& options) {
   const TrainSection& t = cfg.train;
   const ParallelConfig& pc = cfg.parallel;
@@ -106,11 +115,7 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
                pc.pp, pc.world_size(), world->size());
   // Thread ranks get their intra-op threads from spawn; a process rank sets its own.
   if (t.threads > 0 && world->backend() != "thread") set_default_num_threads(static_cast<int>(t.threads));
-  TESSEL_CHECK(!cfg.data.has_validation(),
-               "validation (data.val_path, data.val_fraction) runs on one rank for now; leave it out of a parallel "
-               "layout's config");
-  TESSEL_CHECK(options.base.save_dir.empty() && options.base.resume_dir.empty(),
-               "--save/--resume are not supported with parallel layouts yet (train on one rank to checkpoint)");
+  check_parallel_supports(cfg, options);
   const bool lead = world->rank() == 0;
   auto say = [&](const std::string& m) {
     if (lead && !options.base.quiet) log_info("{}", m);
@@ -120,7 +125,6 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
   std::unique_ptr<nn::LanguageModel> model = build_model(cfg);
   TESSEL_CHECK(data->max_token() < model->vocab_size(), "data file '{}' holds token id {} but model.vocab_size is {}",
                cfg.data.path, data->max_token(), model->vocab_size());
-  TESSEL_CHECK(cfg.model.init_from.empty(), "model.init_from is not supported with parallel layouts yet");
   pc.validate(model->num_blocks(), t.global_batch);
   Layout layout(pc, world->rank());
   const ProcessMesh mesh = layout.stage_mesh();
