@@ -179,6 +179,10 @@ TEST(Train, ResumingWithOtherSettingsNamesThem) {
   EXPECT_NE(log.find("train.global_batch 4 -> 8, train.micro_batch 2 -> 4, train.seed 5 -> 6"), std::string::npos)
       << log;
   EXPECT_EQ(resume_log({"train.steps=3", "train.lr=3e-3", "train.save_every=1"}), "");
+  // Compared as the run uses them: a default given explicitly is no change.
+  EXPECT_EQ(resume_log({"train.steps=3", "train.weight_decay=0.1", "train.optimizer=adamw"}), "");
+  log = resume_log({"train.steps=3", "train.dropout=0", "train.min_lr=1e-4"});
+  EXPECT_NE(log.find("model.dropout 0.1 -> 0, train.min_lr 0.0003 -> 0.0001"), std::string::npos) << log;
 }
 
 // Evaluating on validation tokens reads nothing the training reads and changes no state:

@@ -76,6 +76,7 @@ std::string save_checkpoint(const std::string& dir, nn::LanguageModel& model, co
   meta["seed"] = static_cast<int64_t>(state.seed);
   meta["arch"] = model.arch();
   meta["config"] = state.config;
+  if (state.settings.is_object()) meta["settings"] = state.settings;
   {
     std::ofstream out(tmp / "trainer.json");
     out << meta.dump() << "\n";
@@ -118,6 +119,7 @@ TrainerState load_checkpoint(const std::string& path, nn::LanguageModel& model, 
   state.step = meta.at("step").as_int();
   state.seed = static_cast<uint64_t>(meta.at("seed").as_int());
   if (const Json* c = meta.find("config")) state.config = *c;
+  if (const Json* s = meta.find("settings")) state.settings = *s;
   std::string arch = meta.at("arch").as_string();
   TESSEL_CHECK_AS(CheckpointError, arch == model.arch(), "checkpoint '{}' holds a {} model but the config builds {}",
                   dir.string(), arch, model.arch());

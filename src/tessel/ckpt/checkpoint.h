@@ -27,6 +27,7 @@ struct TrainerState {
   int64_t step = 0;  // updates applied so far; training resumes at this step
   uint64_t seed = 0;
   Json config;       // the run's resolved config, for the record
+  Json settings;     // the values its trajectory depends on, defaults filled in ({"train.lr": "0.002"})
 };
 
 // Creates DIR if needed and checks that a file can be written in it, so that a run with

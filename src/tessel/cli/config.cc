@@ -8,6 +8,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "tessel/core/error.h"
 #include "tessel/parallel/schedule.h"
@@ -453,6 +454,68 @@ std::string TrainSection::warmup_note() const {
                      "ends at {:.3g}",
                      warmup, steps, steps == 1 ? "" : "s",
                      lr * static_cast<double>(steps) / static_cast<double>(warmup));
+}
+
+Json trajectory_settings(const RunConfig& c) {
+  Json out = Json::Object{};
+  // Ten significant digits: lr / 10 reads 0.0003, not 0.00030000000000000003.
+  auto put = [&](const std::string& key, const auto& value) {
+    if constexpr (std::is_floating_point_v<std::decay_t<decltype(value)>>)
+      out[key] = fmt::format("{:.10g}", value);
+    else
+      out[key] = fmt::format("{}", value);
+  };
+  const ModelSection& m = c.model;
+  put("model.arch", m.arch);
+  if (m.arch == "gpt2") {
+    const nn::Gpt2Config& g = m.gpt2;
+    put("model.n_layer", g.n_layer);
+    put("model.n_embd", g.n_embd);
+    put("model.n_head", g.n_head);
+    put("model.vocab_size", g.vocab_size);
+    put("model.n_positions", g.n_positions);
+    put("model.layer_norm_epsilon", g.layer_norm_epsilon);
+    put("model.initializer_range", g.initializer_range);
+    put("model.dropout", g.dropout);
+  } else {
+    const nn::LlamaConfig& l = m.llama;
+    put("model.num_hidden_layers", l.num_hidden_layers);
+    put("model.hidden_size", l.hidden_size);
+    put("model.num_attention_heads", l.num_attention_heads);
+    put("model.num_key_value_heads", l.num_key_value_heads);
+    put("model.intermediate_size", l.intermediate_size);
+    put("model.vocab_size", l.vocab_size);
+    put("model.max_position_embeddings", l.max_position_embeddings);
+    put("model.rope_theta", l.rope_theta);
+    put("model.rms_norm_eps", l.rms_norm_eps);
+    put("model.initializer_range", l.initializer_range);
+  }
+  const DataSection& d = c.data;
+  put("data.path", d.path);
+  put("data.format", d.format == TokenFormat::text ? "text" : d.format == TokenFormat::uint16 ? "uint16" : "uint32");
+  put("data.order", d.order == SampleOrder::random ? "random" : "sequential");
+  put("data.val_fraction", d.val_fraction);
+  const TrainSection& t = c.train;
+  put("train.global_batch", t.global_batch);
+  put("train.micro_batch", t.micro_batch);
+  put("train.seq_len", t.seq_len);
+  put("train.lr", t.lr);
+  put("train.min_lr", t.min_lr);
+  put("train.schedule", t.schedule);
+  put("train.warmup", t.warmup);
+  put("train.optimizer", t.optimizer);
+  put("train.weight_decay", t.weight_decay);
+  put("train.grad_clip", t.grad_clip);
+  put("train.seed", t.seed);
+  if (t.optimizer == "adamw") {
+    put("train.beta1", t.beta1);
+    put("train.beta2", t.beta2);
+    put("train.eps", t.eps);
+  } else {
+    put("train.momentum", t.momentum);
+    put("train.nesterov", t.nesterov);
+  }
+  return out;
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -61,6 +61,12 @@ struct LogSection {
   std::string metrics;  // JSONL path (or --metrics)
 };
 
+struct RunConfig;
+// The values a run's trajectory depends on, as the run uses them (defaults filled in), by key
+// path: {"train.lr": "0.002", "model.n_layer": "4", ...}. Kept in checkpoints, so a resume can
+// name what it changes.
+Json trajectory_settings(const RunConfig& c);
+
 struct RunConfig {
   ModelSection model;
   DataSection data;

@@ -73,10 +73,11 @@ bool same_setting(const std::string& a, const std::string& b) {
   return !a.empty() && !b.empty() && *end_a == '\0' && *end_b == '\0' && x == y;
 }
 
-// The settings of `now` that differ from the checkpoint's config `then` and change the
-// trajectory: "train.global_batch 16 -> 8". The length of the run, how often it saves, logs or
-// evaluates (and on which file), its threads and where its first weights came from are
-// expected to change on a resume.
+// The settings of `now` that differ from the checkpoint's `then` and change the trajectory:
+// "train.global_batch 16 -> 8". Both are trajectory_settings(), or — for checkpoints written
+// before those were kept — the configs as written, where the length of the run, how often it
+// saves, logs or evaluates (and on which file), its threads and where its first weights came
+// from are left out: they are expected to change on a resume.
 std::vector<std::string> changed_settings(const Json& then, const Json& now) {
   std::map<std::string, std::string> a, b;
   flatten(then, "", a);
@@ -90,11 +91,11 @@ std::vector<std::string> changed_settings(const Json& then, const Json& now) {
   std::vector<std::string> out;
   for (const auto& [key, value] : b) {
     auto it = a.find(key);
-    std::string before = it == a.end() ? "(default)" : it->second;
+    std::string before = it == a.end() ? "(unset)" : it->second;
     if (!ignored(key) && !same_setting(before, value)) out.push_back(fmt::format("{} {} -> {}", key, before, value));
   }
   for (const auto& [key, value] : a)
-    if (!ignored(key) && !b.contains(key)) out.push_back(fmt::format("{} {} -> (default)", key, value));
+    if (!ignored(key) && !b.contains(key)) out.push_back(fmt::format("{} {} -> (unset)", key, value));
   return out;
 }
 
@@ -212,8 +213,10 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
   if (!options.resume_dir.empty()) {
     TrainerState st = load_checkpoint(options.resume_dir, *model, optimizer.get());
     start = st.step;
-    if (st.config.is_object()) {
-      std::vector<std::string> changed = changed_settings(st.config, cfg.resolved);
+    if (st.settings.is_object() || st.config.is_object()) {
+      std::vector<std::string> changed = st.settings.is_object()
+                                             ? changed_settings(st.settings, trajectory_settings(cfg))
+                                             : changed_settings(st.config, cfg.resolved);
       if (!changed.empty())
         log_warn("resuming with settings that differ from the checkpoint's, so the run will not continue its "
                  "trajectory exactly: {}", fmt::join(changed, ", "));
@@ -244,7 +247,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
   const bool live = options.progress && !options.quiet && ::isatty(::fileno(stderr));
 
   TrainResult result;
-  TrainerState state{.step = start, .seed = t.seed, .config = cfg.resolved};
+  TrainerState state{.step = start, .seed = t.seed, .config = cfg.resolved, .settings = trajectory_settings(cfg)};
   int64_t saved_at = -1;
   auto save = [&](int64_t step) {
     saved_at = step;
