@@ -465,30 +465,28 @@ Json trajectory_settings(const RunConfig& c) {
     else
       out[key] = fmt::format("{}", value);
   };
+  auto ints = [&](std::initializer_list<std::pair<const char*, int64_t>> kv) {
+    for (const auto& [key, v] : kv) put(key, v);
+  };
+  auto reals = [&](std::initializer_list<std::pair<const char*, double>> kv) {
+    for (const auto& [key, v] : kv) put(key, v);
+  };
   const ModelSection& m = c.model;
   put("model.arch", m.arch);
   if (m.arch == "gpt2") {
     const nn::Gpt2Config& g = m.gpt2;
-    put("model.n_layer", g.n_layer);
-    put("model.n_embd", g.n_embd);
-    put("model.n_head", g.n_head);
-    put("model.vocab_size", g.vocab_size);
-    put("model.n_positions", g.n_positions);
-    put("model.layer_norm_epsilon", g.layer_norm_epsilon);
-    put("model.initializer_range", g.initializer_range);
-    put("model.dropout", g.dropout);
+    ints({{"model.n_layer", g.n_layer}, {"model.n_embd", g.n_embd}, {"model.n_head", g.n_head},
+          {"model.vocab_size", g.vocab_size}, {"model.n_positions", g.n_positions}});
+    reals({{"model.layer_norm_epsilon", g.layer_norm_epsilon}, {"model.initializer_range", g.initializer_range},
+           {"model.dropout", g.dropout}});
   } else {
     const nn::LlamaConfig& l = m.llama;
-    put("model.num_hidden_layers", l.num_hidden_layers);
-    put("model.hidden_size", l.hidden_size);
-    put("model.num_attention_heads", l.num_attention_heads);
-    put("model.num_key_value_heads", l.num_key_value_heads);
-    put("model.intermediate_size", l.intermediate_size);
-    put("model.vocab_size", l.vocab_size);
-    put("model.max_position_embeddings", l.max_position_embeddings);
-    put("model.rope_theta", l.rope_theta);
-    put("model.rms_norm_eps", l.rms_norm_eps);
-    put("model.initializer_range", l.initializer_range);
+    ints({{"model.num_hidden_layers", l.num_hidden_layers}, {"model.hidden_size", l.hidden_size},
+          {"model.num_attention_heads", l.num_attention_heads}, {"model.num_key_value_heads", l.num_key_value_heads},
+          {"model.intermediate_size", l.intermediate_size}, {"model.vocab_size", l.vocab_size},
+          {"model.max_position_embeddings", l.max_position_embeddings}});
+    reals({{"model.rope_theta", l.rope_theta}, {"model.rms_norm_eps", l.rms_norm_eps},
+           {"model.initializer_range", l.initializer_range}});
   }
   const DataSection& d = c.data;
   put("data.path", d.path);
@@ -496,21 +494,14 @@ Json trajectory_settings(const RunConfig& c) {
   put("data.order", d.order == SampleOrder::random ? "random" : "sequential");
   put("data.val_fraction", d.val_fraction);
   const TrainSection& t = c.train;
-  put("train.global_batch", t.global_batch);
-  put("train.micro_batch", t.micro_batch);
-  put("train.seq_len", t.seq_len);
-  put("train.lr", t.lr);
-  put("train.min_lr", t.min_lr);
+  ints({{"train.global_batch", t.global_batch}, {"train.micro_batch", t.micro_batch}, {"train.seq_len", t.seq_len},
+        {"train.warmup", t.warmup}, {"train.seed", static_cast<int64_t>(t.seed)}});
+  reals({{"train.lr", t.lr}, {"train.min_lr", t.min_lr}, {"train.weight_decay", t.weight_decay},
+         {"train.grad_clip", t.grad_clip}});
   put("train.schedule", t.schedule);
-  put("train.warmup", t.warmup);
   put("train.optimizer", t.optimizer);
-  put("train.weight_decay", t.weight_decay);
-  put("train.grad_clip", t.grad_clip);
-  put("train.seed", t.seed);
   if (t.optimizer == "adamw") {
-    put("train.beta1", t.beta1);
-    put("train.beta2", t.beta2);
-    put("train.eps", t.eps);
+    reals({{"train.beta1", t.beta1}, {"train.beta2", t.beta2}, {"train.eps", t.eps}});
   } else {
     put("train.momentum", t.momentum);
     put("train.nesterov", t.nesterov);
