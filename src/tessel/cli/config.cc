@@ -490,8 +490,8 @@ Json trajectory_settings(const RunConfig& c) {
   }
   const DataSection& d = c.data;
   put("data.path", d.path);
-  put("data.format", d.format == TokenFormat::text ? "text" : d.format == TokenFormat::uint16 ? "uint16" : "uint32");
-  put("data.order", d.order == SampleOrder::random ? "random" : "sequential");
+  put("data.format", token_format_name(d.format));
+  put("data.order", sample_order_name(d.order));
   put("data.val_fraction", d.val_fraction);
   const TrainSection& t = c.train;
   ints({{"train.global_batch", t.global_batch}, {"train.micro_batch", t.micro_batch}, {"train.seq_len", t.seq_len},

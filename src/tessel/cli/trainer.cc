@@ -7,9 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
-#include <map>
 #include <optional>
 
 #include "tessel/autograd/engine.h"
@@ -57,45 +55,21 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const RunConfig& c, std::vector
                                                                                 .weight_decay = t.weight_decay});
 }
 
-// A resolved config's values by key path ("train.lr" -> "2.0e-3"), as the YAML wrote them.
-void flatten(const Json& j, const std::string& path, std::map<std::string, std::string>& out) {
-  if (j.is_object()) {
-    for (const auto& [key, value] : j.as_object()) flatten(value, path.empty() ? key : path + "." + key, out);
-    return;
-  }
-  out[path] = j.is_string() ? j.as_string() : j.dump();
-}
-
-bool same_setting(const std::string& a, const std::string& b) {
-  if (a == b) return true;
-  char *end_a = nullptr, *end_b = nullptr;  // "2.0e-3" and "0.002" are one rate
-  double x = std::strtod(a.c_str(), &end_a), y = std::strtod(b.c_str(), &end_b);
-  return !a.empty() && !b.empty() && *end_a == '\0' && *end_b == '\0' && x == y;
-}
-
-// The settings of `now` that differ from the checkpoint's `then` and change the trajectory:
-// "train.global_batch 16 -> 8". Both are trajectory_settings(), or — for checkpoints written
-// before those were kept — the configs as written, where the length of the run, how often it
-// saves, logs or evaluates (and on which file), its threads and where its first weights came
-// from are left out: they are expected to change on a resume.
+// The values of `now` that differ from the checkpoint's `then`, both trajectory_settings():
+// "train.global_batch 16 -> 8".
 std::vector<std::string> changed_settings(const Json& then, const Json& now) {
-  std::map<std::string, std::string> a, b;
-  flatten(then, "", a);
-  flatten(now, "", b);
-  auto ignored = [](const std::string& key) {
-    return key.starts_with("log.") || key.starts_with("parallel.") || key == "train.steps" ||
-           key == "train.save_every" || key == "train.save_init" || key == "train.threads" ||
-           key == "model.init_from" || key == "train.eval_every" || key == "train.eval_batches" ||
-           key == "data.val_path";
+  const Json::Object &a = then.as_object(), &b = now.as_object();
+  auto text = [](const Json::Object& o, const std::string& key) {
+    auto it = o.find(key);
+    return it == o.end() ? std::string("(unset)") : it->second.as_string();
   };
   std::vector<std::string> out;
   for (const auto& [key, value] : b) {
-    auto it = a.find(key);
-    std::string before = it == a.end() ? "(unset)" : it->second;
-    if (!ignored(key) && !same_setting(before, value)) out.push_back(fmt::format("{} {} -> {}", key, before, value));
+    const std::string before = text(a, key);
+    if (before != value.as_string()) out.push_back(fmt::format("{} {} -> {}", key, before, value.as_string()));
   }
   for (const auto& [key, value] : a)
-    if (!ignored(key) && !b.contains(key)) out.push_back(fmt::format("{} {} -> (unset)", key, value));
+    if (!b.contains(key)) out.push_back(fmt::format("{} {} -> (unset)", key, value.as_string()));
   return out;
 }
 
@@ -209,14 +183,13 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
                              .warmup = t.warmup,
                              .total = t.steps};
 
+  const Json settings = trajectory_settings(cfg);
   int64_t start = 0;
   if (!options.resume_dir.empty()) {
     TrainerState st = load_checkpoint(options.resume_dir, *model, optimizer.get());
     start = st.step;
-    if (st.settings.is_object() || st.config.is_object()) {
-      std::vector<std::string> changed = st.settings.is_object()
-                                             ? changed_settings(st.settings, trajectory_settings(cfg))
-                                             : changed_settings(st.config, cfg.resolved);
+    if (st.settings.is_object()) {
+      std::vector<std::string> changed = changed_settings(st.settings, settings);
       if (!changed.empty())
         log_warn("resuming with settings that differ from the checkpoint's, so the run will not continue its "
                  "trajectory exactly: {}", fmt::join(changed, ", "));
@@ -247,7 +220,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
   const bool live = options.progress && !options.quiet && ::isatty(::fileno(stderr));
 
   TrainResult result;
-  TrainerState state{.step = start, .seed = t.seed, .config = cfg.resolved, .settings = trajectory_settings(cfg)};
+  TrainerState state{.step = start, .seed = t.seed, .config = cfg.resolved, .settings = settings};
   int64_t saved_at = -1;
   auto save = [&](int64_t step) {
     saved_at = step;

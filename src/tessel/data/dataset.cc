@@ -23,6 +23,18 @@ TokenFormat parse_token_format(std::string_view text) {
   TESSEL_THROW("unknown data format '{}' (expected text, uint16 or uint32)", text);
 }
 
+std::string_view token_format_name(TokenFormat format) {
+  return format == TokenFormat::text ? "text" : format == TokenFormat::uint16 ? "uint16" : "uint32";
+}
+
+int64_t token_width(TokenFormat format) {
+  return format == TokenFormat::text ? 1 : format == TokenFormat::uint16 ? 2 : 4;
+}
+
+std::string_view sample_order_name(SampleOrder order) {
+  return order == SampleOrder::random ? "random" : "sequential";
+}
+
 SampleOrder parse_sample_order(std::string_view text) {
   if (text == "random") return SampleOrder::random;
   if (text == "sequential") return SampleOrder::sequential;
@@ -47,11 +59,11 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format) {
                  : !S_ISREG(st.st_mode)  ? "is not a regular file (a token file is memory-mapped)"
                                          : "is empty");
   }
-  size_t width = format == TokenFormat::uint16 ? 2 : format == TokenFormat::uint32 ? 4 : 1;
+  const size_t width = static_cast<size_t>(token_width(format));
   if (bytes % width != 0) {
     ::close(fd);
     TESSEL_THROW("data file '{}': {} bytes is not a whole number of {}-byte tokens (format {})", path, bytes, width,
-                 format == TokenFormat::uint16 ? "uint16" : "uint32");
+                 token_format_name(format));
   }
   void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
@@ -77,8 +89,7 @@ TokenDataset TokenDataset::slice(int64_t begin, int64_t end) const {
   TESSEL_CHECK(0 <= begin && begin < end && end <= size_, "{}: token range [{}, {}) is not inside its {} tokens",
                path_, begin, end, size_);
   TokenDataset d = *this;
-  const int64_t width = format_ == TokenFormat::text ? 1 : format_ == TokenFormat::uint16 ? 2 : 4;
-  d.bytes_ = bytes_ + begin * width;
+  d.bytes_ = bytes_ + begin * token_width(format_);
   d.size_ = end - begin;
   d.max_token_ = -1;
   return d;

@@ -16,6 +16,9 @@ namespace tessel {
 enum class TokenFormat { text, uint16, uint32 };
 // "text", "uint16", "uint32"; throws naming the text.
 TokenFormat parse_token_format(std::string_view text);
+std::string_view token_format_name(TokenFormat format);
+// Bytes per token in a file of this format: 1, 2 or 4.
+int64_t token_width(TokenFormat format);
 
 class TokenDataset {
  public:
@@ -50,6 +53,7 @@ class TokenDataset {
 enum class SampleOrder { random, sequential };
 // "random", "sequential"; throws naming the text.
 SampleOrder parse_sample_order(std::string_view text);
+std::string_view sample_order_name(SampleOrder order);
 
 // Where each sample starts. random: uniform over [0, N-S-1) from (seed, step, row);
 // sequential: ((step·B + row)·S) mod (N − S − 1), B the global batch.
