@@ -171,6 +171,26 @@ void check_gathers_and_scatters(ProcessGroup& g) {
       for (int r = 1; r < P; ++r) want = std::max(want, value(r, off + i, 9, ReduceOp::max));
       expect_eq(vrout.get(i), static_cast<double>(want), "reduce_scatter_v", i);
     }
+    // The row forms: rank r's block is columns [Σ_{q<r} c[q], +c[r]) of every one of 3 rows.
+    const int64_t rows = 3;
+    Buf gin(d, std::max<int64_t>(rows * c[static_cast<size_t>(me)], 1)), gout(d, std::max<int64_t>(rows * total, 1));
+    for (int64_t i = 0; i < rows * c[static_cast<size_t>(me)]; ++i) gin.set(i, value(me, i, 10, ReduceOp::sum));
+    g.all_gather_v(gin.data(), gout.data(), c, d, rows);
+    for (int64_t row = 0; row < rows; ++row)
+      for (int r = 0, at = 0; r < P; at += static_cast<int>(c[static_cast<size_t>(r)]), ++r)
+        for (int64_t i = 0; i < c[static_cast<size_t>(r)]; ++i)
+          expect_eq(gout.get(row * total + at + i), value(r, row * c[static_cast<size_t>(r)] + i, 10, ReduceOp::sum),
+                    "all_gather_v with rows", row * total + at + i);
+    Buf sin(d, std::max<int64_t>(rows * total, 1)), sout(d, std::max<int64_t>(rows * c[static_cast<size_t>(me)], 1));
+    for (int64_t i = 0; i < rows * total; ++i) sin.set(i, value(me, i, 11, ReduceOp::sum));
+    g.reduce_scatter_v(sin.data(), sout.data(), c, d, ReduceOp::sum, rows);
+    for (int64_t row = 0; row < rows; ++row)
+      for (int64_t i = 0; i < c[static_cast<size_t>(me)]; ++i) {
+        int64_t want = 0;
+        for (int r = 0; r < P; ++r) want += value(r, row * total + off + i, 11, ReduceOp::sum);
+        expect_eq(sout.get(row * c[static_cast<size_t>(me)] + i), static_cast<double>(want), "reduce_scatter_v with rows",
+                  row * c[static_cast<size_t>(me)] + i);
+      }
     // all_to_all: element i of the block for rank r encodes (me, r, i)
     const int64_t k = 3;
     Buf ain(d, k * P), aout(d, k * P);

@@ -261,12 +261,19 @@ WorkPtr ProcessGroup::all_gather_async(const void* in, void* out, int64_t count,
   return enqueue("all_gather", nbytes(count, dtype), [=, this] { do_all_gather(in, out, count, dtype); });
 }
 
-WorkPtr ProcessGroup::all_gather_v_async(const void* in, void* out, std::vector<int64_t> counts, DType dtype) {
+WorkPtr ProcessGroup::all_gather_v_async(const void* in, void* out, std::vector<int64_t> counts, DType dtype,
+                                         int64_t rows) {
   TESSEL_CHECK(static_cast<int>(counts.size()) == size(), "{}: {} counts for {} ranks", describe("all_gather_v"),
                counts.size(), size());
+  TESSEL_CHECK(rows >= 1, "{}: rows must be at least 1, got {}", describe("all_gather_v"), rows);
   total(counts);
-  int64_t mine = counts[static_cast<size_t>(rank_)];
-  return enqueue("all_gather", nbytes(mine, dtype), [=, this, c = std::move(counts)] { do_all_gather_v(in, out, c, dtype); });
+  int64_t mine = counts[static_cast<size_t>(rank_)] * rows;
+  return enqueue("all_gather", nbytes(mine, dtype), [=, this, c = std::move(counts)] {
+    if (rows == 1)
+      do_all_gather_v(in, out, c, dtype);
+    else
+      do_all_gather_rows(in, out, rows, c, dtype);
+  });
 }
 
 WorkPtr ProcessGroup::reduce_scatter_async(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) {
@@ -278,13 +285,18 @@ WorkPtr ProcessGroup::reduce_scatter_async(const void* in, void* out, int64_t co
 }
 
 WorkPtr ProcessGroup::reduce_scatter_v_async(const void* in, void* out, std::vector<int64_t> counts, DType dtype,
-                                             ReduceOp op) {
+                                             ReduceOp op, int64_t rows) {
   check_reducible(dtype, op, describe("reduce_scatter_v"));
   TESSEL_CHECK(static_cast<int>(counts.size()) == size(), "{}: {} counts for {} ranks", describe("reduce_scatter_v"),
                counts.size(), size());
-  int64_t all = total(counts), mine = counts[static_cast<size_t>(rank_)];
+  TESSEL_CHECK(rows >= 1, "{}: rows must be at least 1, got {}", describe("reduce_scatter_v"), rows);
+  int64_t all = total(counts) * rows, mine = counts[static_cast<size_t>(rank_)] * rows;
   return enqueue("reduce_scatter", nbytes(all, dtype), [=, this, c = std::move(counts)] {
-    do_reduce_scatter_v(in, out, c, dtype, op == ReduceOp::avg ? ReduceOp::sum : op);
+    const ReduceOp base = op == ReduceOp::avg ? ReduceOp::sum : op;
+    if (rows == 1)
+      do_reduce_scatter_v(in, out, c, dtype, base);
+    else
+      do_reduce_scatter_rows(in, out, rows, c, dtype, base);
     if (op == ReduceOp::avg) finish_avg(out, mine, dtype, size());
   });
 }
@@ -354,6 +366,53 @@ void ProcessGroup::do_reduce_scatter(const void* in, void* out, int64_t count, D
 void ProcessGroup::do_all_to_all(const void* in, void* out, int64_t count, DType dtype) {
   std::vector<int64_t> c(static_cast<size_t>(size()), count);
   do_all_to_all_v(in, c, out, c, dtype);
+}
+
+namespace {
+
+// Copies between a row-major [rows, Σ widths] matrix and the rank-major packing of its column
+// blocks (rank r's block: rows x widths[r], contiguous, in rank order).
+enum class Pack { to_blocks, from_blocks };
+void repack(const char* src, char* dst, int64_t rows, const std::vector<int64_t>& widths, size_t esz, Pack dir) {
+  const int64_t width = total(widths);
+  int64_t column = 0, block = 0;
+  for (int64_t w : widths) {
+    const size_t run = static_cast<size_t>(w) * esz;
+    for (int64_t i = 0; i < rows && run > 0; ++i) {
+      const size_t matrix_at = static_cast<size_t>(i * width + column) * esz;
+      const size_t block_at = static_cast<size_t>(block + i * w) * esz;
+      if (dir == Pack::to_blocks)
+        std::memcpy(dst + block_at, src + matrix_at, run);
+      else
+        std::memcpy(dst + matrix_at, src + block_at, run);
+    }
+    column += w;
+    block += rows * w;
+  }
+}
+
+std::vector<int64_t> times(const std::vector<int64_t>& widths, int64_t rows) {
+  std::vector<int64_t> counts;
+  for (int64_t w : widths) counts.push_back(w * rows);
+  return counts;
+}
+
+}  // namespace
+
+void ProcessGroup::do_all_gather_rows(const void* in, void* out, int64_t rows, const std::vector<int64_t>& widths,
+                                      DType dtype) {
+  const size_t esz = dtype_size(dtype);
+  std::vector<char> blocks(static_cast<size_t>(total(widths) * rows) * esz);
+  do_all_gather_v(in, blocks.data(), times(widths, rows), dtype);
+  repack(blocks.data(), static_cast<char*>(out), rows, widths, esz, Pack::from_blocks);
+}
+
+void ProcessGroup::do_reduce_scatter_rows(const void* in, void* out, int64_t rows, const std::vector<int64_t>& widths,
+                                          DType dtype, ReduceOp op) {
+  const size_t esz = dtype_size(dtype);
+  std::vector<char> blocks(static_cast<size_t>(total(widths) * rows) * esz);
+  repack(static_cast<const char*>(in), blocks.data(), rows, widths, esz, Pack::to_blocks);
+  do_reduce_scatter_v(blocks.data(), out, times(widths, rows), dtype, op);
 }
 
 CommStats ProcessGroup::stats() const {

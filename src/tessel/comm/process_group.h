@@ -100,11 +100,18 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // out[size * count] = concat over ranks of in[count].
   WorkPtr all_gather_async(const void* in, void* out, int64_t count, DType dtype);
   // out[Σ counts] = concat over ranks r of in[counts[r]].
-  WorkPtr all_gather_v_async(const void* in, void* out, std::vector<int64_t> counts, DType dtype);
+  // With rows > 1 both buffers are row-major matrices, in [rows, counts[rank]] and
+  // out [rows, Σ counts], and rank r's rows land in columns Σ_{q<r} counts[q] onwards: a gather
+  // along the inner dim (a tensor dim that is not the outermost), done without repacking where
+  // the backend can address the rows in place.
+  WorkPtr all_gather_v_async(const void* in, void* out, std::vector<int64_t> counts, DType dtype, int64_t rows = 1);
   // out[count] = reduce over ranks of in[rank*count, (rank+1)*count); in has size*count.
   WorkPtr reduce_scatter_async(const void* in, void* out, int64_t count, DType dtype, ReduceOp op);
   // out[counts[rank]] = reduce over ranks of rank's segment of in[Σ counts].
-  WorkPtr reduce_scatter_v_async(const void* in, void* out, std::vector<int64_t> counts, DType dtype, ReduceOp op);
+  // With rows > 1, in is [rows, Σ counts], out is [rows, counts[rank]] and rank's segment is
+  // its column range of every row (the inverse layout of all_gather_v's).
+  WorkPtr reduce_scatter_v_async(const void* in, void* out, std::vector<int64_t> counts, DType dtype, ReduceOp op,
+                                 int64_t rows = 1);
   // out[r*count..] = in[rank*count..] of rank r, both size*count.
   WorkPtr all_to_all_async(const void* in, void* out, int64_t count, DType dtype);
   // Sends in-segment r (send_counts[r] elements, in order) to rank r; receives recv_counts[r]
@@ -126,14 +133,15 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
     reduce_async(buf, count, dtype, op, root)->wait();
   }
   void all_gather(const void* in, void* out, int64_t count, DType dtype) { all_gather_async(in, out, count, dtype)->wait(); }
-  void all_gather_v(const void* in, void* out, std::vector<int64_t> counts, DType dtype) {
-    all_gather_v_async(in, out, std::move(counts), dtype)->wait();
+  void all_gather_v(const void* in, void* out, std::vector<int64_t> counts, DType dtype, int64_t rows = 1) {
+    all_gather_v_async(in, out, std::move(counts), dtype, rows)->wait();
   }
   void reduce_scatter(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) {
     reduce_scatter_async(in, out, count, dtype, op)->wait();
   }
-  void reduce_scatter_v(const void* in, void* out, std::vector<int64_t> counts, DType dtype, ReduceOp op) {
-    reduce_scatter_v_async(in, out, std::move(counts), dtype, op)->wait();
+  void reduce_scatter_v(const void* in, void* out, std::vector<int64_t> counts, DType dtype, ReduceOp op,
+                        int64_t rows = 1) {
+    reduce_scatter_v_async(in, out, std::move(counts), dtype, op, rows)->wait();
   }
   void all_to_all(const void* in, void* out, int64_t count, DType dtype) { all_to_all_async(in, out, count, dtype)->wait(); }
   void all_to_all_v(const void* in, std::vector<int64_t> send_counts, void* out, std::vector<int64_t> recv_counts,
@@ -190,6 +198,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   virtual void do_all_gather(const void* in, void* out, int64_t count, DType dtype);
   virtual void do_reduce_scatter(const void* in, void* out, int64_t count, DType dtype, ReduceOp op);
   virtual void do_all_to_all(const void* in, void* out, int64_t count, DType dtype);
+  // Row forms (rows > 1, `widths` per rank and row; see all_gather_v_async). The defaults repack
+  // through a temporary buffer around the contiguous forms; backends that can address every
+  // rank's rows in place override them.
+  virtual void do_all_gather_rows(const void* in, void* out, int64_t rows, const std::vector<int64_t>& widths,
+                                  DType dtype);
+  virtual void do_reduce_scatter_rows(const void* in, void* out, int64_t rows, const std::vector<int64_t>& widths,
+                                      DType dtype, ReduceOp op);
   // Posted immediately (not queued); the returned work completes when the transfer has.
   virtual WorkPtr do_send(const void* buf, size_t bytes, int dst, int tag) = 0;
   virtual WorkPtr do_recv(void* buf, size_t bytes, int src, int tag) = 0;

@@ -286,6 +286,52 @@ class ThreadProcessGroup final : public ProcessGroup {
     });
   }
 
+  // The row forms read and write every rank's rows in place (Slot::count carries `rows`).
+  void do_all_gather_rows(const void* in, void* out, int64_t rows, const std::vector<int64_t>& widths,
+                          DType dtype) override {
+    Slot s{"all_gather", in, out, rows, dtype, ReduceOp::sum, 0, &widths};
+    collective(s, [&](const std::vector<Slot>& all) {
+      check_same(
+          all, [](const Slot& a, const Slot& b) { return *a.counts == *b.counts && a.count == b.count && a.dtype == b.dtype; },
+          "widths, rows and dtype");
+      const int64_t esz = static_cast<int64_t>(dtype_size(dtype));
+      int64_t width = 0;
+      for (int64_t w : widths) width += w;
+      for (int64_t i = 0; i < rows; ++i) {
+        int64_t column = 0;
+        for (int r = 0; r < size(); ++r) {
+          const int64_t w = widths[static_cast<size_t>(r)];
+          copy(static_cast<char*>(out) + (i * width + column) * esz,
+               static_cast<const char*>(all[static_cast<size_t>(r)].in) + i * w * esz, w, dtype);
+          column += w;
+        }
+      }
+    });
+  }
+
+  void do_reduce_scatter_rows(const void* in, void* out, int64_t rows, const std::vector<int64_t>& widths, DType dtype,
+                              ReduceOp op) override {
+    Slot s{"reduce_scatter", in, out, rows, dtype, op, 0, &widths};
+    collective(s, [&](const std::vector<Slot>& all) {
+      check_same(
+          all,
+          [](const Slot& a, const Slot& b) {
+            return *a.counts == *b.counts && a.count == b.count && a.dtype == b.dtype && a.reduce == b.reduce;
+          },
+          "widths, rows, dtype and reduce op");
+      int64_t width = 0, column = 0;
+      for (int r = 0; r < size(); ++r) {
+        if (r < rank()) column += widths[static_cast<size_t>(r)];
+        width += widths[static_cast<size_t>(r)];
+      }
+      const int64_t mine = widths[static_cast<size_t>(rank())];
+      std::vector<const void*> srcs;
+      for (const Slot& o : all) srcs.push_back(o.in);
+      for (int64_t i = 0; i < rows && mine > 0; ++i)
+        reduce_chunk(srcs, {out}, i * width + column, i * mine, mine, dtype, op);
+    });
+  }
+
   void do_all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
                        const std::vector<int64_t>& recv_counts, DType dtype) override {
     Slot s{"all_to_all", in, out, 0, dtype, ReduceOp::sum, 0, &send_counts, &recv_counts};

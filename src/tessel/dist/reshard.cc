@@ -342,7 +342,6 @@ Tensor unfront(const Tensor& x, int64_t d) {
   return view::contiguous(view::permute(x, order));
 }
 
-// Elements per index of dim d: the product of the other dims.
 // The product of the dims before `d`: 1 when slices along d are contiguous runs in order.
 int64_t outer_extent(const Shape& shape, int64_t d) {
   int64_t n = 1;
@@ -350,10 +349,10 @@ int64_t outer_extent(const Shape& shape, int64_t d) {
   return n;
 }
 
-int64_t numel_except(const Shape& shape, int64_t d) {
+// The product of the dims after `d`: the elements of one index of d within one outer row.
+int64_t inner_extent(const Shape& shape, int64_t d) {
   int64_t n = 1;
-  for (size_t i = 0; i < shape.size(); ++i)
-    if (static_cast<int64_t>(i) != d) n *= shape[i];
+  for (size_t i = static_cast<size_t>(d) + 1; i < shape.size(); ++i) n *= shape[i];
   return n;
 }
 
@@ -414,64 +413,34 @@ Tensor run_step(const Tensor& x, const ReshardStep& s, const ProcessMesh& mesh, 
       return out;
     }
     case K::all_gather: {
-      // Each rank's piece travels as it is laid out (contiguous); the received blocks are then
-      // copied into their slices of the output, whose rows along `d` are contiguous runs.
-      int64_t d = s.tensor_dim;
+      // Seen as a matrix [outer, numel after outer] (outer: the product of the dims before d),
+      // each rank's contiguous piece is a column block of the output: the collective lays the
+      // rows out in place (one run per rank when d is the outermost non-trivial dim).
+      const int64_t d = s.tensor_dim;
       std::vector<int64_t> ext = extents(before, shape, m, d, rank);
       Tensor piece = view::contiguous(x);
       Shape full = piece.shape();
-      const int64_t row = numel_except(full, d);
       full[static_cast<size_t>(d)] = 0;
-      std::vector<int64_t> counts;
-      for (int64_t e : ext) {
-        full[static_cast<size_t>(d)] += e;
-        counts.push_back(e * row);
-      }
-      int64_t total = 0;
-      for (int64_t n : counts) total += n;
-      Tensor buffer = Tensor::empty({total}, dt);
-      mesh_dim_group(mesh, m)->all_gather_v(piece.raw_data(), buffer.raw_data(), counts, dt);
-      // Along the outermost non-trivial dim (dim 0 of a ZeRO-3 weight) the blocks in group
-      // order already are the output.
-      if (outer_extent(full, d) == 1) return view::reshape(buffer, full);
+      for (int64_t e : ext) full[static_cast<size_t>(d)] += e;
+      const int64_t rows = outer_extent(full, d), inner = inner_extent(full, d);
+      std::vector<int64_t> widths;
+      for (int64_t e : ext) widths.push_back(e * inner);
       Tensor out = Tensor::empty(full, dt);
-      int64_t at = 0, offset = 0;
-      for (size_t r = 0; r < ext.size(); ++r) {
-        Shape block = full;
-        block[static_cast<size_t>(d)] = ext[r];
-        view::copy(view::slice(out, d, offset, offset + ext[r]),
-                   view::reshape(view::slice(buffer, 0, at, at + counts[r]), block));
-        at += counts[r];
-        offset += ext[r];
-      }
+      if (rows > 0) mesh_dim_group(mesh, m)->all_gather_v(piece.raw_data(), out.raw_data(), widths, dt, rows);
       return out;
     }
     case K::reduce_scatter: {
-      // The blocks along `d` are packed contiguously in group order (row-run copies), reduced
-      // and scattered; this rank's block arrives in its own layout.
-      int64_t d = s.tensor_dim;
+      // The inverse: this rank's block is its column range of every row of the contiguous input.
+      const int64_t d = s.tensor_dim;
       std::vector<int64_t> ext = extents(after, shape, m, d, rank);
-      const Shape& full = x.shape();
-      const int64_t row = numel_except(full, d);
-      std::vector<int64_t> counts;
-      for (int64_t e : ext) counts.push_back(e * row);
-      // Along the outermost non-trivial dim a contiguous input already holds the blocks in
-      // group order; the collective only reads it.
-      const bool in_order = outer_extent(full, d) == 1 && x.is_contiguous();
-      Tensor packed = in_order ? x : Tensor::empty({shape_numel(full)}, dt);
-      int64_t at = 0, offset = 0;
-      for (size_t r = 0; r < ext.size() && !in_order; ++r) {
-        Shape block = full;
-        block[static_cast<size_t>(d)] = ext[r];
-        view::copy(view::reshape(view::slice(packed, 0, at, at + counts[r]), block),
-                   view::slice(x, d, offset, offset + ext[r]));
-        at += counts[r];
-        offset += ext[r];
-      }
-      Shape mine = full;
+      Tensor full = view::contiguous(x);
+      const int64_t rows = outer_extent(full.shape(), d), inner = inner_extent(full.shape(), d);
+      std::vector<int64_t> widths;
+      for (int64_t e : ext) widths.push_back(e * inner);
+      Shape mine = full.shape();
       mine[static_cast<size_t>(d)] = ext[static_cast<size_t>(c)];
       Tensor out = Tensor::empty(mine, dt);
-      mesh_dim_group(mesh, m)->reduce_scatter_v(packed.raw_data(), out.raw_data(), counts, dt, s.reduce);
+      if (rows > 0) mesh_dim_group(mesh, m)->reduce_scatter_v(full.raw_data(), out.raw_data(), widths, dt, s.reduce, rows);
       return out;
     }
     case K::all_to_all: {

@@ -218,20 +218,18 @@ LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) 
   }
   double qkv_gather = 0, qkv_gather_bwd = 0;
   if (m.packed_qkv_gather && t > 1) {
-    // The packed projection is gathered whole (reshard S->R: moved to the front, gathered,
-    // moved back) and every rank attends over all heads; the output projection takes its slice.
+    // The packed projection is gathered whole (reshard S->R along the feature dim; the
+    // collective lays every rank's column block into place) and every rank attends over all
+    // heads; the output projection takes its slice (a copy).
     const double bytes = static_cast<double>(tokens * 3 * h) * prec.activation;
     qkv_gather = all_gather_time(c, bytes, s.tp_group);
-    streaming(p, "contiguous", {tokens, 3 * h});
-    streaming(p, "contiguous", {tokens, 3 * h});
     attention(p, m, b, m.heads, m.kv_heads, m.dropout);
     streaming(p, "contiguous", {tokens, hq * d});
-    // Backward: the projection input's gradient is gathered back to every rank (the slice's
-    // gradient, S->R, moved to the front and back again) and the QKV gradient sliced to this
-    // rank's columns.
+    // Backward: the projection input's gradient is gathered back to every rank (S->R, in place
+    // as above) and the QKV gradient sliced to this rank's columns (read and written once).
     const double out_bytes = static_cast<double>(tokens * h) * prec.activation;
     qkv_gather_bwd = all_gather_time(c, out_bytes, s.tp_group);
-    p.cost.bwd_input += p.stream(4 * out_bytes + 2 * static_cast<double>(tokens * 3 * hq * d) * prec.activation);
+    p.cost.bwd_input += p.stream(2 * static_cast<double>(tokens * 3 * hq * d) * prec.activation);
   } else {
     attention(p, m, b, hq, hkv, m.dropout);
   }
