@@ -243,6 +243,21 @@ WorkPtr ProcessGroup::all_reduce_async(void* buf, int64_t count, DType dtype, Re
   });
 }
 
+WorkPtr ProcessGroup::all_reduce_async(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) {
+  if (in == out) return all_reduce_async(out, count, dtype, op);
+  check_reducible(dtype, op, describe("all_reduce"));
+  return enqueue("all_reduce", nbytes(count, dtype), [=, this] {
+    ReduceOp base = op == ReduceOp::avg ? ReduceOp::sum : op;
+    if (intra_node_ && count >= intra_node_->size()) {
+      std::memcpy(out, in, static_cast<size_t>(nbytes(count, dtype)));
+      hierarchical_all_reduce(out, count, dtype, base);
+    } else {
+      do_all_reduce_into(in, out, count, dtype, base);
+    }
+    if (op == ReduceOp::avg) finish_avg(out, count, dtype, size());
+  });
+}
+
 WorkPtr ProcessGroup::broadcast_async(void* buf, int64_t count, DType dtype, int root) {
   check_rank(root, "root");
   return enqueue("broadcast", nbytes(count, dtype), [=, this] { do_broadcast(buf, count, dtype, root); });
@@ -357,6 +372,10 @@ WorkPtr ProcessGroup::recv_async(void* buf, int64_t count, DType dtype, int src,
 }
 
 // Equal-count forms through the general ones.
+void ProcessGroup::do_all_reduce_into(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) {
+  std::memcpy(out, in, static_cast<size_t>(nbytes(count, dtype)));
+  do_all_reduce(out, count, dtype, op);
+}
 void ProcessGroup::do_all_gather(const void* in, void* out, int64_t count, DType dtype) {
   do_all_gather_v(in, out, std::vector<int64_t>(static_cast<size_t>(size()), count), dtype);
 }
