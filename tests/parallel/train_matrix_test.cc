@@ -2,7 +2,9 @@
 // every pair of values of dp, tp, pp, sharding stage, sp, schedule, micro-batches, model and
 // dropout covered by some layout (a greedy pairwise covering set), plus the full corner
 // dp2·tp2·pp2·stage 3·sp·interleaved. The oracle is the single-rank trainer on the same config:
-// the loss at every step and every parameter after the last must agree to 1e-4 (relative).
+// the loss at every step, every parameter after the last and the validation loss (held-out
+// tail, at steps 0, 4, 8 and 10; forward only through the pipeline) must agree to 1e-4
+// (relative).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -73,6 +75,7 @@ std::vector<Layout> pairwise_layouts() {
 RunConfig config_for(const Layout& l) {
   std::vector<std::string> sets = {"train.steps=10", "train.warmup=2", "train.global_batch=8", "train.seq_len=16",
                                    "train.save_every=0", "train.threads=1", "log.every=1000",
+                                   "data.val_fraction=0.05", "train.eval_every=4", "train.eval_batches=2",
                                    fmt::format("train.micro_batch={}", l.mb4 ? 2 : 8),
                                    fmt::format("train.dropout={}", l.dropout ? 0.1 : 0.0)};
   std::string path = std::string(TESSEL_SOURCE_DIR) + (l.llama ? "/configs/llama-tiny.yaml" : "/configs/gpt2-tiny.yaml");
@@ -127,6 +130,16 @@ TEST(HybridParallel, EveryLayoutTrainsLikeOneRank) {
       worst_loss = std::max(worst_loss, d);
       EXPECT_LE(d, 1e-4) << "step " << s << ": loss " << r.train.steps[s].loss << " vs one rank " << one.steps[s].loss;
     }
+    ASSERT_EQ(r.train.validation.size(), one.validation.size());
+    double worst_val = 0;
+    for (size_t i = 0; i < one.validation.size(); ++i) {
+      const auto& [step, want] = one.validation[i];
+      EXPECT_EQ(r.train.validation[i].first, step);
+      const double d = std::abs(r.train.validation[i].second - want) / std::abs(want);
+      worst_val = std::max(worst_val, d);
+      EXPECT_LE(d, 1e-4) << "validation after " << step << " updates: " << r.train.validation[i].second
+                         << " vs one rank " << want;
+    }
     ASSERT_EQ(r.final_params.size(), one.final_params.size());
     for (const auto& [name, full] : one.final_params) {
       ASSERT_TRUE(r.final_params.count(name)) << name;
@@ -137,8 +150,8 @@ TEST(HybridParallel, EveryLayoutTrainsLikeOneRank) {
       }
       EXPECT_LE(d, 1e-4) << "parameter " << name;
     }
-    std::printf("  %-52s loss rel diff %.1e, parameters %.1e (%s)\n", describe(l).c_str(), worst_loss, worst_param,
-                worst_name.c_str());
+    std::printf("  %-52s loss rel diff %.1e, validation %.1e, parameters %.1e (%s)\n", describe(l).c_str(), worst_loss,
+                worst_val, worst_param, worst_name.c_str());
   }
 }
 

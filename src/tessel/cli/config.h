@@ -51,6 +51,11 @@ struct TrainSection {
   // With validation data: the validation loss every `eval_every` steps (0: at the start and the
   // end only) over `eval_batches` fixed global batches read in order from the validation tokens.
   int64_t eval_every = 0, eval_batches = 4;
+  // Whether the validation loss is taken after step `step` (0-based): every eval_every steps
+  // and after the last.
+  bool evaluates_after(int64_t step) const {
+    return (eval_every > 0 && (step + 1) % eval_every == 0) || step + 1 == steps;
+  }
 
   // "" or, when warm-up outlasts the run, a clause for the run's first log line saying so.
   std::string warmup_note() const;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "tessel/autograd/engine.h"
@@ -101,9 +102,6 @@ void check_parallel_supports(const RunConfig& cfg, const ParallelTrainOptions& o
   TESSEL_CHECK(options.base.save_dir.empty() && options.base.resume_dir.empty(),
                "--save/--resume are not supported with parallel layouts yet (train on one rank to checkpoint)");
   TESSEL_CHECK(cfg.model.init_from.empty(), "model.init_from is not supported with parallel layouts yet");
-  TESSEL_CHECK(!cfg.data.has_validation(),
-               "validation (data.val_path, data.val_fraction) runs on one rank for now; leave it out of a parallel "
-               "layout's config");
 }
 
 ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrainOptions& options) {
@@ -121,10 +119,8 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     if (lead && !options.base.quiet) log_info("{}", m);
   };
 
-  auto data = std::make_shared<TokenDataset>(TokenDataset::open(cfg.data.path, cfg.data.format));
   std::unique_ptr<nn::LanguageModel> model = build_model(cfg);
-  TESSEL_CHECK(data->max_token() < model->vocab_size(), "data file '{}' holds token id {} but model.vocab_size is {}",
-               cfg.data.path, data->max_token(), model->vocab_size());
+  const TrainingData td = open_training_data(cfg, model->vocab_size());
   pc.validate(model->num_blocks(), t.global_batch);
   Layout layout(pc, world->rank());
   const ProcessMesh mesh = layout.stage_mesh();
@@ -177,8 +173,8 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
                                 .min_lr = t.min_lr,
                                 .warmup = t.warmup,
                                 .total = t.steps};
-  Sampler sampler(data->size(), t.seq_len, t.global_batch, cfg.data.order, t.seed);
-  ShardedLoader loader(data, sampler, layout, t.global_batch, first_stage, last_stage);
+  Sampler sampler(td.train->size(), t.seq_len, t.global_batch, cfg.data.order, t.seed);
+  ShardedLoader loader(td.train, sampler, layout, t.global_batch, first_stage, last_stage);
   const int64_t M = pc.micro_batches, mb = t.global_batch / M;
   const int64_t width = cfg.model.arch == "gpt2" ? cfg.model.gpt2.n_embd : cfg.model.llama.hidden_size;
   PipelineRuntime runtime(schedule, layout, {mb, t.seq_len, width}, DType::f32);
@@ -194,9 +190,54 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     TESSEL_CHECK(metrics.good(), "cannot write metrics file '{}'", metrics_path);
   }
 
+  // Model chunk `chunk` of micro-batch `m` of `batches` (training step `step`).
+  auto chunk_forward = [&](const std::vector<MicroBatch>& batches, int64_t step, int chunk, int m,
+                           const Tensor& input) -> Tensor {
+    const int vs = schedule.virtual_stage(static_cast<int>(layout.pp_rank), chunk);
+    const nn::DropoutState ds{.seed = t.seed, .step = static_cast<uint64_t>(step), .global_rows = t.global_batch,
+                              .row_offset = batches[static_cast<size_t>(m)].first_row};
+    nn::dropout_state() = ds;
+    Tensor x = vs == 0 ? model->embed(batches[static_cast<size_t>(m)].inputs) : input;
+    for (int64_t b = blocks[static_cast<size_t>(vs)].first; b < blocks[static_cast<size_t>(vs)].second; ++b) {
+      if (pc.recompute == "full" && grad_enabled())
+        x = recompute([&model, b](const Tensor& h) { return model->block(b, h); }, x, [ds] { nn::dropout_state() = ds; });
+      else
+        x = model->block(b, x);
+    }
+    if (vs == V - 1) return cross_entropy(model->head(x), batches[static_cast<size_t>(m)].targets);
+    return x;
+  };
+  // The loss lives on the last stage's ranks: its (dp 0, tp 0) rank tells everyone.
+  auto share_loss = [&](double here) {
+    double v = layout.pp_rank == pc.pp - 1 && layout.dp_rank == 0 && layout.tp_rank == 0 ? here : 0.0;
+    world->all_reduce(&v, 1, DType::f64, ReduceOp::sum);
+    return v;
+  };
+  // The validation loss: the mean over the fixed batches' micro-batches, forward only, no
+  // dropout — the single-rank trainer's figure.
+  std::optional<ShardedLoader> val_loader;
+  if (td.validation)
+    val_loader.emplace(td.validation, *td.validation_order, layout, t.global_batch, first_stage, last_stage);
+  auto validation_loss = [&] {
+    nn::EvalModeGuard eval_mode(*model);
+    double sum = 0;
+    for (int64_t b = 0; b < td.validation_batches; ++b) {
+      const std::vector<MicroBatch> batches = val_loader->batch(b);
+      sum += runtime.evaluate([&](int chunk, int m, const Tensor& input) {
+        return chunk_forward(batches, 0, chunk, m, input);
+      });
+    }
+    return share_loss(sum) / static_cast<double>(td.validation_batches * M);
+  };
+
   std::vector<TraceEvent> trace;
   ParallelTrainResult result;
   MemoryStats& mem = *rank_context().memory;
+  if (td.validation) {
+    const double v = validation_loss();
+    result.train.validation.emplace_back(0, v);
+    say(initial_validation_line(v, cfg));
+  }
   const auto run_start = Clock::now();
   for (int64_t step = 0; step < t.steps; ++step) {
     const auto t0 = Clock::now();
@@ -204,34 +245,22 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     mem.reset_peak();
     std::vector<MicroBatch> batches = loader.batch(step);
     const double lr = lr_schedule.at(step);
-    auto chunk_forward = [&](int chunk, int m, const Tensor& input) -> Tensor {
-      const int vs = schedule.virtual_stage(static_cast<int>(layout.pp_rank), chunk);
-      const nn::DropoutState ds{.seed = t.seed, .step = static_cast<uint64_t>(step), .global_rows = t.global_batch,
-                                .row_offset = batches[static_cast<size_t>(m)].first_row};
-      nn::dropout_state() = ds;
-      Tensor x = vs == 0 ? model->embed(batches[static_cast<size_t>(m)].inputs) : input;
-      for (int64_t b = blocks[static_cast<size_t>(vs)].first; b < blocks[static_cast<size_t>(vs)].second; ++b) {
-        if (pc.recompute == "full")
-          x = recompute([&model, b](const Tensor& h) { return model->block(b, h); }, x,
-                        [ds] { nn::dropout_state() = ds; });
-        else
-          x = model->block(b, x);
-      }
-      if (vs == V - 1) return cross_entropy(model->head(x), batches[static_cast<size_t>(m)].targets);
-      return x;
-    };
-    const double loss_here = runtime.run(chunk_forward);
+    const double loss_here = runtime.run([&](int chunk, int m, const Tensor& input) {
+      return chunk_forward(batches, step, chunk, m, input);
+    });
     const auto t_opt = Clock::now();
     const int64_t peak_activations = mem.peak.load() - base_bytes;
     const double norm = optimizer.step(lr, t.grad_clip);
-    // The loss lives on the last stage's ranks: its (dp 0, tp 0) rank tells everyone.
-    double loss = layout.pp_rank == pc.pp - 1 && layout.dp_rank == 0 && layout.tp_rank == 0 ? loss_here / M : 0.0;
-    world->all_reduce(&loss, 1, DType::f64, ReduceOp::sum);
+    const double loss = share_loss(loss_here) / static_cast<double>(M);
     TESSEL_CHECK(std::isfinite(loss),
                  "training diverged: the loss is {} at step {} (try a lower train.lr or train.grad_clip)", loss, step);
     const auto t1 = Clock::now();
     const double secs = std::chrono::duration<double>(t1 - t0).count();
     StepRecord rec{step, loss, lr, norm, static_cast<double>(t.global_batch * t.seq_len) / secs, secs};
+    if (td.validation && t.evaluates_after(step)) {
+      rec.val_loss = validation_loss();
+      result.train.validation.emplace_back(step + 1, *rec.val_loss);
+    }
     result.train.steps.push_back(rec);
     result.idle_shares.push_back(runtime.idle_share());
 
@@ -256,9 +285,10 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
       metrics << step_metrics(rec).dump() << '\n';
       metrics.flush();
     }
-    if (lead && !options.base.quiet && (step == 0 || (step + 1) % cfg.log.every == 0 || step + 1 == t.steps))
-      log_info("step {}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  {:.0f} tok/s", step + 1, t.steps, loss, lr, norm,
-               rec.tokens_per_s);
+    if (lead && !options.base.quiet &&
+        (step == 0 || (step + 1) % cfg.log.every == 0 || step + 1 == t.steps || rec.val_loss))
+      log_info("step {}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  {:.0f} tok/s{}", step + 1, t.steps, loss, lr, norm,
+               rec.tokens_per_s, rec.val_loss ? fmt::format("  val_loss {:.4f}", *rec.val_loss) : "");
   }
   result.train.seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
   result.state_bytes = optimizer.state_bytes();

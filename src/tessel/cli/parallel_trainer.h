@@ -30,7 +30,7 @@ struct ParallelTrainResult {
 ParallelTrainResult train_parallel_rank(const RunConfig& config, const ParallelTrainOptions& options);
 
 // What single-rank training has and parallel layouts do not yet (checkpoints, starting
-// weights, validation): throws naming it. Both entry points call it; `tessel train` calls it
+// weights): throws naming it. Both entry points call it; `tessel train` calls it
 // first, so the refusal is bad input (exit 2) rather than a failed run.
 void check_parallel_supports(const RunConfig& config, const ParallelTrainOptions& options);
 

@@ -73,57 +73,17 @@ std::vector<std::string> changed_settings(const Json& then, const Json& now) {
   return out;
 }
 
-// The validation tokens and the fixed batches read from them: global batches 0, 1, ... of the
-// sequential order, the same at every evaluation and for every run of the config.
-struct Validation {
-  std::shared_ptr<const TokenDataset> tokens;
-  std::optional<Sampler> order;
-  int64_t batches = 0;
-};
-
-// Opens the training tokens and, when the config has them, the validation tokens: a file of
-// their own, or the tail of the training file held out (training then reads the part before).
-std::shared_ptr<TokenDataset> open_data(const RunConfig& cfg, Validation& val) {
-  const DataSection& d = cfg.data;
-  auto data = std::make_shared<TokenDataset>(TokenDataset::open(d.path, d.format));
-  if (!d.has_validation()) return data;
-  std::string what;
-  if (!d.val_path.empty()) {
-    val.tokens = std::make_shared<TokenDataset>(TokenDataset::open(d.val_path, d.format));
-    what = fmt::format("data.val_path '{}'", d.val_path);
-  } else {
-    const int64_t n = data->size(), held = static_cast<int64_t>(static_cast<double>(n) * d.val_fraction);
-    TESSEL_CHECK(held > 0 && held < n, "data.val_fraction {} of the {} tokens of '{}' holds out {}; nothing to "
-                 "validate on or to train on", d.val_fraction, n, d.path, held);
-    val.tokens = std::make_shared<TokenDataset>(data->slice(n - held, n));
-    data = std::make_shared<TokenDataset>(data->slice(0, n - held));
-    what = fmt::format("data.val_fraction {} (the last {} tokens of '{}')", d.val_fraction, held, d.path);
-  }
-  try {
-    val.order.emplace(val.tokens->size(), cfg.train.seq_len, cfg.train.global_batch, SampleOrder::sequential,
-                      cfg.train.seed);
-  } catch (const Error& e) {
-    TESSEL_THROW("validation tokens from {}: {}", what, e.what());
-  }
-  val.batches = cfg.train.eval_batches;
-  return data;
-}
-
 // The mean loss over the validation batches, in micro-batches as training runs them: no
 // gradients, no dropout; the model is back in training mode afterwards, also on an error.
-double validation_loss(nn::LanguageModel& model, const Validation& val, int64_t micro_batch) {
-  struct EvalMode {
-    nn::LanguageModel& m;
-    explicit EvalMode(nn::LanguageModel& model) : m(model) { m.train(false); }
-    ~EvalMode() { m.train(true); }
-  } eval_mode(model);
+double validation_loss(nn::LanguageModel& model, const TrainingData& data, int64_t micro_batch) {
+  nn::EvalModeGuard eval_mode(model);
   NoGradGuard no_grad;
   ProfileScope scope("(validation)");
-  const int64_t rows = val.order->global_batch();
+  const int64_t rows = data.validation_order->global_batch();
   double sum = 0;
   int64_t count = 0;
-  for (int64_t b = 0; b < val.batches; ++b) {
-    Batch batch = make_batch(*val.tokens, *val.order, b, 0, rows);
+  for (int64_t b = 0; b < data.validation_batches; ++b) {
+    Batch batch = make_batch(*data.validation, *data.validation_order, b, 0, rows);
     for (int64_t r = 0; r < rows; r += micro_batch) {
       const int64_t end = std::min(rows, r + micro_batch);
       sum += nn::lm_loss(model, view::slice(batch.inputs, 0, r, end), view::slice(batch.targets, 0, r, end)).item();
@@ -134,6 +94,44 @@ double validation_loss(nn::LanguageModel& model, const Validation& val, int64_t 
 }
 
 }  // namespace
+
+TrainingData open_training_data(const RunConfig& cfg, int64_t vocab_size) {
+  const DataSection& d = cfg.data;
+  TrainingData out;
+  out.train = std::make_shared<TokenDataset>(TokenDataset::open(d.path, d.format));
+  TESSEL_CHECK(out.train->max_token() < vocab_size, "data file '{}' holds token id {} but model.vocab_size is {}",
+               d.path, out.train->max_token(), vocab_size);
+  if (!d.has_validation()) return out;
+  std::string what;
+  if (!d.val_path.empty()) {
+    out.validation = std::make_shared<TokenDataset>(TokenDataset::open(d.val_path, d.format));
+    what = fmt::format("data.val_path '{}'", d.val_path);
+    TESSEL_CHECK(out.validation->max_token() < vocab_size,
+                 "validation tokens of '{}' hold token id {} but model.vocab_size is {}", d.val_path,
+                 out.validation->max_token(), vocab_size);
+  } else {
+    const int64_t n = out.train->size(), held = static_cast<int64_t>(static_cast<double>(n) * d.val_fraction);
+    TESSEL_CHECK(held > 0 && held < n, "data.val_fraction {} of the {} tokens of '{}' holds out {}; nothing to "
+                 "validate on or to train on", d.val_fraction, n, d.path, held);
+    out.validation = std::make_shared<TokenDataset>(out.train->slice(n - held, n));
+    out.train = std::make_shared<TokenDataset>(out.train->slice(0, n - held));
+    what = fmt::format("data.val_fraction {} (the last {} tokens of '{}')", d.val_fraction, held, d.path);
+  }
+  try {
+    out.validation_order.emplace(out.validation->size(), cfg.train.seq_len, cfg.train.global_batch,
+                                 SampleOrder::sequential, cfg.train.seed);
+  } catch (const Error& e) {
+    TESSEL_THROW("validation tokens from {}: {}", what, e.what());
+  }
+  out.validation_batches = cfg.train.eval_batches;
+  return out;
+}
+
+std::string initial_validation_line(double loss, const RunConfig& cfg) {
+  const int64_t n = cfg.train.eval_batches;
+  return fmt::format("validation loss before training: {:.4f} ({} batch{} of {} x {} tokens)", loss, n,
+                     n == 1 ? "" : "es", cfg.train.global_batch, cfg.train.seq_len);
+}
 
 Json step_metrics(const StepRecord& r) {
   Json line = Json::Object{};
@@ -155,16 +153,9 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
     if (!options.quiet) log_info("{}", message);
   };
 
-  Validation val;
-  std::shared_ptr<TokenDataset> data = open_data(cfg, val);
   std::unique_ptr<nn::LanguageModel> model = build_model(cfg);
-  TESSEL_CHECK(data->max_token() < model->vocab_size(),
-               "data file '{}' holds token id {} but model.vocab_size is {}", cfg.data.path, data->max_token(),
-               model->vocab_size());
-  if (val.tokens)
-    TESSEL_CHECK(val.tokens->max_token() < model->vocab_size(),
-                 "validation tokens of '{}' hold token id {} but model.vocab_size is {}", val.tokens->path(),
-                 val.tokens->max_token(), model->vocab_size());
+  const TrainingData td = open_training_data(cfg, model->vocab_size());
+  const std::shared_ptr<TokenDataset>& data = td.train;
   model->materialize(t.seed);
   if (!cfg.model.init_from.empty()) {
     load_model(cfg.model.init_from, *model);
@@ -236,11 +227,10 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
     stop.emplace(fmt::format("stopping after this step with a checkpoint in {} (send it again to stop at once)",
                              options.save_dir));
 
-  if (val.tokens && start == 0) {
-    const double v = validation_loss(*model, val, t.micro_batch);
+  if (td.validation && start == 0) {
+    const double v = validation_loss(*model, td, t.micro_batch);
     result.validation.emplace_back(0, v);
-    say(fmt::format("validation loss before training: {:.4f} ({} batch{} of {} x {} tokens)", v, val.batches,
-                    val.batches == 1 ? "" : "es", t.global_batch, t.seq_len));
+    say(initial_validation_line(v, cfg));
   }
   auto run_start = Clock::now();
   double recent = 0;  // smoothed seconds per step for the ETA
@@ -279,8 +269,8 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
     double secs = std::chrono::duration<double>(Clock::now() - t0).count();
 
     StepRecord rec{step, loss, lr, norm, tokens_per_step / secs, secs};
-    if (val.tokens && ((t.eval_every > 0 && (step + 1) % t.eval_every == 0) || step + 1 == t.steps)) {
-      rec.val_loss = validation_loss(*model, val, t.micro_batch);
+    if (td.validation && t.evaluates_after(step)) {
+      rec.val_loss = validation_loss(*model, td, t.micro_batch);
       result.validation.emplace_back(step + 1, *rec.val_loss);
     }
     result.steps.push_back(rec);

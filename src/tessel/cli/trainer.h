@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "tessel/cli/config.h"
+#include "tessel/data/dataset.h"
+#include "tessel/data/loader.h"
 
 namespace tessel {
 
@@ -41,6 +43,24 @@ struct TrainResult {
   std::vector<std::pair<int64_t, double>> validation;
   double seconds = 0;
 };
+
+// The training tokens and, when the config has them, the validation tokens with the batches
+// every evaluation reads: global batches 0 .. validation_batches-1 of their sequential order,
+// the same at every evaluation and for every run and layout of the config. With
+// data.val_fraction the validation tokens are the tail of the training file and training
+// reads only the part before it.
+struct TrainingData {
+  std::shared_ptr<TokenDataset> train;
+  std::shared_ptr<const TokenDataset> validation;  // null without validation
+  std::optional<Sampler> validation_order;
+  int64_t validation_batches = 0;
+};
+
+// Opens them, checking every token id against `vocab_size`.
+TrainingData open_training_data(const RunConfig& config, int64_t vocab_size);
+
+// "validation loss before training: 5.5451 (4 batches of 16 x 128 tokens)"
+std::string initial_validation_line(double loss, const RunConfig& config);
 
 // A step's line of the JSONL metrics: step, loss, lr, grad_norm, tokens_per_s, step_time_s.
 Json step_metrics(const StepRecord& r);

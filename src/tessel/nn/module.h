@@ -99,6 +99,19 @@ class Module {
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
 };
 
+// Evaluation mode (no dropout) for the guard's lifetime; training mode again afterwards, also
+// when an exception leaves the scope.
+class EvalModeGuard {
+ public:
+  explicit EvalModeGuard(Module& m) : m_(m) { m_.train(false); }
+  ~EvalModeGuard() { m_.train(true); }
+  EvalModeGuard(const EvalModeGuard&) = delete;
+  EvalModeGuard& operator=(const EvalModeGuard&) = delete;
+
+ private:
+  Module& m_;
+};
+
 // A numbered list of modules ("h.0", "h.1", ...).
 template <typename M>
 class ModuleList : public Module {

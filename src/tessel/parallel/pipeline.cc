@@ -6,6 +6,7 @@
 
 #include "tessel/autograd/engine.h"
 #include "tessel/comm/world.h"
+#include "tessel/core/context.h"
 #include "tessel/core/error.h"
 #include "tessel/core/profile.h"
 #include "tessel/core/view.h"
@@ -37,16 +38,25 @@ PipelineRuntime::PipelineRuntime(Schedule schedule, const Layout& layout, Shape 
   validate(schedule_);
 }
 
+Shape PipelineRuntime::local_activation_shape() const {
+  return DistAttr(layout_.stage_mesh(), layout_.activation_placements()).local_shape(activation_shape_, layout_.rank);
+}
+
+int PipelineRuntime::peer_world_rank(int pp) const {
+  return static_cast<int>(layout_.world_rank(pp, layout_.dp_rank, layout_.tp_rank));
+}
+
+int PipelineRuntime::tag(int direction, int microbatch, int sender_vstage) const {
+  return (direction * schedule_.microbatches + microbatch) * schedule_.virtual_stages() + sender_vstage;
+}
+
 double PipelineRuntime::run(const ChunkForward& forward) {
   const int M = schedule_.microbatches, V = schedule_.virtual_stages();
   const int me = static_cast<int>(layout_.pp_rank);
   const ProcessMesh mesh = layout_.stage_mesh();
   const Placements act = layout_.activation_placements();
-  const Shape local_shape = DistAttr(mesh, act).local_shape(activation_shape_, layout_.rank);
+  const Shape local_shape = local_activation_shape();
   auto world = world_group();
-  auto peer_world_rank = [&](int pp) { return static_cast<int>(layout_.world_rank(pp, layout_.dp_rank, layout_.tp_rank)); };
-  // A tag names the direction, micro-batch and sending virtual stage.
-  auto tag = [&](int dir, int m, int sender_vs) { return (dir * M + m) * V + sender_vs; };
 
   std::map<std::pair<int, int>, InFlight> live;  // (micro-batch, chunk)
   std::vector<std::pair<WorkPtr, Tensor>> pending_sends;
@@ -133,6 +143,42 @@ double PipelineRuntime::run(const ChunkForward& forward) {
     for (auto& [w, t] : pending_sends) w->wait();
   }
   step_seconds_ = seconds();
+  return loss_sum;
+}
+
+double PipelineRuntime::evaluate(const ChunkForward& forward) {
+  NoGradGuard no_grad;
+  ProfileScope scope("(pipeline evaluation)");
+  const int V = schedule_.virtual_stages(), me = static_cast<int>(layout_.pp_rank);
+  const ProcessMesh mesh = layout_.stage_mesh();
+  const Placements act = layout_.activation_placements();
+  const Shape local_shape = local_activation_shape();
+  auto world = world_group();
+  // In (micro-batch, virtual stage) order on every rank, what a receive waits for comes
+  // earlier in that order on its sender, so the blocking receives cannot deadlock.
+  std::vector<std::pair<WorkPtr, Tensor>> pending_sends;
+  double loss_sum = 0;
+  for (int m = 0; m < schedule_.microbatches; ++m)
+    for (int c = 0; c < schedule_.chunks; ++c) {
+      const int vs = schedule_.virtual_stage(me, c);
+      Tensor input;
+      if (vs > 0) {
+        Tensor buf = Tensor::empty(local_shape, dtype_);
+        world->recv(buf.raw_data(), buf.numel(), dtype_, peer_world_rank(schedule_.rank_of(vs - 1)), tag(2, m, vs - 1));
+        input = dtensor_from_local(buf, mesh, act, activation_shape_);
+      }
+      Tensor out = forward(c, m, input);
+      if (vs == V - 1) {
+        loss_sum += local_piece(out).item();
+        continue;
+      }
+      if (is_dist(out) && dist_attr(out).placements != act) out = reshard(out, mesh, act);
+      const Tensor t = view::contiguous(local_piece(out));
+      pending_sends.emplace_back(world->send_async(t.raw_data(), t.numel(), t.dtype(),
+                                                   peer_world_rank(schedule_.rank_of(vs + 1)), tag(2, m, vs)),
+                                 t);
+    }
+  for (auto& [w, t] : pending_sends) w->wait();
   return loss_sum;
 }
 

@@ -38,6 +38,12 @@ class PipelineRuntime {
   // backward (the mean over micro-batches, as gradient accumulation does on one rank).
   double run(const ChunkForward& forward);
 
+  // Forward only, for evaluation, with no gradients recorded: every micro-batch through this
+  // rank's chunks in virtual-stage order, each activation sent on to the next virtual stage as
+  // soon as it is made. Returns the sum of the micro-batch losses on ranks holding the last
+  // virtual stage, 0 elsewhere.
+  double evaluate(const ChunkForward& forward);
+
   const Schedule& schedule() const { return schedule_; }
   // The last step's actions on this rank, in order.
   const std::vector<ActionTiming>& timings() const { return timings_; }
@@ -45,6 +51,14 @@ class PipelineRuntime {
   double idle_share() const;
 
  private:
+  // This rank's piece of one micro-batch's activations between stages.
+  Shape local_activation_shape() const;
+  // The world rank of pipeline rank `pp` in this rank's (dp, tp) position.
+  int peer_world_rank(int pp) const;
+  // A message tag naming the direction (0 activations, 1 their gradients, 2 evaluation
+  // activations), the micro-batch and the sending virtual stage.
+  int tag(int direction, int microbatch, int sender_vstage) const;
+
   Schedule schedule_;
   const Layout& layout_;
   Shape activation_shape_;
