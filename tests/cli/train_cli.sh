@@ -24,8 +24,6 @@ expect_refusal "--trace runs even one rank on the parallel trainer, which cannot
 expect_refusal "error: --nproc: must be a positive whole number, got '0'" --nproc 0
 expect_refusal "config parallel.tp must be at least 1, got 0" --set parallel.tp=0
 expect_refusal "--save/--resume are not supported with parallel layouts yet" --set parallel.dp=2 --save "$tmp/ck"
-expect_refusal "model.init_from is not supported with parallel layouts yet" --set parallel.dp=2 \
-  --set model.init_from="$tmp/weights.safetensors"
 expect_refusal "checkpoint folder '$config/ck' cannot be created" --save "$config/ck"
 [ ! -e "$tmp/ck" ] || { echo "a refused run created its checkpoint folder"; exit 1; }
 echo "train cli: ok"

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -90,6 +91,17 @@ RunConfig config_for(const Layout& l) {
   return load_run_config(path, sets);
 }
 
+RunConfig with_layout(RunConfig cfg, const Layout& l) {
+  cfg.parallel.dp = l.dp;
+  cfg.parallel.tp = l.tp;
+  cfg.parallel.pp = l.pp;
+  cfg.parallel.vpp = l.schedule == 2 && l.pp == 2 ? 2 : 1;
+  cfg.parallel.sharding_stage = l.stage;
+  cfg.parallel.sp = l.sp != 0;
+  cfg.parallel.schedule = kSchedules[l.schedule];
+  return cfg;
+}
+
 double rel_diff(const Tensor& a, const Tensor& b) {
   std::vector<double> x = a.to_doubles(), y = b.to_doubles();
   double num = 0, den = 0;
@@ -111,14 +123,7 @@ TEST(HybridParallel, EveryLayoutTrainsLikeOneRank) {
     if (!oracles.count(key)) oracles[key] = train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
     const TrainResult& one = oracles[key];
 
-    RunConfig cfg = base;
-    cfg.parallel.dp = l.dp;
-    cfg.parallel.tp = l.tp;
-    cfg.parallel.pp = l.pp;
-    cfg.parallel.vpp = l.schedule == 2 && l.pp == 2 ? 2 : 1;
-    cfg.parallel.sharding_stage = l.stage;
-    cfg.parallel.sp = l.sp != 0;
-    cfg.parallel.schedule = kSchedules[l.schedule];
+    const RunConfig cfg = with_layout(base, l);
     ParallelTrainResult r = train_parallel_threads(
         cfg, static_cast<int>(cfg.parallel.world_size()),
         ParallelTrainOptions{.base = TrainOptions{.progress = false, .quiet = true, .collect_params = true}});
@@ -152,6 +157,37 @@ TEST(HybridParallel, EveryLayoutTrainsLikeOneRank) {
     }
     std::printf("  %-52s loss rel diff %.1e, validation %.1e, parameters %.1e (%s)\n", describe(l).c_str(), worst_loss,
                 worst_val, worst_param, worst_name.c_str());
+  }
+}
+
+// model.init_from: every rank reads its pieces of the weights from one safetensors file (here
+// a single-rank checkpoint after 3 steps) and the run continues as one rank started from that
+// file does.
+TEST(HybridParallel, StartsFromAWeightsFileLikeOneRank) {
+  const std::string dir = ::testing::TempDir() + "/tessel-init-from";
+  std::filesystem::remove_all(dir);
+  for (int llama : {0, 1}) {
+    const Layout corner{2, 2, 2, 3, 1, 2, 1, llama, 0};
+    SCOPED_TRACE(describe(corner));
+    RunConfig first = config_for(corner);
+    first.train.steps = 3;
+    first.train.eval_every = 0;
+    const TrainResult saved = train(first, TrainOptions{.save_dir = dir, .progress = false, .quiet = true});
+    ASSERT_FALSE(saved.last_checkpoint.empty());
+    RunConfig base = config_for(corner);
+    const TrainResult fresh = train(base, TrainOptions{.progress = false, .quiet = true});
+    base.model.init_from = saved.last_checkpoint + "/model.safetensors";
+    const TrainResult one = train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
+    // The file was read: the first loss is that of the trained weights, not of a fresh init.
+    EXPECT_LT(one.steps[0].loss, fresh.steps[0].loss - 0.05);
+    ParallelTrainResult r = train_parallel_threads(
+        with_layout(base, corner), 8,
+        ParallelTrainOptions{.base = TrainOptions{.progress = false, .quiet = true, .collect_params = true}});
+    ASSERT_EQ(r.train.steps.size(), one.steps.size());
+    for (size_t i = 0; i < one.steps.size(); ++i)
+      EXPECT_LE(std::abs(r.train.steps[i].loss - one.steps[i].loss) / one.steps[i].loss, 1e-4) << "step " << i;
+    for (const auto& [name, full] : one.final_params) EXPECT_LE(rel_diff(r.final_params.at(name), full), 1e-4) << name;
+    std::filesystem::remove_all(dir);
   }
 }
 

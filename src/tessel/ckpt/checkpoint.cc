@@ -9,6 +9,7 @@
 
 #include "tessel/ckpt/safetensors.h"
 #include "tessel/core/view.h"
+#include "tessel/dist/dtensor.h"
 #include "tessel/ops/inplace.h"
 
 namespace tessel {
@@ -38,13 +39,19 @@ void load_model(const std::string& path, nn::LanguageModel& model) {
     std::string key = p->name;
     if (!f.contains(key) && key.rfind("transformer.", 0) == 0 && f.contains(key.substr(12))) key = key.substr(12);
     TESSEL_CHECK_AS(CheckpointError, f.contains(key), "checkpoint '{}' has no tensor for parameter '{}'", path, p->name);
-    Tensor t = f.load(key);
-    TESSEL_CHECK_AS(CheckpointError, t.shape() == p->shape,
-                    "checkpoint '{}': tensor \"{}\" has shape {} but parameter '{}' has {}", path, key, shape_str(t.shape()),
+    const Shape& shape = f.entry(key).shape;
+    TESSEL_CHECK_AS(CheckpointError, shape == p->shape,
+                    "checkpoint '{}': tensor \"{}\" has shape {} but parameter '{}' has {}", path, key, shape_str(shape),
                     p->name, shape_str(p->shape));
-    TESSEL_CHECK_AS(CheckpointError, p->value.defined(), "load: parameter '{}' is not materialised", p->name);
-    copy_(p->value, t);
     used[key] = true;
+    if (!p->value.defined()) continue;  // held by another rank
+    Tensor t = f.load(key);
+    if (is_dist(p->value)) {
+      const DistAttr& a = dist_attr(p->value);
+      copy_(local_piece(p->value), local_piece(shard_tensor(t, a.mesh, a.placements)));
+    } else {
+      copy_(p->value, t);
+    }
   }
   for (const auto& [name, u] : used)
     TESSEL_CHECK_AS(CheckpointError, u || model.ignorable_checkpoint_key(name),

@@ -16,11 +16,12 @@ namespace tessel {
 // Every parameter of `model` by its full name.
 std::map<std::string, Tensor> model_state(nn::Module& model);
 void save_model(const std::string& path, nn::Module& model, const std::map<std::string, std::string>& metadata = {});
-// Copies weights into the materialised parameters of `model`. Accepts Hugging Face GPT-2
-// files whose names lack the "transformer." prefix, skips keys the model declares
-// ignorable (mask buffers), and requires every parameter with a matching shape; throws
-// CheckpointError naming the file and the tensor otherwise. Weights are converted to the
-// parameters' dtype.
+// Copies weights into the materialised parameters of `model`: the whole tensor, or this
+// rank's piece of a distributed one (parameters another rank holds are left alone). Accepts
+// Hugging Face GPT-2 files whose names lack the "transformer." prefix, skips keys the model
+// declares ignorable (mask buffers), and requires every parameter of the model with a
+// matching shape; throws CheckpointError naming the file and the tensor otherwise. Weights
+// are converted to the parameters' dtype.
 void load_model(const std::string& path, nn::LanguageModel& model);
 
 struct TrainerState {

@@ -75,7 +75,7 @@ std::vector<Command> register_train(CLI::App& app) {
                                 "yet; leave out --trace, or --save/--resume");
                ParallelTrainOptions po{.base = base, .trace_path = a->trace};
                try {
-                 check_parallel_supports(cfg, po);
+                 check_parallel_supports(po);
                } catch (const Error& e) {
                  throw BadInput(e.what());
                }

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "tessel/autograd/engine.h"
+#include "tessel/ckpt/checkpoint.h"
 #include "tessel/comm/thread_backend.h"
 #include "tessel/comm/world.h"
 #include "tessel/core/context.h"
@@ -98,10 +99,9 @@ std::string bytes_str(int64_t b) {
 
 }  // namespace
 
-void check_parallel_supports(const RunConfig& cfg, const ParallelTrainOptions& options) {
+void check_parallel_supports(const ParallelTrainOptions& options) {
   TESSEL_CHECK(options.base.save_dir.empty() && options.base.resume_dir.empty(),
                "--save/--resume are not supported with parallel layouts yet (train on one rank to checkpoint)");
-  TESSEL_CHECK(cfg.model.init_from.empty(), "model.init_from is not supported with parallel layouts yet");
 }
 
 ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrainOptions& options) {
@@ -113,7 +113,7 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
                pc.pp, pc.world_size(), world->size());
   // Thread ranks get their intra-op threads from spawn; a process rank sets its own.
   if (t.threads > 0 && world->backend() != "thread") set_default_num_threads(static_cast<int>(t.threads));
-  check_parallel_supports(cfg, options);
+  check_parallel_supports(options);
   const bool lead = world->rank() == 0;
   auto say = [&](const std::string& m) {
     if (lead && !options.base.quiet) log_info("{}", m);
@@ -153,6 +153,10 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     }
   }
   parallelize(*model, params, mesh, plan_for(model->arch()), layout, t.seed);
+  if (!cfg.model.init_from.empty()) {  // every rank reads its pieces from the one file
+    load_model(cfg.model.init_from, *model);
+    say(fmt::format("loaded weights from {}", cfg.model.init_from));
+  }
   model->train(true);
 
   // GPT-2's token embedding is also its head: with several pipeline ranks the first and the

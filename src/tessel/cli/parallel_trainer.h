@@ -29,10 +29,10 @@ struct ParallelTrainResult {
 // Runs on every rank of an initialised world (world_group() of dp·tp·pp ranks).
 ParallelTrainResult train_parallel_rank(const RunConfig& config, const ParallelTrainOptions& options);
 
-// What single-rank training has and parallel layouts do not yet (checkpoints, starting
-// weights): throws naming it. Both entry points call it; `tessel train` calls it
+// What single-rank training has and parallel layouts do not yet (writing and resuming
+// checkpoints): throws naming it. Both entry points call it; `tessel train` calls it
 // first, so the refusal is bad input (exit 2) rather than a failed run.
-void check_parallel_supports(const RunConfig& config, const ParallelTrainOptions& options);
+void check_parallel_supports(const ParallelTrainOptions& options);
 
 // `--nproc N` on the thread backend: spawns N ranks in this process; returns rank 0's result
 // with the whole parameters of every rank (base.collect_params).
