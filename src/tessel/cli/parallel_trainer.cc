@@ -243,6 +243,7 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     say(initial_validation_line(v, cfg));
   }
   const auto run_start = Clock::now();
+  double recent = 0;  // smoothed seconds per step for the ETA
   for (int64_t step = 0; step < t.steps; ++step) {
     const auto t0 = Clock::now();
     const int64_t base_bytes = mem.current.load();
@@ -286,13 +287,15 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
                  bytes_str(sb.params), bytes_str(sb.grads), bytes_str(sb.optimizer), bytes_str(peak_activations));
     }
     if (lead && metrics.is_open()) {
-      metrics << step_metrics(rec).dump() << '\n';
+      Json line = step_metrics(rec);
+      line["elapsed_s"] = std::chrono::duration<double>(Clock::now() - run_start).count();
+      metrics << line.dump() << '\n';
       metrics.flush();
     }
+    recent = recent == 0 ? secs : 0.9 * recent + 0.1 * secs;
     if (lead && !options.base.quiet &&
         (step == 0 || (step + 1) % cfg.log.every == 0 || step + 1 == t.steps || rec.val_loss))
-      log_info("step {}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  {:.0f} tok/s{}", step + 1, t.steps, loss, lr, norm,
-               rec.tokens_per_s, rec.val_loss ? fmt::format("  val_loss {:.4f}", *rec.val_loss) : "");
+      log_info("{}", step_line(rec, t.steps, recent * static_cast<double>(t.steps - step - 1)));
   }
   result.train.seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
   result.state_bytes = optimizer.state_bytes();

@@ -27,20 +27,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string duration_str(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  int64_t t = static_cast<int64_t>(s + 0.5);
-  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t % 3600) / 60);
-  if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, t % 60);
-  return fmt::format("{}s", t);
-}
-
-std::string rate_str(double tokens_per_s) {
-  if (tokens_per_s >= 1e6) return fmt::format("{:.2f}M", tokens_per_s / 1e6);
-  if (tokens_per_s >= 1e3) return fmt::format("{:.1f}k", tokens_per_s / 1e3);
-  return fmt::format("{:.0f}", tokens_per_s);
-}
-
 std::unique_ptr<optim::Optimizer> make_optimizer(const RunConfig& c, std::vector<optim::ParamRef> params) {
   const TrainSection& t = c.train;
   if (t.optimizer == "sgd")
@@ -131,6 +117,28 @@ std::string initial_validation_line(double loss, const RunConfig& cfg) {
   const int64_t n = cfg.train.eval_batches;
   return fmt::format("validation loss before training: {:.4f} ({} batch{} of {} x {} tokens)", loss, n,
                      n == 1 ? "" : "es", cfg.train.global_batch, cfg.train.seq_len);
+}
+
+std::string duration_str(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+std::string rate_str(double tokens_per_s) {
+  if (tokens_per_s >= 1e6) return fmt::format("{:.2f}M", tokens_per_s / 1e6);
+  if (tokens_per_s >= 1e3) return fmt::format("{:.1f}k", tokens_per_s / 1e3);
+  return fmt::format("{:.0f}", tokens_per_s);
+}
+
+std::string step_line(const StepRecord& r, int64_t total_steps, double eta_seconds) {
+  std::string line = fmt::format("step {}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  {} tok/s  ETA {}", r.step + 1,
+                                 total_steps, r.loss, r.lr, r.grad_norm, rate_str(r.tokens_per_s),
+                                 duration_str(eta_seconds));
+  if (r.val_loss) line += fmt::format("  val_loss {:.4f}", *r.val_loss);
+  return line;
 }
 
 Json step_metrics(const StepRecord& r) {
@@ -282,10 +290,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
       metrics.flush();
     }
     recent = recent == 0 ? secs : 0.9 * recent + 0.1 * secs;
-    std::string line = fmt::format("step {}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  {} tok/s  ETA {}", step + 1,
-                                   t.steps, loss, lr, norm, rate_str(rec.tokens_per_s),
-                                   duration_str(recent * static_cast<double>(t.steps - step - 1)));
-    if (rec.val_loss) line += fmt::format("  val_loss {:.4f}", *rec.val_loss);
+    std::string line = step_line(rec, t.steps, recent * static_cast<double>(t.steps - step - 1));
     bool permanent = step == start || (step + 1) % cfg.log.every == 0 || step + 1 == t.steps || rec.val_loss;
     if (live) {
       std::fprintf(stderr, "\r\033[K%s%s", line.c_str(), permanent ? "\n" : "");
