@@ -1,5 +1,7 @@
 // `tessel train` and `tessel bench train`.
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 
 #include "tessel/cli/bench_train.h"
 #include "tessel/cli/commands.h"
@@ -15,11 +17,23 @@ namespace tessel {
 
 namespace {
 RunConfig load_or_bad_input(const std::string& path, const std::vector<std::string>& sets) {
+  RunConfig cfg;
   try {
-    return load_run_config(path, sets);
+    cfg = load_run_config(path, sets);
   } catch (const Error& e) {
     throw BadInput(e.what());
   }
+  // Files the run reads are the user's to fix (exit 2), before any rank starts.
+  for (const auto& [key, file] : {std::pair<const char*, const std::string&>{"data.path", cfg.data.path},
+                                  {"data.val_path", cfg.data.val_path},
+                                  {"model.init_from", cfg.model.init_from}}) {
+    if (file.empty()) continue;
+    std::ifstream in(file, std::ios::binary);
+    if (!in.good() || std::filesystem::is_directory(file))
+      throw BadInput(fmt::format("{}: config {} names '{}', which cannot be read ({})", path, key, file,
+                                 std::filesystem::exists(file) ? "not a readable file" : "no such file"));
+  }
+  return cfg;
 }
 }  // namespace
 
@@ -101,12 +115,13 @@ std::vector<Command> register_train(CLI::App& app) {
                           r.train.steps.size() == 1 ? "" : "s", r.train.seconds, r.train.steps.back().loss);
                return 0;
              }
-             if (!a->save.empty()) {  // a folder it cannot write is the user's to fix (exit 2), before any step
-               try {
-                 check_checkpoint_dir(a->save);
-               } catch (const Error& e) {
-                 throw BadInput(e.what());
-               }
+             // A folder it cannot write or a checkpoint that is not there is the user's to fix (exit 2),
+             // before any step.
+             try {
+               if (!a->save.empty()) check_checkpoint_dir(a->save);
+               if (!a->resume.empty()) resolve_checkpoint(a->resume);
+             } catch (const Error& e) {
+               throw BadInput(e.what());
              }
              TrainResult r = train(cfg, base);
              if (r.stopped_by != 0) return 128 + r.stopped_by;  // the shell's convention for a signal
