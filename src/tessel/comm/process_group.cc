@@ -372,10 +372,6 @@ WorkPtr ProcessGroup::recv_async(void* buf, int64_t count, DType dtype, int src,
 }
 
 // Equal-count forms through the general ones.
-void ProcessGroup::do_all_reduce_into(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) {
-  std::memcpy(out, in, static_cast<size_t>(nbytes(count, dtype)));
-  do_all_reduce(out, count, dtype, op);
-}
 void ProcessGroup::do_all_gather(const void* in, void* out, int64_t count, DType dtype) {
   do_all_gather_v(in, out, std::vector<int64_t>(static_cast<size_t>(size()), count), dtype);
 }
@@ -385,6 +381,12 @@ void ProcessGroup::do_reduce_scatter(const void* in, void* out, int64_t count, D
 void ProcessGroup::do_all_to_all(const void* in, void* out, int64_t count, DType dtype) {
   std::vector<int64_t> c(static_cast<size_t>(size()), count);
   do_all_to_all_v(in, c, out, c, dtype);
+}
+
+// Out of place through the in-place form.
+void ProcessGroup::do_all_reduce_into(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) {
+  std::memcpy(out, in, static_cast<size_t>(nbytes(count, dtype)));
+  do_all_reduce(out, count, dtype, op);
 }
 
 namespace {
