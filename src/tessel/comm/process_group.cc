@@ -243,21 +243,6 @@ WorkPtr ProcessGroup::all_reduce_async(void* buf, int64_t count, DType dtype, Re
   });
 }
 
-WorkPtr ProcessGroup::all_reduce_async(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) {
-  if (in == out) return all_reduce_async(out, count, dtype, op);
-  check_reducible(dtype, op, describe("all_reduce"));
-  return enqueue("all_reduce", nbytes(count, dtype), [=, this] {
-    ReduceOp base = op == ReduceOp::avg ? ReduceOp::sum : op;
-    if (intra_node_ && count >= intra_node_->size()) {
-      std::memcpy(out, in, static_cast<size_t>(nbytes(count, dtype)));
-      hierarchical_all_reduce(out, count, dtype, base);
-    } else {
-      do_all_reduce_into(in, out, count, dtype, base);
-    }
-    if (op == ReduceOp::avg) finish_avg(out, count, dtype, size());
-  });
-}
-
 WorkPtr ProcessGroup::broadcast_async(void* buf, int64_t count, DType dtype, int root) {
   check_rank(root, "root");
   return enqueue("broadcast", nbytes(count, dtype), [=, this] { do_broadcast(buf, count, dtype, root); });
@@ -381,12 +366,6 @@ void ProcessGroup::do_reduce_scatter(const void* in, void* out, int64_t count, D
 void ProcessGroup::do_all_to_all(const void* in, void* out, int64_t count, DType dtype) {
   std::vector<int64_t> c(static_cast<size_t>(size()), count);
   do_all_to_all_v(in, c, out, c, dtype);
-}
-
-// Out of place through the in-place form.
-void ProcessGroup::do_all_reduce_into(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) {
-  std::memcpy(out, in, static_cast<size_t>(nbytes(count, dtype)));
-  do_all_reduce(out, count, dtype, op);
 }
 
 namespace {

@@ -93,9 +93,6 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // ---- collectives; counts are elements of `dtype` ----
   // buf[count] = reduce over ranks (in place).
   WorkPtr all_reduce_async(void* buf, int64_t count, DType dtype, ReduceOp op);
-  // out[count] = reduce over ranks of in[count]; `in` is left as it is (in == out: in place).
-  // Saves the caller a copy where the input must survive.
-  WorkPtr all_reduce_async(const void* in, void* out, int64_t count, DType dtype, ReduceOp op);
   // buf[count] = root's buf.
   WorkPtr broadcast_async(void* buf, int64_t count, DType dtype, int root);
   // root's buf[count] = reduce over ranks; other buffers unchanged.
@@ -131,9 +128,6 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   WorkPtr recv_async(void* buf, int64_t count, DType dtype, int src, int tag = 0);
 
   void all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op) { all_reduce_async(buf, count, dtype, op)->wait(); }
-  void all_reduce(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) {
-    all_reduce_async(in, out, count, dtype, op)->wait();
-  }
   void broadcast(void* buf, int64_t count, DType dtype, int root) { broadcast_async(buf, count, dtype, root)->wait(); }
   void reduce(void* buf, int64_t count, DType dtype, ReduceOp op, int root) {
     reduce_async(buf, count, dtype, op, root)->wait();
@@ -204,8 +198,6 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   virtual void do_all_gather(const void* in, void* out, int64_t count, DType dtype);
   virtual void do_reduce_scatter(const void* in, void* out, int64_t count, DType dtype, ReduceOp op);
   virtual void do_all_to_all(const void* in, void* out, int64_t count, DType dtype);
-  // Out of place (in != out); the default copies `in` to `out` and reduces in place.
-  virtual void do_all_reduce_into(const void* in, void* out, int64_t count, DType dtype, ReduceOp op);
   // Row forms (rows > 1, `widths` per rank and row; see all_gather_v_async). The defaults repack
   // through a temporary buffer around the contiguous forms; backends that can address every
   // rank's rows in place override them.

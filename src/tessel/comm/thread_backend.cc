@@ -219,14 +219,10 @@ class ThreadProcessGroup final : public ProcessGroup {
   std::string backend() const override { return "thread"; }
 
  protected:
+  // in-place all_reduce: rank r reduces element chunk r over every rank's buffer and writes the
+  // result back into every buffer.
   void do_all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op) override {
-    do_all_reduce_into(buf, buf, count, dtype, op);
-  }
-
-  // Rank r reduces element chunk r over every rank's input and writes the result into every
-  // rank's output (the same buffers when in place).
-  void do_all_reduce_into(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) override {
-    Slot s{"all_reduce", in, out, count, dtype, op};
+    Slot s{"all_reduce", nullptr, buf, count, dtype, op};
     collective(s, [&](const std::vector<Slot>& all) {
       check_same(all, [](const Slot& a, const Slot& b) { return a.count == b.count && a.dtype == b.dtype && a.reduce == b.reduce; },
                  "count, dtype and reduce op");
@@ -234,7 +230,7 @@ class ThreadProcessGroup final : public ProcessGroup {
       std::vector<const void*> srcs;
       std::vector<void*> dsts;
       for (const Slot& o : all) {
-        srcs.push_back(o.in);
+        srcs.push_back(o.out);
         dsts.push_back(o.out);
       }
       reduce_chunk(srcs, dsts, lo, lo, n, dtype, op);

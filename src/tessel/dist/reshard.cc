@@ -407,9 +407,9 @@ Tensor run_step(const Tensor& x, const ReshardStep& s, const ProcessMesh& mesh, 
       view::copy(view::slice(out, d, split_offset(e, k, c), split_offset(e, k, c) + split_size(e, k, c)), piece);
       return out;
     }
-    case K::all_reduce: {  // out of place: x may still be needed (autograd keeps inputs)
-      Tensor in = view::contiguous(x), out = Tensor::empty(x.shape(), dt);
-      mesh_dim_group(mesh, m)->all_reduce(in.raw_data(), out.raw_data(), out.numel(), dt, s.reduce);
+    case K::all_reduce: {  // on a copy: x may still be needed (autograd keeps inputs)
+      Tensor out = view::clone(x);
+      mesh_dim_group(mesh, m)->all_reduce(out.raw_data(), out.numel(), dt, s.reduce);
       return out;
     }
     case K::all_gather: {
