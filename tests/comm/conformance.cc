@@ -188,8 +188,8 @@ void check_gathers_and_scatters(ProcessGroup& g) {
       for (int64_t i = 0; i < c[static_cast<size_t>(me)]; ++i) {
         int64_t want = 0;
         for (int r = 0; r < P; ++r) want += value(r, row * total + off + i, 11, ReduceOp::sum);
-        expect_eq(sout.get(row * c[static_cast<size_t>(me)] + i), static_cast<double>(want), "reduce_scatter_v with rows",
-                  row * c[static_cast<size_t>(me)] + i);
+        const int64_t at = row * c[static_cast<size_t>(me)] + i;
+        expect_eq(sout.get(at), static_cast<double>(want), "reduce_scatter_v with rows", at);
       }
     // all_to_all: element i of the block for rank r encodes (me, r, i)
     const int64_t k = 3;

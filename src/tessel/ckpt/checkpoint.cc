@@ -41,8 +41,8 @@ void load_model(const std::string& path, nn::LanguageModel& model) {
     TESSEL_CHECK_AS(CheckpointError, f.contains(key), "checkpoint '{}' has no tensor for parameter '{}'", path, p->name);
     const Shape& shape = f.entry(key).shape;
     TESSEL_CHECK_AS(CheckpointError, shape == p->shape,
-                    "checkpoint '{}': tensor \"{}\" has shape {} but parameter '{}' has {}", path, key, shape_str(shape),
-                    p->name, shape_str(p->shape));
+                    "checkpoint '{}': tensor \"{}\" has shape {} but parameter '{}' has {}", path, key,
+                    shape_str(shape), p->name, shape_str(p->shape));
     used[key] = true;
     if (!p->value.defined()) continue;  // held by another rank
     Tensor t = f.load(key);

@@ -204,7 +204,8 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     Tensor x = vs == 0 ? model->embed(batches[static_cast<size_t>(m)].inputs) : input;
     for (int64_t b = blocks[static_cast<size_t>(vs)].first; b < blocks[static_cast<size_t>(vs)].second; ++b) {
       if (pc.recompute == "full" && grad_enabled())
-        x = recompute([&model, b](const Tensor& h) { return model->block(b, h); }, x, [ds] { nn::dropout_state() = ds; });
+        x = recompute([&model, b](const Tensor& h) { return model->block(b, h); }, x,
+                      [ds] { nn::dropout_state() = ds; });
       else
         x = model->block(b, x);
     }
@@ -287,9 +288,7 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
                  bytes_str(sb.params), bytes_str(sb.grads), bytes_str(sb.optimizer), bytes_str(peak_activations));
     }
     if (lead && metrics.is_open()) {
-      Json line = step_metrics(rec);
-      line["elapsed_s"] = std::chrono::duration<double>(Clock::now() - run_start).count();
-      metrics << line.dump() << '\n';
+      metrics << step_metrics(rec, std::chrono::duration<double>(Clock::now() - run_start).count()).dump() << '\n';
       metrics.flush();
     }
     recent = recent == 0 ? secs : 0.9 * recent + 0.1 * secs;

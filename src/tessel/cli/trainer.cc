@@ -59,6 +59,20 @@ std::vector<std::string> changed_settings(const Json& then, const Json& now) {
   return out;
 }
 
+std::string duration_str(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+std::string rate_str(double tokens_per_s) {
+  if (tokens_per_s >= 1e6) return fmt::format("{:.2f}M", tokens_per_s / 1e6);
+  if (tokens_per_s >= 1e3) return fmt::format("{:.1f}k", tokens_per_s / 1e3);
+  return fmt::format("{:.0f}", tokens_per_s);
+}
+
 // The mean loss over the validation batches, in micro-batches as training runs them: no
 // gradients, no dropout; the model is back in training mode afterwards, also on an error.
 double validation_loss(nn::LanguageModel& model, const TrainingData& data, int64_t micro_batch) {
@@ -119,20 +133,6 @@ std::string initial_validation_line(double loss, const RunConfig& cfg) {
                      n == 1 ? "" : "es", cfg.train.global_batch, cfg.train.seq_len);
 }
 
-std::string duration_str(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  int64_t t = static_cast<int64_t>(s + 0.5);
-  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t % 3600) / 60);
-  if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, t % 60);
-  return fmt::format("{}s", t);
-}
-
-std::string rate_str(double tokens_per_s) {
-  if (tokens_per_s >= 1e6) return fmt::format("{:.2f}M", tokens_per_s / 1e6);
-  if (tokens_per_s >= 1e3) return fmt::format("{:.1f}k", tokens_per_s / 1e3);
-  return fmt::format("{:.0f}", tokens_per_s);
-}
-
 std::string step_line(const StepRecord& r, int64_t total_steps, double eta_seconds) {
   std::string line = fmt::format("step {}/{}  loss {:.4f}  lr {:.2e}  grad_norm {:.3f}  {} tok/s  ETA {}", r.step + 1,
                                  total_steps, r.loss, r.lr, r.grad_norm, rate_str(r.tokens_per_s),
@@ -141,7 +141,7 @@ std::string step_line(const StepRecord& r, int64_t total_steps, double eta_secon
   return line;
 }
 
-Json step_metrics(const StepRecord& r) {
+Json step_metrics(const StepRecord& r, double elapsed_s) {
   Json line = Json::Object{};
   line["step"] = r.step;
   line["loss"] = r.loss;
@@ -150,6 +150,7 @@ Json step_metrics(const StepRecord& r) {
   line["tokens_per_s"] = r.tokens_per_s;
   line["step_time_s"] = r.seconds;
   if (r.val_loss) line["val_loss"] = *r.val_loss;
+  line["elapsed_s"] = elapsed_s;
   return line;
 }
 
@@ -284,9 +285,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
     result.steps.push_back(rec);
     if (on_step) on_step(rec);
     if (metrics.is_open()) {
-      Json line = step_metrics(rec);
-      line["elapsed_s"] = std::chrono::duration<double>(Clock::now() - run_start).count();
-      metrics << line.dump() << '\n';
+      metrics << step_metrics(rec, std::chrono::duration<double>(Clock::now() - run_start).count()).dump() << '\n';
       metrics.flush();
     }
     recent = recent == 0 ? secs : 0.9 * recent + 0.1 * secs;

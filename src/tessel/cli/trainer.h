@@ -62,16 +62,13 @@ TrainingData open_training_data(const RunConfig& config, int64_t vocab_size);
 // "validation loss before training: 5.5451 (4 batches of 16 x 128 tokens)"
 std::string initial_validation_line(double loss, const RunConfig& config);
 
-// "1h02m", "3m05s", "42s" ("?" when not finite).
-std::string duration_str(double seconds);
-// "2.91M", "4.1k", "512".
-std::string rate_str(double tokens_per_s);
 // The log line of a step: "step 5/300  loss 4.1671  lr 3.33e-04  grad_norm 3.214  4.1k tok/s
 // ETA 2m03s", with "  val_loss 4.0864" when it evaluated.
 std::string step_line(const StepRecord& r, int64_t total_steps, double eta_seconds);
 
-// A step's line of the JSONL metrics: step, loss, lr, grad_norm, tokens_per_s, step_time_s.
-Json step_metrics(const StepRecord& r);
+// A step's line of the JSONL metrics: step, loss, lr, grad_norm, tokens_per_s, step_time_s,
+// elapsed_s (seconds since the first step began), and val_loss when it evaluated.
+Json step_metrics(const StepRecord& r, double elapsed_s);
 
 // Runs the config; `on_step` (optional) sees every step's record.
 TrainResult train(const RunConfig& config, const TrainOptions& options,

@@ -292,7 +292,10 @@ class ThreadProcessGroup final : public ProcessGroup {
     Slot s{"all_gather", in, out, rows, dtype, ReduceOp::sum, 0, &widths};
     collective(s, [&](const std::vector<Slot>& all) {
       check_same(
-          all, [](const Slot& a, const Slot& b) { return *a.counts == *b.counts && a.count == b.count && a.dtype == b.dtype; },
+          all,
+          [](const Slot& a, const Slot& b) {
+            return *a.counts == *b.counts && a.count == b.count && a.dtype == b.dtype;
+          },
           "widths, rows and dtype");
       const int64_t esz = static_cast<int64_t>(dtype_size(dtype));
       int64_t width = 0;

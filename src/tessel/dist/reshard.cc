@@ -440,7 +440,8 @@ Tensor run_step(const Tensor& x, const ReshardStep& s, const ProcessMesh& mesh, 
       Shape mine = full.shape();
       mine[static_cast<size_t>(d)] = ext[static_cast<size_t>(c)];
       Tensor out = Tensor::empty(mine, dt);
-      if (rows > 0) mesh_dim_group(mesh, m)->reduce_scatter_v(full.raw_data(), out.raw_data(), widths, dt, s.reduce, rows);
+      if (rows > 0)
+        mesh_dim_group(mesh, m)->reduce_scatter_v(full.raw_data(), out.raw_data(), widths, dt, s.reduce, rows);
       return out;
     }
     case K::all_to_all: {

@@ -38,10 +38,6 @@ PipelineRuntime::PipelineRuntime(Schedule schedule, const Layout& layout, Shape 
   validate(schedule_);
 }
 
-Shape PipelineRuntime::local_activation_shape() const {
-  return DistAttr(layout_.stage_mesh(), layout_.activation_placements()).local_shape(activation_shape_, layout_.rank);
-}
-
 int PipelineRuntime::peer_world_rank(int pp) const {
   return static_cast<int>(layout_.world_rank(pp, layout_.dp_rank, layout_.tp_rank));
 }
@@ -50,16 +46,31 @@ int PipelineRuntime::tag(int direction, int microbatch, int sender_vstage) const
   return (direction * schedule_.microbatches + microbatch) * schedule_.virtual_stages() + sender_vstage;
 }
 
+Tensor PipelineRuntime::as_activation(const Tensor& t) const {
+  const Placements act = layout_.activation_placements();
+  return is_dist(t) && dist_attr(t).placements != act ? reshard(t, layout_.stage_mesh(), act) : t;
+}
+
+Tensor PipelineRuntime::receive(int pp, int tag) const {
+  const ProcessMesh mesh = layout_.stage_mesh();
+  const Placements act = layout_.activation_placements();
+  Tensor buf = Tensor::empty(DistAttr(mesh, act).local_shape(activation_shape_, layout_.rank), dtype_);
+  world_group()->recv(buf.raw_data(), buf.numel(), dtype_, peer_world_rank(pp), tag);
+  return dtensor_from_local(buf, mesh, act, activation_shape_);
+}
+
+void PipelineRuntime::post(const Tensor& t, int pp, int tag, PendingSends& pending) const {
+  const Tensor piece = view::contiguous(local_piece(t));
+  WorkPtr w = world_group()->send_async(piece.raw_data(), piece.numel(), piece.dtype(), peer_world_rank(pp), tag);
+  pending.emplace_back(std::move(w), piece);
+}
+
 double PipelineRuntime::run(const ChunkForward& forward) {
   const int M = schedule_.microbatches, V = schedule_.virtual_stages();
   const int me = static_cast<int>(layout_.pp_rank);
-  const ProcessMesh mesh = layout_.stage_mesh();
-  const Placements act = layout_.activation_placements();
-  const Shape local_shape = local_activation_shape();
-  auto world = world_group();
 
   std::map<std::pair<int, int>, InFlight> live;  // (micro-batch, chunk)
-  std::vector<std::pair<WorkPtr, Tensor>> pending_sends;
+  PendingSends pending_sends;
   timings_.clear();
   double loss_sum = 0;
   const auto t0 = Clock::now();
@@ -76,8 +87,8 @@ double PipelineRuntime::run(const ChunkForward& forward) {
         if (vs == V - 1) {
           loss_sum += local_piece(out).item();
           out = M == 1 ? out : scale(out, 1.0 / static_cast<double>(M));
-        } else if (is_dist(out) && dist_attr(out).placements != act) {
-          out = reshard(out, mesh, act);
+        } else {
+          out = as_activation(out);
         }
         f.output = out;
         break;
@@ -90,10 +101,11 @@ double PipelineRuntime::run(const ChunkForward& forward) {
         if (schedule_.split_backward) f.deferred = backward_inputs({f.output}, grads, inputs);
         else backward({f.output}, grads);
         if (f.input.defined()) {
-          Tensor g = f.input.grad();
-          if (!g.defined()) g = dtensor_from_local(Tensor::zeros(local_shape, dtype_), mesh, act, activation_shape_);
-          else if (dist_attr(g).placements != act) g = reshard(g, mesh, act);
-          f.grad_in = g;
+          const Tensor g = f.input.grad();
+          f.grad_in = g.defined() ? as_activation(g)
+                                  : dtensor_from_local(Tensor::zeros(local_piece(f.input).shape(), dtype_),
+                                                       layout_.stage_mesh(), layout_.activation_placements(),
+                                                       activation_shape_);
         }
         f.output = Tensor();
         f.grad_out = Tensor();
@@ -109,11 +121,7 @@ double PipelineRuntime::run(const ChunkForward& forward) {
       case ActionKind::SEND_F:
       case ActionKind::SEND_B: {
         const bool fwd = a.kind == ActionKind::SEND_F;
-        // Kept alive (in pending_sends) until the send completes.
-        const Tensor t = view::contiguous(local_piece(fwd ? f.output : f.grad_in));
-        WorkPtr w = world->send_async(t.raw_data(), t.numel(), t.dtype(), peer_world_rank(a.peer),
-                                      tag(fwd ? 0 : 1, a.microbatch, vs));
-        pending_sends.emplace_back(std::move(w), t);
+        post(fwd ? f.output : f.grad_in, a.peer, tag(fwd ? 0 : 1, a.microbatch, vs), pending_sends);
         if (!fwd) f.grad_in = Tensor();
         break;
       }
@@ -121,10 +129,7 @@ double PipelineRuntime::run(const ChunkForward& forward) {
       case ActionKind::RECV_B: {
         ProfileScope scope("(pipeline recv wait)");
         const bool fwd = a.kind == ActionKind::RECV_F;
-        Tensor buf = Tensor::empty(local_shape, dtype_);
-        world->recv(buf.raw_data(), buf.numel(), dtype_, peer_world_rank(a.peer),
-                    tag(fwd ? 0 : 1, a.microbatch, fwd ? vs - 1 : vs + 1));
-        Tensor t = dtensor_from_local(buf, mesh, act, activation_shape_);
+        Tensor t = receive(a.peer, tag(fwd ? 0 : 1, a.microbatch, fwd ? vs - 1 : vs + 1));
         if (fwd) {
           t.set_requires_grad(true);
           f.input = t;
@@ -150,33 +155,19 @@ double PipelineRuntime::evaluate(const ChunkForward& forward) {
   NoGradGuard no_grad;
   ProfileScope scope("(pipeline evaluation)");
   const int V = schedule_.virtual_stages(), me = static_cast<int>(layout_.pp_rank);
-  const ProcessMesh mesh = layout_.stage_mesh();
-  const Placements act = layout_.activation_placements();
-  const Shape local_shape = local_activation_shape();
-  auto world = world_group();
   // In (micro-batch, virtual stage) order on every rank, what a receive waits for comes
   // earlier in that order on its sender, so the blocking receives cannot deadlock.
-  std::vector<std::pair<WorkPtr, Tensor>> pending_sends;
+  PendingSends pending_sends;
   double loss_sum = 0;
   for (int m = 0; m < schedule_.microbatches; ++m)
     for (int c = 0; c < schedule_.chunks; ++c) {
       const int vs = schedule_.virtual_stage(me, c);
-      Tensor input;
-      if (vs > 0) {
-        Tensor buf = Tensor::empty(local_shape, dtype_);
-        world->recv(buf.raw_data(), buf.numel(), dtype_, peer_world_rank(schedule_.rank_of(vs - 1)), tag(2, m, vs - 1));
-        input = dtensor_from_local(buf, mesh, act, activation_shape_);
-      }
-      Tensor out = forward(c, m, input);
-      if (vs == V - 1) {
+      const Tensor input = vs > 0 ? receive(schedule_.rank_of(vs - 1), tag(2, m, vs - 1)) : Tensor();
+      const Tensor out = forward(c, m, input);
+      if (vs == V - 1)
         loss_sum += local_piece(out).item();
-        continue;
-      }
-      if (is_dist(out) && dist_attr(out).placements != act) out = reshard(out, mesh, act);
-      const Tensor t = view::contiguous(local_piece(out));
-      pending_sends.emplace_back(world->send_async(t.raw_data(), t.numel(), t.dtype(),
-                                                   peer_world_rank(schedule_.rank_of(vs + 1)), tag(2, m, vs)),
-                                 t);
+      else
+        post(as_activation(out), schedule_.rank_of(vs + 1), tag(2, m, vs), pending_sends);
     }
   for (auto& [w, t] : pending_sends) w->wait();
   return loss_sum;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/comm/process_group.h"
 #include "tessel/core/tensor.h"
 #include "tessel/parallel/layout.h"
 #include "tessel/parallel/schedule.h"
@@ -51,13 +52,19 @@ class PipelineRuntime {
   double idle_share() const;
 
  private:
-  // This rank's piece of one micro-batch's activations between stages.
-  Shape local_activation_shape() const;
+  using PendingSends = std::vector<std::pair<WorkPtr, Tensor>>;
   // The world rank of pipeline rank `pp` in this rank's (dp, tp) position.
   int peer_world_rank(int pp) const;
   // A message tag naming the direction (0 activations, 1 their gradients, 2 evaluation
   // activations), the micro-batch and the sending virtual stage.
   int tag(int direction, int microbatch, int sender_vstage) const;
+  // `t` in the placements activations travel in between stages.
+  Tensor as_activation(const Tensor& t) const;
+  // Receives one micro-batch's activation (or its gradient) from pipeline rank `pp`.
+  Tensor receive(int pp, int tag) const;
+  // Posts this rank's piece of `t` to pipeline rank `pp`; the piece stays in `pending` (alive)
+  // until its send is waited for.
+  void post(const Tensor& t, int pp, int tag, PendingSends& pending) const;
 
   Schedule schedule_;
   const Layout& layout_;
