@@ -1,10 +1,10 @@
 // Hybrid-parallel training equals single-rank training. GPT-2 tiny and Llama tiny, 10 steps,
-// every pair of values of dp, tp, pp, sharding stage, sp, schedule, micro-batches, model and
-// dropout covered by some layout (a greedy pairwise covering set), plus the full corner
-// dp2·tp2·pp2·stage 3·sp·interleaved. The oracle is the single-rank trainer on the same config:
-// the loss at every step, every parameter after the last and the validation loss (held-out
-// tail, at steps 0, 4, 8 and 10; forward only through the pipeline) must agree to 1e-4
-// (relative).
+// every pair of values of dp, tp, pp, sharding stage, sp, schedule, micro-batches, model,
+// dropout and optimizer (AdamW, SGD with Nesterov momentum) covered by some layout (a greedy
+// pairwise covering set), plus the full corner dp2·tp2·pp2·stage 3·sp·interleaved. The oracle
+// is the single-rank trainer on the same config: the loss at every step, every parameter after
+// the last and the validation loss (held-out tail, at steps 0, 4, 8 and 10; forward only
+// through the pipeline) must agree to 1e-4 (relative).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,13 +19,14 @@ namespace tessel {
 namespace {
 
 struct Layout {
-  int dp, tp, pp, stage, sp, schedule, mb4, llama, dropout;
+  int dp, tp, pp, stage, sp, schedule, mb4, llama, dropout, sgd;
 };
 const char* kSchedules[] = {"FThenB", "1F1B", "VPP", "ZBH1"};
+constexpr int kFields = 10;  // of Layout
 
 std::string describe(const Layout& l) {
-  return fmt::format("{} dp{} tp{} pp{} stage{} sp{} {} m{} dropout{}", l.llama ? "llama" : "gpt2", l.dp, l.tp, l.pp,
-                     l.stage, l.sp, kSchedules[l.schedule], l.mb4 ? 4 : 1, l.dropout);
+  return fmt::format("{} dp{} tp{} pp{} stage{} sp{} {} m{} dropout{} {}", l.llama ? "llama" : "gpt2", l.dp, l.tp, l.pp,
+                     l.stage, l.sp, kSchedules[l.schedule], l.mb4 ? 4 : 1, l.dropout, l.sgd ? "sgd" : "adamw");
 }
 
 bool valid(const Layout& l) {
@@ -35,19 +36,23 @@ bool valid(const Layout& l) {
 
 // Greedy pairwise covering: repeatedly take the layout that covers most uncovered value pairs.
 std::vector<Layout> pairwise_layouts() {
-  const std::vector<std::vector<int>> values = {{1, 2}, {1, 2}, {1, 2}, {0, 1, 2, 3}, {0, 1}, {0, 1, 2, 3}, {0, 1}, {0, 1}, {0, 1}};
+  const std::vector<std::vector<int>> values = {{1, 2}, {1, 2}, {1, 2}, {0, 1, 2, 3}, {0, 1},
+                                                {0, 1, 2, 3}, {0, 1}, {0, 1}, {0, 1}, {0, 1}};
   std::vector<Layout> all;
   for (int a : values[0]) for (int b : values[1]) for (int c : values[2]) for (int d : values[3]) for (int e : values[4])
-    for (int f : values[5]) for (int g : values[6]) for (int h : values[7]) for (int i : values[8]) {
-      Layout l{a, b, c, d, e, f, g, h, i};
-      if (valid(l)) all.push_back(l);
-    }
-  auto fields = [](const Layout& l) { return std::vector<int>{l.dp, l.tp, l.pp, l.stage, l.sp, l.schedule, l.mb4, l.llama, l.dropout}; };
+    for (int f : values[5]) for (int g : values[6]) for (int h : values[7]) for (int i : values[8])
+      for (int j : values[9]) {
+        Layout l{a, b, c, d, e, f, g, h, i, j};
+        if (valid(l)) all.push_back(l);
+      }
+  auto fields = [](const Layout& l) {
+    return std::vector<int>{l.dp, l.tp, l.pp, l.stage, l.sp, l.schedule, l.mb4, l.llama, l.dropout, l.sgd};
+  };
   std::set<std::tuple<int, int, int, int>> uncovered;
   for (const Layout& l : all) {
     auto f = fields(l);
-    for (int i = 0; i < 9; ++i)
-      for (int j = i + 1; j < 9; ++j) uncovered.insert({i, f[i], j, f[j]});
+    for (int i = 0; i < kFields; ++i)
+      for (int j = i + 1; j < kFields; ++j) uncovered.insert({i, f[i], j, f[j]});
   }
   std::vector<Layout> chosen;
   while (!uncovered.empty()) {
@@ -56,20 +61,20 @@ std::vector<Layout> pairwise_layouts() {
     for (const Layout& l : all) {
       auto f = fields(l);
       int gain = 0;
-      for (int i = 0; i < 9; ++i)
-        for (int j = i + 1; j < 9; ++j) gain += uncovered.count({i, f[i], j, f[j]}) ? 1 : 0;
+      for (int i = 0; i < kFields; ++i)
+        for (int j = i + 1; j < kFields; ++j) gain += uncovered.count({i, f[i], j, f[j]}) ? 1 : 0;
       if (gain > best_gain) {
         best_gain = gain;
         best = &l;
       }
     }
     auto f = fields(*best);
-    for (int i = 0; i < 9; ++i)
-      for (int j = i + 1; j < 9; ++j) uncovered.erase({i, f[i], j, f[j]});
+    for (int i = 0; i < kFields; ++i)
+      for (int j = i + 1; j < kFields; ++j) uncovered.erase({i, f[i], j, f[j]});
     chosen.push_back(*best);
   }
-  chosen.push_back(Layout{2, 2, 2, 3, 1, 2, 1, 0, 1});  // the full corner, GPT-2
-  chosen.push_back(Layout{2, 2, 2, 3, 1, 2, 1, 1, 0});  // and Llama
+  chosen.push_back(Layout{2, 2, 2, 3, 1, 2, 1, 0, 1, 0});  // the full corner, GPT-2
+  chosen.push_back(Layout{2, 2, 2, 3, 1, 2, 1, 1, 0, 1});  // and Llama
   return chosen;
 }
 
@@ -79,6 +84,11 @@ RunConfig config_for(const Layout& l) {
                                    "data.val_fraction=0.05", "train.eval_every=4", "train.eval_batches=2",
                                    fmt::format("train.micro_batch={}", l.mb4 ? 2 : 8),
                                    fmt::format("train.dropout={}", l.dropout ? 0.1 : 0.0)};
+  // SGD's steps are lr x the clipped gradient: a large rate so that a wrong gradient shows.
+  if (l.sgd) {
+    for (const char* s : {"train.optimizer=sgd", "train.lr=0.2", "train.momentum=0.9", "train.nesterov=true"})
+      sets.push_back(s);
+  }
   std::string path = std::string(TESSEL_SOURCE_DIR) + (l.llama ? "/configs/llama-tiny.yaml" : "/configs/gpt2-tiny.yaml");
   if (l.llama) {
     for (const char* s : {"model.num_hidden_layers=4", "model.hidden_size=32", "model.num_attention_heads=4",
@@ -119,7 +129,7 @@ TEST(HybridParallel, EveryLayoutTrainsLikeOneRank) {
   for (const Layout& l : layouts) {
     SCOPED_TRACE(describe(l));
     RunConfig base = config_for(l);
-    const std::string key = fmt::format("{}{}{}", l.llama, l.dropout, l.mb4);
+    const std::string key = fmt::format("{}{}{}{}", l.llama, l.dropout, l.mb4, l.sgd);
     if (!oracles.count(key)) oracles[key] = train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
     const TrainResult& one = oracles[key];
 
@@ -167,7 +177,7 @@ TEST(HybridParallel, StartsFromAWeightsFileLikeOneRank) {
   const std::string dir = ::testing::TempDir() + "/tessel-init-from";
   std::filesystem::remove_all(dir);
   for (int llama : {0, 1}) {
-    const Layout corner{2, 2, 2, 3, 1, 2, 1, llama, 0};
+    const Layout corner{2, 2, 2, 3, 1, 2, 1, llama, 0, 0};
     SCOPED_TRACE(describe(corner));
     RunConfig first = config_for(corner);
     first.train.steps = 3;

@@ -13,14 +13,14 @@ namespace tessel::optim {
 namespace {
 
 struct AdamWScalars {
-  float decay, w1, b2, w2, step_size, bc2_sqrt, eps;
+  float decay, w1, b2, w2, step_size, bc2_sqrt, eps, grad_scale;
 };
 
 // The element loop on one chunk; restrict pointers let GCC vectorise it.
 void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v, int64_t n,
                  AdamWScalars k) {
   for (int64_t i = 0; i < n; ++i) {
-    float gi = g[i];
+    float gi = g[i] * k.grad_scale;
     float mi = m[i] + k.w1 * (gi - m[i]);
     float vi = v[i] * k.b2 + k.w2 * gi * gi;
     float denom = std::sqrt(vi) / k.bc2_sqrt + k.eps;
@@ -31,9 +31,9 @@ void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restri
 }
 
 void sgd_chunk(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n, bool first, float wd,
-               float mom, float damp, float lr, bool nesterov) {
+               float mom, float damp, float lr, bool nesterov, float grad_scale) {
   for (int64_t i = 0; i < n; ++i) {
-    float d = g[i] + wd * p[i];
+    float d = g[i] * grad_scale + wd * p[i];
     if (mom != 0.0f) {
       float b = first ? d : mom * buf[i] + damp * d;
       buf[i] = b;
@@ -46,7 +46,7 @@ void sgd_chunk(float* __restrict p, const float* __restrict g, float* __restrict
 }  // namespace
 
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step, const AdamWOptions& o, double lr,
-                  bool decay) {
+                  bool decay, float grad_scale) {
   const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
   AdamWScalars k{decay ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f,
@@ -55,15 +55,18 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64
                  static_cast<float>(1.0 - o.beta2),
                  static_cast<float>(lr / bc1),
                  static_cast<float>(std::sqrt(bc2)),
-                 static_cast<float>(o.eps)};
+                 static_cast<float>(o.eps),
+                 grad_scale};
   parallel_for(0, n, 1 << 14, [&](int64_t lo, int64_t hi) { adamw_chunk(p + lo, g + lo, m + lo, v + lo, hi - lo, k); });
 }
 
-void sgd_update(float* p, const float* g, float* buf, int64_t n, bool first_step, const SgdOptions& o, double lr) {
+void sgd_update(float* p, const float* g, float* buf, int64_t n, bool first_step, const SgdOptions& o, double lr,
+                float grad_scale) {
   const float wd = static_cast<float>(o.weight_decay), mom = static_cast<float>(o.momentum);
   const float damp = static_cast<float>(1.0 - o.dampening), lrf = static_cast<float>(lr);
   parallel_for(0, n, 1 << 14, [&](int64_t lo, int64_t hi) {
-    sgd_chunk(p + lo, g + lo, buf ? buf + lo : nullptr, hi - lo, first_step, wd, mom, damp, lrf, o.nesterov);
+    sgd_chunk(p + lo, g + lo, buf ? buf + lo : nullptr, hi - lo, first_step, wd, mom, damp, lrf, o.nesterov,
+              grad_scale);
   });
 }
 

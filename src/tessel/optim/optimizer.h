@@ -32,10 +32,12 @@ struct SgdOptions {
 // One AdamW step on n contiguous f32 elements (PyTorch's single-tensor AdamW, in f32):
 // p *= 1 - lr·wd (if decay);  m += (1-β1)(g - m);  v = β2 v + (1-β2) g²;
 // p -= lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + eps).
+// The gradient read is g · grad_scale (a clipping coefficient applied on the fly).
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step, const AdamWOptions& o, double lr,
-                  bool decay);
+                  bool decay, float grad_scale = 1.0f);
 // One SGD step (PyTorch semantics; the first step seeds the momentum buffer with the gradient).
-void sgd_update(float* p, const float* g, float* buf, int64_t n, bool first_step, const SgdOptions& o, double lr);
+void sgd_update(float* p, const float* g, float* buf, int64_t n, bool first_step, const SgdOptions& o, double lr,
+                float grad_scale = 1.0f);
 
 class Optimizer {
  public:

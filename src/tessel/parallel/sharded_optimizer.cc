@@ -58,74 +58,208 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
   }
 }
 
+namespace {
+
+// One buffer for many gradient pieces, so that a group reduces them with one collective
+// instead of one per parameter.
+struct Bucket {
+  Tensor flat;                   // f32
+  std::vector<int64_t> offsets;  // of each piece in `flat`
+
+  // Packs the pieces one after another.
+  static Bucket pack(const std::vector<Tensor*>& pieces) {
+    Bucket b;
+    int64_t total = 0;
+    for (Tensor* t : pieces) {
+      b.offsets.push_back(total);
+      total += t->numel();
+    }
+    b.flat = Tensor::empty({total}, DType::f32);
+    for (size_t i = 0; i < pieces.size(); ++i) copy_into(*pieces[i], b.flat.data<float>() + b.offsets[i]);
+    return b;
+  }
+  // Piece i, read back from `flat` with its shape.
+  Tensor piece(size_t i, const Shape& shape) const {
+    return view::reshape(view::slice(flat, 0, offsets[i], offsets[i] + shape_numel(shape)), shape);
+  }
+  static void copy_into(const Tensor& t, float* dst) {
+    Tensor c = view::contiguous(t);
+    if (c.numel() > 0) std::memcpy(dst, c.data<float>(), static_cast<size_t>(c.numel()) * sizeof(float));
+  }
+};
+
+// The sizes of the regions that start at region[r] (the last entry is the end).
+std::vector<int64_t> region_sizes(const std::vector<int64_t>& region) {
+  std::vector<int64_t> sizes;
+  for (size_t r = 0; r + 1 < region.size(); ++r) sizes.push_back(region[r + 1] - region[r]);
+  return sizes;
+}
+
+}  // namespace
+
 double ShardedOptimizer::step(double lr, double max_norm) {
-  const int64_t stage = layout_.config().sharding_stage;
+  const int64_t stage = layout_.config().sharding_stage, dp = layout_.config().dp;
   const ProcessMesh mesh = layout_.stage_mesh();
   auto dp_group = mesh_dim_group(mesh, 0);
   ++steps_;
-  // 1. Gradients laid out like their parameter (stage 2: this rank's flat slice).
+  // Stages 0-2 sum the data-parallel partial gradients of all parameters together: one
+  // all_reduce (stage 0) or one reduce_scatter of every rank's flat slices (stages 1 and 2).
+  // Stage 3 gradients arrive as dp shards already (the gather's backward reduce-scattered them).
+  const bool dp_bucket = dp > 1 && stage <= 2;
+  // 1. Each gradient's local piece, laid out like its parameter over tp and still a partial sum
+  //    over dp when dp_bucket; a partial sum over tp of a tp-replicated parameter is kept too
+  //    and summed with the others over tp.
+  std::vector<Tensor> locals(slots_.size());
+  std::vector<bool> owned(slots_.size(), false);  // `locals[i]` is ours to change in place
+  std::vector<Tensor*> tp_partial;
+  std::vector<size_t> tp_partial_slots;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    Placements target = s.stored;
+    if (dp_bucket) target[0] = Partial();
+    Tensor g = s.p->value.grad();
+    if (!g.defined()) {
+      g = dtensor_from_local(Tensor::zeros(local_piece(s.p->value).shape(), DType::f32), mesh, target,
+                             s.p->value.shape());
+    }
+    const Placements& have = dist_attr(g).placements;
+    if (have[1].is_partial() && target[1].is_replicate()) target[1] = have[1];
+    if (have != target) g = reshard(g, mesh, target);
+    locals[i] = view::contiguous(local_piece(g));
+    if (target[1].is_partial() && !s.stored[1].is_partial()) {
+      tp_partial.push_back(&locals[i]);
+      tp_partial_slots.push_back(i);
+    }
+  }
+  if (!tp_partial.empty()) {
+    Bucket b = Bucket::pack(tp_partial);
+    mesh_dim_group(mesh, 1)->all_reduce(b.flat.data<float>(), b.flat.numel(), DType::f32, ReduceOp::sum);
+    for (size_t k = 0; k < tp_partial.size(); ++k) {
+      *tp_partial[k] = b.piece(k, tp_partial[k]->shape());
+      owned[tp_partial_slots[k]] = true;
+    }
+  }
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i].tied || !tied_group_) continue;
+    if (!owned[i]) locals[i] = view::clone(locals[i]);
+    tied_group_->all_reduce(locals[i].data<float>(), locals[i].numel(), DType::f32, ReduceOp::sum);
+  }
+
+  // 2. This rank's gradient for each slot: all of it (stages 0, 3) or its flat slice (1, 2).
+  //    Stages 1 and 2 pack the slots of at most kPackMax elements, where a collective's latency
+  //    outweighs copying, with rank r's slices of every such slot one after another in region
+  //    r; a larger slot is scattered and gathered alone, in place.
+  constexpr int64_t kPackMax = 1 << 16;
+  std::vector<bool> packed(slots_.size(), false);
+  std::vector<int64_t> region(static_cast<size_t>(dp) + 1, 0);  // region r starts at region[r]
+  std::vector<std::vector<int64_t>> at(slots_.size());          // slot i's slice in region r at at[i][r]
   std::vector<Tensor> grads(slots_.size());
+  const size_t me = static_cast<size_t>(layout_.dp_rank);
+  if (dp_bucket && stage == 0) {
+    std::vector<Tensor*> all;
+    for (Tensor& t : locals) all.push_back(&t);
+    Bucket b = Bucket::pack(all);
+    dp_group->all_reduce(b.flat.data<float>(), b.flat.numel(), DType::f32, ReduceOp::sum);
+    for (size_t i = 0; i < slots_.size(); ++i)
+      grads[i] = view::reshape(b.piece(i, locals[i].shape()), {slots_[i].numel});
+  } else if (dp_bucket) {
+    for (size_t i = 0; i < slots_.size(); ++i) packed[i] = slots_[i].numel <= kPackMax;
+    for (int64_t r = 0; r < dp; ++r) {
+      const size_t ru = static_cast<size_t>(r);
+      int64_t used = 0;
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        if (!packed[i]) continue;
+        at[i].push_back(used);
+        used += slots_[i].counts[ru];
+      }
+      region[ru + 1] = region[ru] + used;
+    }
+    Tensor flat = Tensor::empty({region.back()}, DType::f32);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const Slot& s = slots_[i];
+      if (!packed[i]) {
+        grads[i] = Tensor::empty({s.len}, DType::f32);
+        dp_group->reduce_scatter_v(locals[i].data<float>(), grads[i].data<float>(), s.counts, DType::f32,
+                                   ReduceOp::sum);
+        continue;
+      }
+      for (int64_t r = 0; r < dp; ++r) {
+        const size_t ru = static_cast<size_t>(r);
+        if (s.counts[ru] > 0)
+          std::memcpy(flat.data<float>() + region[ru] + at[i][ru],
+                      locals[i].data<float>() + split_offset(s.numel, dp, r),
+                      static_cast<size_t>(s.counts[ru]) * sizeof(float));
+      }
+    }
+    locals.clear();  // packed or scattered: free them before the reduced slices are made
+    Tensor mine = Tensor::empty({region[me + 1] - region[me]}, DType::f32);
+    dp_group->reduce_scatter_v(flat.data<float>(), mine.data<float>(), region_sizes(region), DType::f32, ReduceOp::sum);
+    for (size_t i = 0; i < slots_.size(); ++i)
+      if (packed[i]) grads[i] = view::slice(mine, 0, at[i][me], at[i][me] + slots_[i].len);
+  } else {
+    for (size_t i = 0; i < slots_.size(); ++i) grads[i] = view::reshape(locals[i], {slots_[i].numel});
+  }
+
+  // 3. The global norm. Count each element once: over dp, stages 1–3 hold disjoint slices and
+  //    stage 0 counts on dp rank 0; over tp, replicated parameters count on tp rank 0; tied
+  //    copies count once.
   double sum_sq = 0;
   grad_bytes_ = 0;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
-    Tensor g = s.p->value.grad();
-    Placements target = s.stored;
-    if (stage == 2) target[0] = Partial();
-    if (!g.defined()) g = dtensor_from_local(Tensor::zeros(local_piece(s.p->value).shape(), DType::f32), mesh, s.stored,
-                                             s.p->value.shape());
-    if (dist_attr(g).placements != target) g = reshard(g, mesh, target);
-    Tensor local = view::contiguous(local_piece(g));
-    if (local.storage().use_count() > 1 || local.offset() != 0) local = view::clone(local);
-    if (s.tied && tied_group_) tied_group_->all_reduce(local.data<float>(), local.numel(), DType::f32, ReduceOp::sum);
-    Tensor shard;
-    if (stage == 2) {
-      shard = Tensor::empty({s.len}, DType::f32);
-      dp_group->reduce_scatter_v(local.data<float>(), shard.data<float>(), s.counts, DType::f32, ReduceOp::sum);
-    } else if (stage == 1) {
-      shard = view::slice(view::reshape(local, {s.numel}), 0, s.off, s.off + s.len);
-    } else {
-      shard = view::reshape(local, {s.numel});
-    }
+    const Slot& s = slots_[i];
     grad_bytes_ += (stage >= 2 ? s.len : s.numel) * 4;
-    // Count each element once: over dp, stages 1–3 hold disjoint slices and stage 0 counts on
-    // dp rank 0; over tp, replicated parameters count on tp rank 0; tied copies count once.
     bool counts = !(s.tied && !count_tied_);
     if (stage == 0) counts = counts && layout_.dp_rank == 0;
     if (!s.stored[1].is_shard()) counts = counts && layout_.tp_rank == 0;
-    if (counts) {
-      sum_sq += optim::sum_squares(shard.data<float>(), s.len);  // contiguous: a flat slice
-    }
-    grads[i] = shard;
+    if (counts) sum_sq += optim::sum_squares(grads[i].data<float>(), s.len);  // contiguous: a flat slice
   }
   world_group()->all_reduce(&sum_sq, 1, DType::f64, ReduceOp::sum);
   const double norm = std::sqrt(sum_sq);
-  const double clip = max_norm > 0 && norm + 1e-6 > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+  const float clip =
+      max_norm > 0 && norm + 1e-6 > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
 
-  // 2. Update this rank's slice; stages 1 and 2 then gather the slices back.
+  // 4. Update this rank's slice (the clip scales the gradient inside the update); stages 1 and
+  //    2 then gather every rank's slices back: the packed ones with one all_gather.
+  const bool gather = dp_bucket && stage != 0;
+  Tensor mine_packed = gather ? Tensor::empty({region[me + 1] - region[me]}, DType::f32) : Tensor();
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
-    Tensor g = grads[i];
-    if (clip < 1.0) {
-      Tensor c = view::clone(g);
-      float* pc = c.data<float>();
-      for (int64_t k = 0; k < s.len; ++k) pc[k] = static_cast<float>(pc[k] * clip);
-      g = c;
-    }
     Tensor piece = local_piece(s.p->value);
     TESSEL_ASSERT(piece.is_contiguous(), "parameter '{}': local piece is not contiguous", s.p->name);
     float* p = piece.data<float>() + s.off;
+    const float* g = grads[i].data<float>();
     if (options_.kind == "adamw")
-      optim::adamw_update(p, g.data<float>(), s.m.data<float>(), s.v.data<float>(), s.len, steps_, options_.adamw, lr,
-                          s.decay);
+      optim::adamw_update(p, g, s.m.data<float>(), s.v.data<float>(), s.len, steps_, options_.adamw, lr, s.decay, clip);
     else
-      optim::sgd_update(p, g.data<float>(), s.m.data<float>(), s.len, steps_ == 1, options_.sgd, lr);
-    if (stage == 1 || stage == 2) {
-      Tensor mine = Tensor::empty({s.len}, DType::f32);
-      if (s.len > 0) std::memcpy(mine.data<float>(), p, static_cast<size_t>(s.len) * sizeof(float));
-      dp_group->all_gather_v(mine.data<float>(), piece.data<float>(), s.counts, DType::f32);
-    }
+      optim::sgd_update(p, g, s.m.data<float>(), s.len, steps_ == 1, options_.sgd, lr, clip);
     s.p->value.set_grad(Tensor());
+  }
+  grads.clear();
+  if (gather) {
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const Slot& s = slots_[i];
+      float* piece = local_piece(s.p->value).data<float>();
+      if (packed[i]) {
+        if (s.len > 0)
+          std::memcpy(mine_packed.data<float>() + at[i][me], piece + s.off, static_cast<size_t>(s.len) * sizeof(float));
+        continue;
+      }
+      Tensor mine = Tensor::empty({s.len}, DType::f32);
+      if (s.len > 0) std::memcpy(mine.data<float>(), piece + s.off, static_cast<size_t>(s.len) * sizeof(float));
+      dp_group->all_gather_v(mine.data<float>(), piece, s.counts, DType::f32);
+    }
+    Tensor all = Tensor::empty({region.back()}, DType::f32);
+    dp_group->all_gather_v(mine_packed.data<float>(), all.data<float>(), region_sizes(region), DType::f32);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (!packed[i]) continue;
+      float* piece = local_piece(slots_[i].p->value).data<float>();
+      for (int64_t r = 0; r < dp; ++r) {
+        const size_t ru = static_cast<size_t>(r);
+        if (r == layout_.dp_rank || slots_[i].counts[ru] == 0) continue;
+        std::memcpy(piece + split_offset(slots_[i].numel, dp, r), all.data<float>() + region[ru] + at[i][ru],
+                    static_cast<size_t>(slots_[i].counts[ru]) * sizeof(float));
+      }
+    }
   }
   return norm;
 }

@@ -1,15 +1,16 @@
 // shard_optimizer: AdamW or SGD over distributed parameters, with ZeRO sharding over the
 // data-parallel group (Rajbhandari et al. 2020):
 //   stage 0 — gradients all-reduced over dp; every dp rank keeps the whole optimizer state.
-//   stage 1 — gradients all-reduced; each dp rank keeps the state of, and updates, a flat
+//   stage 1 — gradients reduce-scattered; each dp rank keeps the state of, and updates, a flat
 //             1/dp slice of its parameter piece, then the slices are all-gathered.
-//   stage 2 — as 1, but gradients are reduce-scattered: each rank keeps only its slice.
+//   stage 2 — as 1, and each rank keeps only its gradient slice.
 //   stage 3 — parameters are stored sharded over dp (parallelize gathers them just before use;
 //             the gather's backward reduce-scatters their gradients), so each rank updates its
 //             shard alone.
 // Over tp (and across pipeline stages for a tied parameter) gradients are first made to match
 // their parameter's layout. Global-norm clipping counts every element once across all shards,
-// replicas and stages (torch.nn.utils.clip_grad_norm_ semantics).
+// replicas and stages (torch.nn.utils.clip_grad_norm_ semantics). Gradients travel packed, one
+// collective for many parameters (docs/parallel.md, "Gradient buckets").
 #pragma once
 
 #include <memory>
