@@ -28,6 +28,7 @@ Cluster hand_built() {
   c.nics_per_node = 8;
   c.calibration.gemm_efficiency = 0.7;
   c.calibration.gemm_half_dim = 100.0 / 7.0;
+  c.calibration.gemm_size = "harmonic";
   c.calibration.memory_efficiency = 0.9;
   c.calibration.link_efficiency = 1.0;
   c.calibration.op_overhead = 3.3e-6;
@@ -58,6 +59,7 @@ void expect_equal(const Cluster& a, const Cluster& b) {
   const Calibration &p = a.calibration, &q = b.calibration;
   EXPECT_EQ(p.gemm_efficiency, q.gemm_efficiency);
   EXPECT_EQ(p.gemm_half_dim, q.gemm_half_dim);
+  EXPECT_EQ(p.gemm_size, q.gemm_size);
   EXPECT_EQ(p.memory_efficiency, q.memory_efficiency);
   EXPECT_EQ(p.link_efficiency, q.link_efficiency);
   EXPECT_EQ(p.op_overhead, q.op_overhead);
@@ -157,6 +159,8 @@ TEST(Cluster, BadInputThrowsNamingTheKey) {
        {"'calibration.link_efficiency' must be in (0, 1]"}},
       {"fragmentation one", std::string(kMinimal) + "calibration:\n  fragmentation: 1\n",
        {"'calibration.fragmentation' must be in [0, 1)"}},
+      {"unknown gemm size", std::string(kMinimal) + "calibration:\n  gemm_size: mean\n",
+       {"c.yaml:13:", "'calibration.gemm_size' must be smallest or harmonic", "'mean'"}},
       {"missing peak for dtype", edited("dtype: bf16", "dtype: f16"),
        {"c.yaml:7:", "'device.peak_flops' has no entry for dtype 'f16'", "has: bf16, f32"}},
       {"negative peak", edited("f32: 19.5e12", "f32: -1"), {"'device.peak_flops.f32' must be positive"}},

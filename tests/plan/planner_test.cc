@@ -136,6 +136,20 @@ TEST(CostModel, CollectivesFollowTheAlphaBetaModel) {
   EXPECT_EQ(all_reduce_time(c, bytes, GroupSpan{1, 1}), 0);
 }
 
+// A GEMM's size on the efficiency curve: its smallest dim (GPU presets, tile-bound) or the
+// harmonic mean of its dims (CPUs, `tessel cluster detect`); a square GEMM's is its side.
+TEST(CostModel, GemmSizeIsTheSmallestDimOrTheHarmonicMean) {
+  Calibration tiles = cluster_preset("dgx-a100-80g:8").calibration, cpu = tiles;
+  cpu.gemm_size = "harmonic";
+  EXPECT_EQ(tiles.gemm_size, "smallest");
+  EXPECT_DOUBLE_EQ(gemm_size(tiles, 256, 768, 2048), 256);
+  EXPECT_DOUBLE_EQ(gemm_size(cpu, 256, 768, 2048), 3.0 / (1.0 / 256 + 1.0 / 768 + 1.0 / 2048));
+  EXPECT_DOUBLE_EQ(gemm_size(cpu, 512, 512, 512), 512);
+  // Harmonic: fewer tokens make a slower GEMM even when the smallest dim stays the same.
+  EXPECT_LT(gemm_size(cpu, 256, 256, 768), gemm_size(cpu, 2048, 256, 768));
+  EXPECT_EQ(gemm_size(tiles, 256, 256, 768), gemm_size(tiles, 2048, 256, 768));
+}
+
 // The simulated schedule and the closed form agree for balanced stages; the bubble matches
 // the schedule's theoretical idle share.
 TEST(Planner, SimulationAgreesWithTheClosedForm) {

@@ -26,6 +26,7 @@
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/ops.h"
 #include "tessel/ops/registry.h"
+#include "tessel/plan/cost_model.h"
 
 namespace tessel {
 
@@ -328,11 +329,17 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
     kernels.attention_share = median(attention_share);
     kernels.stream_bandwidth = median(stream);
   }
-  // eff(d) = E * d / (d + half) through the two linears: their ratio R = eff(1024) / eff(256)
-  // gives half = 1024 (R - 1) / (4 - R), then E from the large one (at most 1).
+  // eff(d) = E * d / (d + half) through the two linears, d their harmonic gemm_size (a CPU's
+  // GEMMs are bound by operand traffic, not by tiles): the ratio R = eff(d1) / eff(d2) gives
+  // half = d1 d2 (R - 1) / (d1 - R d2), then E from the large one (at most 1).
+  plan::Calibration harmonic;
+  harmonic.gemm_size = "harmonic";
+  const double d1 = plan::gemm_size(harmonic, 2048, 1024, 1024), d2 = plan::gemm_size(harmonic, 2048, 256, 256);
   const double ratio = kernels.linear_share / std::max(kernels.small_linear_share, 1e-9);
-  const double half = ratio <= 1 ? 1.0 : ratio >= 3.999 ? 4096.0 : std::clamp(1024 * (ratio - 1) / (4 - ratio), 1.0, 4096.0);
-  const double gemm_eff = std::clamp(kernels.linear_share * (1024 + half) / 1024, 0.05, 1.0);
+  const double half = ratio <= 1                 ? 1.0
+                      : ratio >= 0.999 * d1 / d2 ? 4096.0
+                                                 : std::clamp(d1 * d2 * (ratio - 1) / (d1 - ratio * d2), 1.0, 4096.0);
+  const double gemm_eff = std::clamp(kernels.linear_share * (d1 + half) / d1, 0.05, 1.0);
 
   progress("measuring memcpy bandwidth (one thread, 256 MiB)...");
   const double copied = measure_memcpy_bandwidth();
@@ -361,6 +368,7 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
   k.gemm_efficiency = sig4(gemm_eff);
   k.attention_efficiency = sig4(std::clamp(kernels.attention_share / (gemm_eff * 128 / (128 + half)), 0.01, 1.0));
   k.gemm_half_dim = sig4(half);
+  k.gemm_size = harmonic.gemm_size;
   k.memory_efficiency = 1.0;
   k.link_efficiency = 1.0;
   k.op_overhead = sig4(overhead);
@@ -382,9 +390,13 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
                             std::max(2, ranks), comm.busbw / 1e9, comm.latency * 1e6, origin)},
       {"gemm_efficiency", fmt::format("tessel's linear forward and backward through autograd (3x the forward FLOPs) "
                                       "reaches {:.1f}% of the sgemm peak on [2048, 1024] x [1024, 1024]^T and {:.1f}% on "
-                                      "[2048, 256] x [256, 256]^T; E * d / (d + half) through both at d = 1024 and 256; {}",
-                                      100 * kernels.linear_share, 100 * kernels.small_linear_share, origin)},
+                                      "[2048, 256] x [256, 256]^T; E * d / (d + half) through both at their sizes d "
+                                      "(harmonic means of m, n, k) {:.0f} and {:.0f}; {}",
+                                      100 * kernels.linear_share, 100 * kernels.small_linear_share, d1, d2, origin)},
       {"gemm_half_dim", "from the same two linears (see gemm_efficiency)"},
+      {"gemm_size", "harmonic: with register-sized tiles a CPU GEMM's work beyond its FLOPs (packing, reading the "
+                    "operands, writing the result) grows with mk + kn + mn, so its efficiency follows the harmonic "
+                    "mean of m, n and k"},
       {"attention_efficiency", fmt::format("tessel's causal sdpa on [16, 4, 128, 64], forward and backward (3x the "
                                            "forward FLOPs), reaches {:.1f}% of the sgemm peak; this share of what a "
                                            "GEMM with d = 128 reaches; {}",

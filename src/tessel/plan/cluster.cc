@@ -172,6 +172,9 @@ Calibration read_calibration(Section s) {
   Calibration c;
   c.gemm_efficiency = s.efficiency("gemm_efficiency", c.gemm_efficiency);
   c.gemm_half_dim = s.non_negative("gemm_half_dim", c.gemm_half_dim);
+  c.gemm_size = s.get<std::string>("gemm_size", c.gemm_size);
+  TESSEL_CHECK(c.gemm_size == "smallest" || c.gemm_size == "harmonic", "{}: '{}' must be smallest or harmonic, got '{}'",
+               s.at("gemm_size"), s.full("gemm_size"), c.gemm_size);
   c.memory_efficiency = s.efficiency("memory_efficiency", c.memory_efficiency);
   c.link_efficiency = s.efficiency("link_efficiency", c.link_efficiency);
   c.op_overhead = s.non_negative("op_overhead", c.op_overhead);
@@ -307,6 +310,7 @@ std::string Cluster::to_yaml() const {
   line("calibration:");
   line(fmt::format("  gemm_efficiency: {}", number_text(c.gemm_efficiency)));
   line(fmt::format("  gemm_half_dim: {}", number_text(c.gemm_half_dim)));
+  line(fmt::format("  gemm_size: {}", c.gemm_size));
   line(fmt::format("  memory_efficiency: {}", number_text(c.memory_efficiency)));
   line(fmt::format("  link_efficiency: {}", number_text(c.link_efficiency)));
   line(fmt::format("  op_overhead: {}", number_text(c.op_overhead)));

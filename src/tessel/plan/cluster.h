@@ -34,8 +34,11 @@ struct Device {
 // never per model; every value says where it comes from in `sources` (key -> text).
 struct Calibration {
   double gemm_efficiency = 0.8;      // achieved share of peak of a large GEMM
-  double gemm_half_dim = 64;         // a GEMM whose smallest dim (m, n or k) is d reaches
-                                     // gemm_efficiency * d / (d + gemm_half_dim)
+  double gemm_half_dim = 64;         // a GEMM of size d reaches gemm_efficiency * d / (d + gemm_half_dim)
+  std::string gemm_size = "smallest";  // d of an m x n x k GEMM: "smallest" (its smallest dim:
+                                       // tile-bound GPU GEMMs) or "harmonic" (the harmonic mean
+                                       // of m, n, k: CPU GEMMs, bound by operand traffic); see
+                                       // plan::gemm_size
   double memory_efficiency = 0.8;    // achieved share of memory bandwidth of streaming kernels
   double link_efficiency = 0.8;      // achieved share of link bandwidth by a collective's busbw
   double op_overhead = 0;            // seconds per kernel (launch, dispatch)

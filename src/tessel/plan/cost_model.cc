@@ -69,6 +69,11 @@ double p2p_time(const Cluster& c, double bytes, bool inter_node) {
 
 // ---------------------------------------------------------------- compute
 
+double gemm_size(const Calibration& c, double m, double n, double k) {
+  if (c.gemm_size == "harmonic") return 3.0 / (1.0 / m + 1.0 / n + 1.0 / k);
+  return std::min({m, n, k});
+}
+
 namespace {
 
 // Forward and backward time of the ops of one layer, accumulated op by op.
@@ -89,7 +94,7 @@ struct Pass {
     return bytes / (c.device.memory_bandwidth * c.calibration.memory_efficiency * share);
   }
 
-  // One op by name through the registry. `gemm_dim`: the smallest dim of a GEMM (0 for
+  // One op by name through the registry. `gemm_dim`: the size d of a GEMM (0 for
   // streaming ops). Backward: twice the forward for both (two GEMMs; streaming ops read the
   // gradient and a saved tensor and write a gradient).
   void op(const char* name, std::vector<TensorMeta> in, const Attrs& attrs, double gemm_dim, bool has_weight,
@@ -138,7 +143,9 @@ Attrs dropout_attrs(double p, std::vector<int64_t> shape) {
 void linear(Pass& p, int64_t tokens, int64_t in, int64_t out, bool bias) {
   std::vector<TensorMeta> metas = {p.meta({tokens, in}), p.meta({out, in})};
   if (bias) metas.push_back(p.meta({out}));
-  p.op("linear", metas, linear_attrs(), static_cast<double>(std::min({tokens, in, out})), true);
+  const double d = gemm_size(p.c.calibration, static_cast<double>(tokens), static_cast<double>(in),
+                             static_cast<double>(out));
+  p.op("linear", metas, linear_attrs(), d, true);
 }
 
 void streaming(Pass& p, const char* name, std::vector<int64_t> shape, int inputs = 1, const Attrs& attrs = {}) {

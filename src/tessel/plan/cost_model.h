@@ -4,7 +4,7 @@
 // Compute comes from the op registry: each op of a transformer layer is described by its
 // shapes, the registry gives its FLOPs and bytes, and a roofline with the cluster's calibrated
 // efficiencies turns them into time (GEMMs: FLOPs at peak x gemm_efficiency, lower for small
-// dims; everything else: bytes at memory bandwidth x memory_efficiency; plus a per-kernel
+// dims, see gemm_size; everything else: bytes at memory bandwidth x memory_efficiency; plus a per-kernel
 // overhead). Backward costs twice the forward FLOPs for GEMMs (input and weight gradients) and
 // twice the bytes for streaming ops. Collectives use an alpha-beta model with nccl-tests'
 // bus-bandwidth factors, per algorithm (ring, tree, hierarchical across nodes) and link level.
@@ -43,6 +43,14 @@ struct GroupSpan {
 double all_reduce_time(const Cluster& c, double bytes, GroupSpan g);
 double all_gather_time(const Cluster& c, double bytes, GroupSpan g);  // == reduce_scatter
 double p2p_time(const Cluster& c, double bytes, bool inter_node);
+
+// The size d of an m x n x k GEMM on the efficiency curve gemm_efficiency * d / (d +
+// gemm_half_dim), as calibration.gemm_size says. "smallest": its smallest dim — on GPUs a dim
+// below the tile size leaves tiles and waves part empty. "harmonic": the harmonic mean of its
+// dims — on CPUs, with register-sized tiles, the work beyond the FLOPs (packing the operands,
+// reading them and writing the result) grows with mk + kn + mn, which relative to the 2mnk
+// FLOPs goes as 1/m + 1/n + 1/k. A square GEMM's d is its side either way.
+double gemm_size(const Calibration& c, double m, double n, double k);
 
 // Per micro-batch times (seconds) of one transformer layer on one device, and its FLOPs.
 struct LayerCost {

@@ -30,6 +30,7 @@ Calibration nvidia_calibration(double gemm_eff, std::string gemm_source, bool fu
       {"gemm_half_dim",
        "tensor-core GEMM tiles are 128x128 (CUTLASS/cuBLAS default threadblock tile): a dim of 128 "
        "fills half a wave's worth of work; assumed, not measured here"},
+      {"gemm_size", "smallest: a dim below the tile size leaves tiles and waves part empty, whatever the others"},
       {"memory_efficiency",
        "streaming kernels (STREAM copy/triad) reach about 85% of HBM datasheet bandwidth on "
        "A100/H100 (NVIDIA's published BabelStream-class results); assumed, not measured here"},
