@@ -19,6 +19,12 @@ as many ranks as cores a step leaves a core idle only while every rank on it wai
 figure there mostly means the host took the cores away (a co-tenant or the hypervisor); read
 such rows' ratios with that in mind. Startup and the warm-up steps are inside the figure.
 
+The `steal` column is the share of the machine's CPU time the hypervisor gave to other guests
+while the training ran (/proc/stat's steal counter over all counters; "-" where the kernel does
+not report it), median of the rounds. Stolen time slows every step, and a layout whose ranks
+meet in a collective many times a step (tensor parallelism) more than the detect's kernels
+that predict it: a rank whose core is taken holds up its partners.
+
   bench/plan_fidelity.py [--steps 12] [--warmup 2] [--repeats 3] [--layouts all|quick|I,J,...]
                          [--tessel build/release/tessel]
 """
@@ -63,6 +69,29 @@ def run(cmd, what):
     return out.stdout
 
 
+def cpu_times():
+    """The machine's aggregate CPU counters (user .. steal) from /proc/stat, or None."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    return [int(x) for x in fields[1:9]]
+
+
+def steal_share(before, after):
+    if before is None or after is None:
+        return None
+    delta = [b - a for a, b in zip(before, after)]
+    return delta[7] / sum(delta) if sum(delta) > 0 else None
+
+
+def percent(share):
+    return "-" if share is None else f"{100 * share:.0f}%"
+
+
 def layout_text(dp, tp, pp, vpp, stage, sp, mb, schedule, recompute):
     mbs = 16 // (dp * mb)
     return (f"dp={dp},tp={tp},pp={pp},vpp={vpp},mbs={mbs},sharding_stage={stage},sp={str(sp).lower()},"
@@ -95,16 +124,17 @@ def one_round(args, tmp, spec):
               f"parallel.sp={str(sp).lower()}", f"parallel.micro_batches={mb}", f"parallel.schedule={schedule}",
               f"parallel.recompute={recompute}"]:
         cmd += ["--set", s]
-    before, t0 = os.times(), time.monotonic()
+    before, t0, stat0 = os.times(), time.monotonic(), cpu_times()
     run(cmd, "tessel train")
-    after, wall = os.times(), time.monotonic() - t0
+    after, wall, stat1 = os.times(), time.monotonic() - t0, cpu_times()
+    steal = steal_share(stat0, stat1)
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
     busy = cpu / (wall * min(ranks, os.cpu_count() or 1))
     with open(metrics) as f:
         steps = [json.loads(line) for line in f if line.strip()]
     measured = statistics.mean(s["step_time_s"] for s in steps[args.warmup:])
     detect_and_predict()
-    return statistics.mean(predictions), measured, busy
+    return statistics.mean(predictions), measured, busy, steal
 
 
 def choose_layouts(text):
@@ -142,26 +172,29 @@ def main():
     total = args.repeats * len(layouts)
     for r in range(args.repeats):
         for i, spec in enumerate(layouts):
-            predicted, measured, busy = one_round(args, tmp, spec)
-            rounds[spec].append((predicted, measured, busy))
+            predicted, measured, busy, steal = one_round(args, tmp, spec)
+            rounds[spec].append((predicted, measured, busy, steal))
             done = r * len(layouts) + i + 1
             print(f"[{done}/{total}] {layout_text(*spec)}: predicted {predicted:.4f} s, measured {measured:.4f} s, "
-                  f"cpu {100 * busy:.0f}%", file=sys.stderr, flush=True)
+                  f"cpu {100 * busy:.0f}%, steal {percent(steal)}", file=sys.stderr, flush=True)
     print(f"GPT-2 tiny ({CONFIG}), thread backend; mean step time over steps {args.warmup}..{args.steps - 1}; "
           f"medians of {args.repeats} rounds")
-    print(f"{'layout':<72} {'ranks':>5} {'predicted s':>12} {'measured s':>11} {'pred/meas':>10} {'range':>11} {'cpu':>5}")
+    print(f"{'layout':<72} {'ranks':>5} {'predicted s':>12} {'measured s':>11} {'pred/meas':>10} {'range':>11} {'cpu':>5} "
+          f"{'steal':>6}")
     ratios = []
     for spec in layouts:
         dp, tp, pp = spec[:3]
-        per_round = [p / m for p, m, _ in rounds[spec]]
-        predicted = statistics.median(p for p, _, _ in rounds[spec])
-        measured = statistics.median(m for _, m, _ in rounds[spec])
-        busy = statistics.median(b for _, _, b in rounds[spec])
+        per_round = [p / m for p, m, _, _ in rounds[spec]]
+        predicted = statistics.median(p for p, _, _, _ in rounds[spec])
+        measured = statistics.median(m for _, m, _, _ in rounds[spec])
+        busy = statistics.median(b for _, _, b, _ in rounds[spec])
+        steals = [st for _, _, _, st in rounds[spec] if st is not None]
+        steal = statistics.median(steals) if steals else None
         ratio = statistics.median(per_round)
         ratios.append(ratio)
         spread = f"{min(per_round):.2f}-{max(per_round):.2f}"
         print(f"{layout_text(*spec):<72} {dp * tp * pp:>5} {predicted:>12.4f} {measured:>11.4f} {ratio:>9.2f}x "
-              f"{spread:>11} {100 * busy:>4.0f}%")
+              f"{spread:>11} {100 * busy:>4.0f}% {percent(steal):>6}")
     within = sum(1 for r in ratios if abs(r - 1) <= 0.2)
     print(f"median predicted/measured {statistics.median(ratios):.2f}x; {within} of {len(ratios)} layouts within 20%")
 

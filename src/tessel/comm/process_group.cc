@@ -2,6 +2,8 @@
 // byte-level reduction kernels backends share.
 #include "tessel/comm/process_group.h"
 
+#include "tessel/comm/spin.h"
+
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -21,6 +23,9 @@ void CompletionWork::wait() {
 
 bool CompletionWork::wait_until(std::chrono::steady_clock::time_point deadline) {
   if (run_inline_ && !is_completed()) run_inline_();
+  if (spin_.count() > 0)
+    spin_until([&] { return finished_.load(std::memory_order_acquire) || std::chrono::steady_clock::now() >= deadline; },
+               spin_);
   std::unique_lock lock(mutex_);
   if (!done_cv_.wait_until(lock, deadline, [&] { return done_; })) return false;
   if (error_) std::rethrow_exception(error_);
@@ -37,6 +42,7 @@ void CompletionWork::finish(std::exception_ptr error) {
     std::lock_guard lock(mutex_);
     done_ = true;
     error_ = error;
+    finished_.store(true, std::memory_order_release);
   }
   done_cv_.notify_all();
 }

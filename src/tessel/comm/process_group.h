@@ -10,6 +10,7 @@
 // provides queuing, statistics, sub-groups and the hierarchical all_reduce.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -51,12 +52,16 @@ class CompletionWork final : public Work {
   // Called by wait() before it blocks: lets the group run a job that has not started yet on the
   // waiting thread instead of handing it to its worker (saves two thread wake-ups per call).
   void set_run_inline(std::function<void()> f) { run_inline_ = std::move(f); }
+  // wait() polls for completion up to `budget` before it blocks (see comm/spin.h).
+  void set_spin(std::chrono::microseconds budget) { spin_ = budget; }
 
  private:
   std::function<void()> run_inline_;
+  std::chrono::microseconds spin_{0};
   std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
+  std::atomic<bool> finished_{false};  // done_, readable without the mutex
   std::exception_ptr error_;
 };
 

@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "tessel/comm/spin.h"
 #include "tessel/comm/world.h"
 #include "tessel/core/context.h"
 #include "tessel/core/convert.h"
@@ -48,6 +49,13 @@ struct Rendezvous {
   std::vector<Slot> slots;
   std::vector<bool> posted, done;
   uint64_t generation = 0;
+  std::atomic<uint64_t> changes{0};  // bumped with every notify: what a spinning waiter polls
+
+  // Wakes the waiters (with `mutex` held).
+  void signal() {
+    changes.fetch_add(1, std::memory_order_release);
+    cv.notify_all();
+  }
   std::string broken;  // non-empty after a failure: every later collective fails at once
 };
 
@@ -74,6 +82,11 @@ class ThreadWorld {
 
   int size() const { return size_; }
   Millis timeout() const { return timeout_; }
+  // Waiters poll before blocking only when every rank has a core: with more ranks than cores a
+  // spinning waiter would take the core from the rank it waits for.
+  std::chrono::microseconds spin() const {
+    return size_ <= static_cast<int>(std::thread::hardware_concurrency()) ? kSpinBudget : std::chrono::microseconds{0};
+  }
   int node_of(int world_rank) const { return nodes_[static_cast<size_t>(world_rank)]; }
 
   std::shared_ptr<Rendezvous> rendezvous(const std::string& group, int size) {
@@ -97,7 +110,7 @@ class ThreadWorld {
     }
     for (auto& g : groups) {
       std::lock_guard lock(g->mutex);
-      g->cv.notify_all();
+      g->signal();
     }
     std::vector<std::shared_ptr<CompletionWork>> pending;
     {
@@ -173,6 +186,7 @@ class TimedWork final : public Work {
 
 WorkPtr ThreadWorld::post(const MailKey& key, Posted p, bool is_send, const std::string& what, Millis timeout) {
   p.work = std::make_shared<CompletionWork>();
+  p.work->set_spin(spin());
   auto timed = std::make_shared<TimedWork>(p.work, what, timeout, this, key);
   std::string reason = aborted();
   if (!reason.empty()) {
@@ -477,12 +491,20 @@ class ThreadProcessGroup final : public ProcessGroup {
     Rendezvous& z = *rdv_;
     std::unique_lock lock(z.mutex);
     const std::string what = describe(fmt::format("{} (collective #{})", mine.op, sequence()));
+    const std::chrono::microseconds spin = world_->spin();
     auto wait_for = [&](auto ready, const char* stage) {
       auto deadline = Clock::now() + timeout();
       while (!ready()) {
         std::string aborted = world_->aborted();
         if (!aborted.empty()) throw CommError(fmt::format("{}: {}", what, aborted));
         if (!z.broken.empty()) throw CommError(fmt::format("{}: {}", what, z.broken));
+        if (spin.count() > 0) {  // poll for a change before blocking (comm/spin.h)
+          const uint64_t seen = z.changes.load(std::memory_order_acquire);
+          lock.unlock();
+          const bool changed = spin_until([&] { return z.changes.load(std::memory_order_acquire) != seen; }, spin);
+          lock.lock();
+          if (changed || ready()) continue;
+        }
         if (z.cv.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(100))) ==
                 std::cv_status::timeout &&
             Clock::now() >= deadline && !ready()) {
@@ -492,7 +514,7 @@ class ThreadProcessGroup final : public ProcessGroup {
             if (!flags[static_cast<size_t>(r)]) missing.push_back(ranks()[static_cast<size_t>(r)]);
           z.broken = fmt::format("{} timed out after {} ms waiting for world ranks {} to {}", what, timeout().count(),
                                  rank_list(missing), stage);
-          z.cv.notify_all();
+          z.signal();
           throw TimeoutError(z.broken);
         }
       }
@@ -502,7 +524,7 @@ class ThreadProcessGroup final : public ProcessGroup {
     z.posted[static_cast<size_t>(rank())] = true;
     if (++z.arrived == size()) {
       z.phase = Rendezvous::Phase::work;
-      z.cv.notify_all();
+      z.signal();
     }
     wait_for([&] { return z.phase != Rendezvous::Phase::collect; }, "arrive");
     lock.unlock();
@@ -511,14 +533,14 @@ class ThreadProcessGroup final : public ProcessGroup {
     } catch (const std::exception& e) {
       lock.lock();
       z.broken = e.what();
-      z.cv.notify_all();
+      z.signal();
       throw;
     }
     lock.lock();
     z.done[static_cast<size_t>(rank())] = true;
     if (++z.finished == size()) {
       z.phase = Rendezvous::Phase::leave;
-      z.cv.notify_all();
+      z.signal();
     }
     wait_for([&] { return z.phase == Rendezvous::Phase::leave; }, "finish");
     if (++z.left == size()) {
@@ -527,7 +549,7 @@ class ThreadProcessGroup final : public ProcessGroup {
       z.done.assign(z.done.size(), false);
       z.phase = Rendezvous::Phase::collect;
       ++z.generation;
-      z.cv.notify_all();
+      z.signal();
     }
   }
 
