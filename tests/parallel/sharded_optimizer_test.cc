@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 
 #include "tessel/comm/thread_backend.h"
 #include "tessel/comm/world.h"

@@ -2,12 +2,11 @@
 // byte-level reduction kernels backends share.
 #include "tessel/comm/process_group.h"
 
-#include "tessel/comm/spin.h"
-
 #include <algorithm>
 #include <cstring>
 #include <set>
 
+#include "tessel/comm/spin.h"
 #include "tessel/core/convert.h"
 #include "tessel/core/error.h"
 #include "tessel/core/shape.h"

@@ -49,6 +49,7 @@ struct Rendezvous {
   std::vector<Slot> slots;
   std::vector<bool> posted, done;
   uint64_t generation = 0;
+  std::string broken;  // non-empty after a failure: every later collective fails at once
   std::atomic<uint64_t> changes{0};  // bumped with every notify: what a spinning waiter polls
 
   // Wakes the waiters (with `mutex` held).
@@ -56,7 +57,6 @@ struct Rendezvous {
     changes.fetch_add(1, std::memory_order_release);
     cv.notify_all();
   }
-  std::string broken;  // non-empty after a failure: every later collective fails at once
 };
 
 struct MailKey {
