@@ -60,6 +60,10 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
 
 namespace {
 
+void copy_floats(float* dst, const float* src, int64_t n) {
+  if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
 // One buffer for many gradient pieces, so that a group reduces them with one collective
 // instead of one per parameter.
 struct Bucket {
@@ -84,16 +88,9 @@ struct Bucket {
   }
   static void copy_into(const Tensor& t, float* dst) {
     Tensor c = view::contiguous(t);
-    if (c.numel() > 0) std::memcpy(dst, c.data<float>(), static_cast<size_t>(c.numel()) * sizeof(float));
+    copy_floats(dst, c.data<float>(), c.numel());
   }
 };
-
-// The sizes of the regions that start at region[r] (the last entry is the end).
-std::vector<int64_t> region_sizes(const std::vector<int64_t>& region) {
-  std::vector<int64_t> sizes;
-  for (size_t r = 0; r + 1 < region.size(); ++r) sizes.push_back(region[r + 1] - region[r]);
-  return sizes;
-}
 
 }  // namespace
 
@@ -152,6 +149,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
   constexpr int64_t kPackMax = 1 << 16;
   std::vector<bool> packed(slots_.size(), false);
   std::vector<int64_t> region(static_cast<size_t>(dp) + 1, 0);  // region r starts at region[r]
+  std::vector<int64_t> region_size;                             // ... and holds region_size[r]
   std::vector<std::vector<int64_t>> at(slots_.size());          // slot i's slice in region r at at[i][r]
   std::vector<Tensor> grads(slots_.size());
   const size_t me = static_cast<size_t>(layout_.dp_rank);
@@ -173,6 +171,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
         used += slots_[i].counts[ru];
       }
       region[ru + 1] = region[ru] + used;
+      region_size.push_back(used);
     }
     Tensor flat = Tensor::empty({region.back()}, DType::f32);
     for (size_t i = 0; i < slots_.size(); ++i) {
@@ -185,15 +184,13 @@ double ShardedOptimizer::step(double lr, double max_norm) {
       }
       for (int64_t r = 0; r < dp; ++r) {
         const size_t ru = static_cast<size_t>(r);
-        if (s.counts[ru] > 0)
-          std::memcpy(flat.data<float>() + region[ru] + at[i][ru],
-                      locals[i].data<float>() + split_offset(s.numel, dp, r),
-                      static_cast<size_t>(s.counts[ru]) * sizeof(float));
+        copy_floats(flat.data<float>() + region[ru] + at[i][ru], locals[i].data<float>() + split_offset(s.numel, dp, r),
+                    s.counts[ru]);
       }
     }
     locals.clear();  // packed or scattered: free them before the reduced slices are made
-    Tensor mine = Tensor::empty({region[me + 1] - region[me]}, DType::f32);
-    dp_group->reduce_scatter_v(flat.data<float>(), mine.data<float>(), region_sizes(region), DType::f32, ReduceOp::sum);
+    Tensor mine = Tensor::empty({region_size[me]}, DType::f32);
+    dp_group->reduce_scatter_v(flat.data<float>(), mine.data<float>(), region_size, DType::f32, ReduceOp::sum);
     for (size_t i = 0; i < slots_.size(); ++i)
       if (packed[i]) grads[i] = view::slice(mine, 0, at[i][me], at[i][me] + slots_[i].len);
   } else {
@@ -221,7 +218,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
   // 4. Update this rank's slice (the clip scales the gradient inside the update); stages 1 and
   //    2 then gather every rank's slices back: the packed ones with one all_gather.
   const bool gather = dp_bucket && stage != 0;
-  Tensor mine_packed = gather ? Tensor::empty({region[me + 1] - region[me]}, DType::f32) : Tensor();
+  Tensor mine_packed = gather ? Tensor::empty({region_size[me]}, DType::f32) : Tensor();
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     Tensor piece = local_piece(s.p->value);
@@ -240,24 +237,23 @@ double ShardedOptimizer::step(double lr, double max_norm) {
       const Slot& s = slots_[i];
       float* piece = local_piece(s.p->value).data<float>();
       if (packed[i]) {
-        if (s.len > 0)
-          std::memcpy(mine_packed.data<float>() + at[i][me], piece + s.off, static_cast<size_t>(s.len) * sizeof(float));
+        copy_floats(mine_packed.data<float>() + at[i][me], piece + s.off, s.len);
         continue;
       }
       Tensor mine = Tensor::empty({s.len}, DType::f32);
-      if (s.len > 0) std::memcpy(mine.data<float>(), piece + s.off, static_cast<size_t>(s.len) * sizeof(float));
+      copy_floats(mine.data<float>(), piece + s.off, s.len);
       dp_group->all_gather_v(mine.data<float>(), piece, s.counts, DType::f32);
     }
     Tensor all = Tensor::empty({region.back()}, DType::f32);
-    dp_group->all_gather_v(mine_packed.data<float>(), all.data<float>(), region_sizes(region), DType::f32);
+    dp_group->all_gather_v(mine_packed.data<float>(), all.data<float>(), region_size, DType::f32);
     for (size_t i = 0; i < slots_.size(); ++i) {
       if (!packed[i]) continue;
       float* piece = local_piece(slots_[i].p->value).data<float>();
       for (int64_t r = 0; r < dp; ++r) {
         const size_t ru = static_cast<size_t>(r);
-        if (r == layout_.dp_rank || slots_[i].counts[ru] == 0) continue;
-        std::memcpy(piece + split_offset(slots_[i].numel, dp, r), all.data<float>() + region[ru] + at[i][ru],
-                    static_cast<size_t>(slots_[i].counts[ru]) * sizeof(float));
+        if (r == layout_.dp_rank) continue;
+        copy_floats(piece + split_offset(slots_[i].numel, dp, r), all.data<float>() + region[ru] + at[i][ru],
+                    slots_[i].counts[ru]);
       }
     }
   }
