@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/ckpt/safetensors.h"
@@ -88,6 +90,76 @@ TEST(LoadModel, ConvertsDtypes) {
   EXPECT_EQ(w.dtype(), DType::f32);
   EXPECT_EQ(w.to_doubles(), view::to_dtype(bf16.at("transformer.wte.weight"), DType::f32).to_doubles());
   fs::remove(path);
+}
+
+TEST(LoadModel, RejectsIntegerWeights) {
+  nn::Gpt2 m(tiny());
+  m.materialize(1);
+  std::map<std::string, Tensor> state = model_state(m);
+  state["transformer.wte.weight"] = Tensor::zeros({10, 8}, DType::i32);
+  std::string path = temp("i32.safetensors");
+  save_safetensors(path, state);
+  try {
+    load_model(path, m);
+    FAIL() << "an I32 tensor loaded into a float parameter";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("I32"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("transformer.wte.weight"), std::string::npos) << e.what();
+  }
+  fs::remove(path);
+}
+
+TEST(ResolveCheckpoint, PicksTheNewestStepByNumber) {
+  fs::path dir = temp("resolve");
+  fs::remove_all(dir);
+  for (const char* step : {"step-000002", "step-999999", "step-1000000", "step-1000000x", "step-"}) {
+    fs::create_directories(dir / step);
+    std::ofstream(dir / step / "trainer.json") << "{}";
+  }
+  fs::create_directories(dir / "step-2000000");  // no trainer.json: not a checkpoint
+  EXPECT_EQ(fs::path(resolve_checkpoint(dir.string())).filename(), "step-1000000");
+  fs::remove_all(dir);
+}
+
+// A checkpoint whose parts disagree, or whose trainer.json is malformed, is refused with the
+// file named, rather than resumed from a mixed or impossible state.
+TEST(LoadCheckpoint, RefusesInconsistentState) {
+  fs::path dir = temp("inconsistent");
+  fs::remove_all(dir);
+  nn::Gpt2 m(tiny());
+  m.materialize(1);
+  const std::string step1 = save_checkpoint(dir.string(), m, nullptr, TrainerState{.step = 1, .seed = 7});
+  const std::string step3 = save_checkpoint(dir.string(), m, nullptr, TrainerState{.step = 3, .seed = 7});
+  const fs::path trainer = fs::path(step3) / "trainer.json";
+  std::stringstream good;
+  good << std::ifstream(trainer).rdbuf();
+  auto error_of = [&](const std::string& trainer_text) {
+    std::ofstream(trainer) << trainer_text;
+    std::string msg = "<no error>";
+    try {
+      load_checkpoint(step3, m, nullptr);
+    } catch (const CheckpointError& e) {
+      msg = e.what();
+    }
+    std::ofstream(trainer) << good.str();
+    return msg;
+  };
+  EXPECT_EQ(error_of(good.str()), "<no error>");
+  std::string with_step = good.str();
+  with_step.replace(with_step.find("\"step\":3"), 8, "\"step\":-2");
+  EXPECT_NE(error_of(with_step).find("negative"), std::string::npos) << error_of(with_step);
+  std::string msg = error_of("{\"step\":3,\"seed\":7,\"arch\":\"gpt2\",\"settings\":5}");
+  EXPECT_NE(msg.find("settings"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(trainer.string()), std::string::npos) << msg;
+  msg = error_of("{\"step\":3,\"arch\":\"gpt2\"}");
+  EXPECT_NE(msg.find("seed"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(trainer.string()), std::string::npos) << msg;
+  // step 1's weights in step 3's folder
+  fs::copy_file(fs::path(step1) / "model.safetensors", fs::path(step3) / "model.safetensors",
+                fs::copy_options::overwrite_existing);
+  msg = error_of(good.str());
+  EXPECT_NE(msg.find("saved at step 1 but trainer.json says 3"), std::string::npos) << msg;
+  fs::remove_all(dir);
 }
 
 }  // namespace

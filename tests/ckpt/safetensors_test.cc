@@ -122,6 +122,22 @@ TEST_F(Safetensors, RejectsMalformedFiles) {
       {"reversed offsets", raw("ro", R"({"t":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 8), "begin <= end"},
       {"missing dtype", raw("md", R"({"t":{"shape":[2],"data_offsets":[0,8]}})", 8), "dtype"},
       {"metadata not strings", raw("mm", "{\"__metadata__\":{\"a\":1}," + ok_entry + "}", 8), "not a string"},
+      // numel·size would wrap past 2^64 to a small byte count
+      {"f64 numel overflow", raw("of", R"({"t":{"dtype":"F64","shape":[2305843009213693953],"data_offsets":[0,8]}})", 8),
+       "too large"},
+      {"f32 2^62", raw("o2", R"({"t":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", 0),
+       "too large"},
+      {"split dims", raw("o3", R"({"t":{"dtype":"F64","shape":[1152921504606846976,4],"data_offsets":[0,0]}})", 0),
+       "too large"},
+      // empty, but its strides would overflow
+      {"zero then huge", raw("zh", R"({"t":{"dtype":"F32","shape":[0,4611686018427387904,4],"data_offsets":[0,0]}})", 0),
+       "too large"},
+      {"bool not 0/1", [&] {
+         std::string p = raw("b", R"({"t":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})", 0);
+         std::ofstream(p, std::ios::binary | std::ios::app) << std::string("\x01\x00\x02", 3);
+         return p;
+       }(), "byte 2 at element 2"},
+      {"not utf-8", raw("nu", "{\"t\xff\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8), "UTF-8"},
   };
   for (const Bad& b : cases) {
     std::string msg = error_of(b.file);

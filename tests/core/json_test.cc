@@ -23,9 +23,26 @@ TEST(Json, Escapes) {
   EXPECT_EQ(json_quote("q\"\n\x01"), "\"q\\\"\\n\\u0001\"");
 }
 
+TEST(Json, KeepsUtf8AndZeroes) {
+  EXPECT_EQ(Json::parse("\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"").as_string(), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  EXPECT_EQ(Json::parse("[0, -0, 0.5, 10]").dump(), "[0,0,0.5,10]");
+}
+
+TEST(Json, ErrorsShowOtherBytesEscaped) {
+  try {
+    Json::parse(std::string("{\"a\":\0\x01}", 7));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("near '\\x00\\x01'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Json, RejectsMalformedText) {
   for (const char* bad : {"", "{", "[1,", "{\"a\" 1}", "{\"a\":1,}", "tru", "\"abc", "01x", "{\"a\":1}{",
-                          "[\"\x01\"]", "{\"k\":1,\"k\":2}", "\"\\q\""}) {
+                          "[\"\x01\"]", "{\"k\":1,\"k\":2}", "\"\\q\"",
+                          // leading zeros; lone or misordered surrogates; bytes that are not UTF-8
+                          "002", "[-01]", "\"\\ud800\"", "\"\\ud800\\u0041\"", "\"\\udc00\\ud800\"",
+                          "\"\xff\"", "\"\xc3\"", "\"\xc0\xaf\"", "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\""}) {
     EXPECT_THROW(Json::parse(bad), Error) << bad;
   }
   std::string deep(300, '[');

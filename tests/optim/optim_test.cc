@@ -125,6 +125,17 @@ TEST(StateDict, RoundTripsAndRejectsMismatches) {
   auto missing = state;
   missing.erase("w.exp_avg_sq");
   EXPECT_THROW(b.load_state_dict(missing), CheckpointError);
+  // "step" must be a non-negative integer scalar; state slots must be floating point.
+  for (Tensor step : {Tensor::scalar(3.7, DType::f64), Tensor::scalar(-2.0, DType::i64), Tensor::zeros({1, 1}, DType::i64),
+                      Tensor::scalar(1e30, DType::f64)}) {
+    auto odd = state;
+    odd["step"] = step;
+    EXPECT_THROW(b.load_state_dict(odd), CheckpointError) << step.str();
+  }
+  auto integral = state;
+  integral["w.exp_avg"] = Tensor::zeros({2, 2}, DType::i32);
+  EXPECT_THROW(b.load_state_dict(integral), CheckpointError);
+  EXPECT_EQ(b.steps(), 1);  // a refused state leaves the optimizer as it was
 }
 
 }  // namespace

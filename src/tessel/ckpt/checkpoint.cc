@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -39,7 +40,12 @@ void load_model(const std::string& path, nn::LanguageModel& model) {
     std::string key = p->name;
     if (!f.contains(key) && key.rfind("transformer.", 0) == 0 && f.contains(key.substr(12))) key = key.substr(12);
     TESSEL_CHECK_AS(CheckpointError, f.contains(key), "checkpoint '{}' has no tensor for parameter '{}'", path, p->name);
-    const Shape& shape = f.entry(key).shape;
+    const SafetensorsEntry& entry = f.entry(key);
+    const Shape& shape = entry.shape;
+    TESSEL_CHECK_AS(CheckpointError,
+                    entry.dtype == "F32" || entry.dtype == "F64" || entry.dtype == "BF16" || entry.dtype == "F16",
+                    "checkpoint '{}': tensor \"{}\" is {}, but parameter '{}' takes floating-point weights", path, key,
+                    entry.dtype, p->name);
     TESSEL_CHECK_AS(CheckpointError, shape == p->shape,
                     "checkpoint '{}': tensor \"{}\" has shape {} but parameter '{}' has {}", path, key,
                     shape_str(shape), p->name, shape_str(p->shape));
@@ -96,16 +102,30 @@ std::string save_checkpoint(const std::string& dir, nn::LanguageModel& model, co
   return final_dir.string();
 }
 
+namespace {
+
+// N of a folder named step-N (digits only), or -1.
+int64_t step_of_folder(const std::string& name) {
+  if (name.rfind("step-", 0) != 0 || name.size() == 5) return -1;
+  int64_t step = 0;
+  auto [end, ec] = std::from_chars(name.data() + 5, name.data() + name.size(), step);
+  return ec == std::errc() && end == name.data() + name.size() ? step : -1;
+}
+
+}  // namespace
+
 std::string resolve_checkpoint(const std::string& path) {
   fs::path p(path);
   TESSEL_CHECK_AS(CheckpointError, fs::exists(p), "checkpoint path '{}' does not exist", path);
   if (fs::exists(p / "trainer.json")) return p.string();
   std::string best;
+  int64_t best_step = -1;  // by number: step-1000000 is newer than step-999999
   for (const auto& entry : fs::directory_iterator(p)) {
-    std::string name = entry.path().filename().string();
-    if (entry.is_directory() && name.rfind("step-", 0) == 0 && fs::exists(entry.path() / "trainer.json") &&
-        name > fs::path(best).filename().string())
+    const int64_t step = step_of_folder(entry.path().filename().string());
+    if (entry.is_directory() && step > best_step && fs::exists(entry.path() / "trainer.json")) {
       best = entry.path().string();
+      best_step = step;
+    }
   }
   TESSEL_CHECK_AS(CheckpointError, !best.empty(), "no checkpoint (step-NNNNNN folder with trainer.json) under '{}'", path);
   return best;
@@ -116,26 +136,43 @@ TrainerState load_checkpoint(const std::string& path, nn::LanguageModel& model, 
   std::ifstream in(dir / "trainer.json");
   std::stringstream text;
   text << in.rdbuf();
-  Json meta;
-  try {
-    meta = Json::parse(text.str());
-  } catch (const Error& e) {
-    throw CheckpointError(fmt::format("checkpoint '{}': bad trainer.json: {}", dir.string(), e.what()));
-  }
+  const std::string trainer_json = (dir / "trainer.json").string();
   TrainerState state;
-  state.step = meta.at("step").as_int();
-  state.seed = static_cast<uint64_t>(meta.at("seed").as_int());
-  if (const Json* c = meta.find("config")) state.config = *c;
-  if (const Json* s = meta.find("settings")) state.settings = *s;
-  std::string arch = meta.at("arch").as_string();
+  std::string arch;
+  try {
+    Json meta = Json::parse(text.str());
+    state.step = meta.at("step").as_int();
+    state.seed = static_cast<uint64_t>(meta.at("seed").as_int());
+    if (const Json* c = meta.find("config")) state.config = *c;
+    if (const Json* s = meta.find("settings")) {
+      TESSEL_CHECK(s->is_object(), "\"settings\" is not an object");
+      state.settings = *s;
+    }
+    arch = meta.at("arch").as_string();
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const Error& e) {
+    throw CheckpointError(fmt::format("checkpoint '{}': bad trainer.json: {}", trainer_json, e.what()));
+  }
+  TESSEL_CHECK_AS(CheckpointError, state.step >= 0, "checkpoint '{}': step {} is negative", trainer_json, state.step);
   TESSEL_CHECK_AS(CheckpointError, arch == model.arch(), "checkpoint '{}' holds a {} model but the config builds {}",
                   dir.string(), arch, model.arch());
-  load_model((dir / "model.safetensors").string(), model);
+  const std::string model_file = (dir / "model.safetensors").string();
+  const std::map<std::string, std::string> model_meta = SafetensorsFile::open(model_file).metadata();
+  if (auto it = model_meta.find("step"); it != model_meta.end())
+    TESSEL_CHECK_AS(CheckpointError, it->second == std::to_string(state.step),
+                    "checkpoint '{}': model.safetensors was saved at step {} but trainer.json says {}", dir.string(),
+                    it->second, state.step);
+  load_model(model_file, model);
   if (optimizer != nullptr) {
     fs::path opt = dir / "optimizer.safetensors";
     TESSEL_CHECK_AS(CheckpointError, fs::exists(opt), "checkpoint '{}' has no optimizer.safetensors", dir.string());
     std::map<std::string, Tensor> st = SafetensorsFile::open(opt.string()).load_all();
-    optimizer->load_state_dict(st);
+    try {
+      optimizer->load_state_dict(st);
+    } catch (const Error& e) {
+      throw CheckpointError(fmt::format("checkpoint '{}': {}", opt.string(), e.what()));
+    }
     TESSEL_CHECK_AS(CheckpointError, optimizer->steps() == state.step,
                     "checkpoint '{}': optimizer is at step {} but trainer.json says {}", dir.string(), optimizer->steps(),
                     state.step);

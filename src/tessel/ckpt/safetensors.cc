@@ -142,11 +142,15 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     e.dtype = dt->as_string();
     const FileDType* fd_type = file_dtype(e.dtype);
     if (!fd_type) bad(fmt::format("unknown dtype \"{}\"", e.dtype));
-    uint64_t numel = 1;
+    // The bytes the dims span, zero dims counted as 1 (strides reach that far even when the
+    // tensor is empty), must stay below 2^62; numel·size then cannot wrap.
+    const uint64_t max_span = (uint64_t{1} << 62) / fd_type->size;
+    uint64_t numel = 1, span = 1;
     for (const Json& s : shape->as_array()) {
       if (!s.is_int() || s.as_int() < 0) bad("shape holds a non-integer or negative size");
       uint64_t dim = static_cast<uint64_t>(s.as_int());
-      if (dim != 0 && numel > (uint64_t{1} << 62) / dim) bad("shape is too large");
+      if (dim > 1 && span > max_span / dim) bad(fmt::format("shape {} is too large (more than 2^62 bytes)", shape->dump()));
+      span *= std::max<uint64_t>(dim, 1);
       numel *= dim;
       e.shape.push_back(s.as_int());
     }
@@ -196,6 +200,13 @@ Tensor SafetensorsFile::load(const std::string& name) const {
                                       path_, name, e.dtype));
   const char* src = data_ + e.begin;
   int64_t numel = shape_numel(e.shape);
+  if (e.dtype == "BOOL") {  // any other byte would be an invalid C++ bool
+    const char* bad = std::find_if(src, src + numel, [](char b) { return static_cast<unsigned char>(b) > 1; });
+    if (bad != src + numel)
+      throw CheckpointError(fmt::format("safetensors file '{}': tensor \"{}\" (BOOL) holds byte {} at element {}; "
+                                        "BOOL data must be 0 or 1",
+                                        path_, name, static_cast<unsigned char>(*bad), bad - src));
+  }
   if (e.dtype == "F16") {
     Tensor t = Tensor::empty(e.shape, DType::f32);
     float* out = t.data<float>();

@@ -23,7 +23,11 @@ class Parser {
 
  private:
   [[noreturn]] void fail(std::string_view expected) {
-    std::string near(t_.substr(pos_, 20));
+    std::string near;  // printable: other bytes as \xNN
+    for (char c : t_.substr(pos_, 20)) {
+      const auto b = static_cast<unsigned char>(c);
+      near += b >= 0x20 && b < 0x7F ? std::string(1, c) : fmt::format("\\x{:02X}", b);
+    }
     TESSEL_THROW("invalid JSON at offset {}: expected {}{}", pos_, expected,
                  pos_ < t_.size() ? fmt::format(" near '{}'", near) : std::string(" but the text ended"));
   }
@@ -93,6 +97,10 @@ class Parser {
   Json number() {
     size_t start = pos_;
     if (t_[pos_] == '-') ++pos_;
+    if (pos_ + 1 < t_.size() && t_[pos_] == '0' && t_[pos_ + 1] >= '0' && t_[pos_ + 1] <= '9') {
+      ++pos_;
+      fail("no leading zero in a number");
+    }
     bool is_float = false;
     while (pos_ < t_.size()) {
       char c = t_[pos_];
@@ -152,6 +160,24 @@ class Parser {
     return v;
   }
 
+  // One multi-byte UTF-8 character at pos_, copied to `out`: the lead byte's length, its
+  // continuation bytes, and no overlong form, surrogate or code point above U+10FFFF.
+  void utf8_sequence(std::string& out) {
+    const unsigned char lead = static_cast<unsigned char>(t_[pos_]);
+    const size_t len = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 0;
+    if (len == 0 || lead > 0xF4 || pos_ + len > t_.size()) fail("valid UTF-8");
+    uint32_t cp = lead & (0x7F >> len);
+    for (size_t i = 1; i < len; ++i) {
+      const unsigned char b = static_cast<unsigned char>(t_[pos_ + i]);
+      if ((b & 0xC0) != 0x80) fail("valid UTF-8");
+      cp = cp << 6 | (b & 0x3F);
+    }
+    constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000)) fail("valid UTF-8");
+    out.append(t_.substr(pos_, len));
+    pos_ += len;
+  }
+
   std::string string() {
     ++pos_;  // opening quote
     std::string out;
@@ -162,6 +188,11 @@ class Parser {
       if (static_cast<unsigned char>(c) < 0x20) {
         --pos_;
         fail("no raw control character inside a string");
+      }
+      if (static_cast<unsigned char>(c) >= 0x80) {
+        --pos_;
+        utf8_sequence(out);
+        continue;
       }
       if (c != '\\') {
         out += c;
@@ -180,9 +211,18 @@ class Parser {
         case 't': out += '\t'; break;
         case 'u': {
           uint32_t cp = hex4();
-          if (cp >= 0xD800 && cp < 0xDC00 && t_.substr(pos_, 2) == "\\u") {
+          if (cp >= 0xDC00 && cp < 0xE000) {
+            pos_ -= 4;
+            fail("a high surrogate (\\uD800-\\uDBFF) before this low one");
+          }
+          if (cp >= 0xD800 && cp < 0xDC00) {
+            if (t_.substr(pos_, 2) != "\\u") fail("a low surrogate (\\uDC00-\\uDFFF) after a high one");
             pos_ += 2;
             uint32_t lo = hex4();
+            if (lo < 0xDC00 || lo >= 0xE000) {
+              pos_ -= 4;
+              fail("a low surrogate (\\uDC00-\\uDFFF) after a high one");
+            }
             cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
           }
           append_utf8(out, cp);

@@ -1,6 +1,8 @@
 // Tensor factories, metadata, element access and autograd slots.
 #include "tessel/core/tensor.h"
 
+#include <algorithm>
+
 #include "tessel/core/context.h"
 #include "tessel/core/convert.h"
 #include "tessel/core/grad_node.h"
@@ -11,9 +13,16 @@ namespace tessel {
 std::string TensorMeta::str() const { return fmt::format("{}{}", dtype, shape_str(shape)); }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  for (int64_t s : shape) TESSEL_CHECK(s >= 0, "empty: negative size in shape {}", shape_str(shape));
+  // The bytes, and the span of the strides (zero dims counted as 1), must not overflow.
+  int64_t span = static_cast<int64_t>(dtype_size(dtype)), nbytes = span;
+  for (int64_t s : shape) {
+    TESSEL_CHECK(s >= 0, "empty: negative size in shape {}", shape_str(shape));
+    TESSEL_CHECK(!__builtin_mul_overflow(span, std::max<int64_t>(s, 1), &span) &&
+                     !__builtin_mul_overflow(nbytes, s, &nbytes),
+                 "empty: shape {} of {} is too large to address", shape_str(shape), dtype_name(dtype));
+  }
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = Storage::allocate(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  impl->storage = Storage::allocate(static_cast<size_t>(nbytes), device);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

@@ -98,7 +98,12 @@ std::map<std::string, Tensor> Optimizer::state_dict() const {
 void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
   auto it = state.find("step");
   TESSEL_CHECK_AS(CheckpointError, it != state.end(), "optimizer state: missing \"step\"");
-  int64_t step = static_cast<int64_t>(it->second.item());
+  const Tensor& st = it->second;
+  TESSEL_CHECK_AS(CheckpointError, st.dim() == 0 && (st.dtype() == DType::i64 || st.dtype() == DType::i32),
+                  "optimizer state: \"step\" must be an integer scalar, not {}", st.str());
+  const double value = st.item();  // exact: any i32, and the i64 step counts a run can reach
+  TESSEL_CHECK_AS(CheckpointError, value >= 0 && value < 0x1p53, "optimizer state: \"step\" is {}", value);
+  const int64_t step = static_cast<int64_t>(value);
   std::map<std::string, Tensor> loaded;
   for (const ParamRef& p : params_)
     for (const std::string& s : slot_names_) {
@@ -108,6 +113,8 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
         TESSEL_CHECK_AS(CheckpointError, step == 0, "optimizer state: missing \"{}\" (saved at step {})", key, step);
         continue;
       }
+      TESSEL_CHECK_AS(CheckpointError, is_floating(e->second.dtype()),
+                      "optimizer state: \"{}\" is {}, not a floating-point tensor", key, e->second.dtype());
       TESSEL_CHECK_AS(CheckpointError, e->second.shape() == p.param.shape(),
                       "optimizer state: \"{}\" has shape {} but the parameter has {}", key, shape_str(e->second.shape()),
                       shape_str(p.param.shape()));
