@@ -25,10 +25,12 @@ std::string tiny_yaml(const std::string& arch) {
           ? "model: {arch: gpt2, n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 256, n_positions: 32}\n"
           : "model: {arch: llama, num_hidden_layers: 2, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2,"
             " intermediate_size: 48, vocab_size: 256, max_position_embeddings: 32}\n";
+  // Llama has no dropout layers, and a config that asks it for dropout is refused.
+  const std::string dropout = arch == "gpt2" ? " dropout: 0.1," : "";
   return model + "data: {path: " + corpus() +
          ", format: text, order: random}\n"
          "train: {steps: 20, global_batch: 4, micro_batch: 2, seq_len: 16, lr: 3.0e-3, warmup: 3, schedule: cosine,"
-         " seed: 5, dropout: 0.1, threads: 1}\n"
+         " seed: 5," + dropout + " threads: 1}\n"
          "log: {every: 5}\n";
 }
 
@@ -311,6 +313,8 @@ TEST(Config, RejectsModelSizesNamingTheKeyPath) {
     EXPECT_NE(e.find(c.want), std::string::npos) << c.set << ": " << e;
   }
   EXPECT_EQ(config_error(llama), "<no error>");
+  EXPECT_NE(config_error(llama, {"train.dropout=0.1"}).find("llama has no dropout layers"), std::string::npos);
+  EXPECT_EQ(config_error(llama, {"train.dropout=0"}), "<no error>");
 }
 
 // Optimizer and run values that parse but would train wrongly (a negative rate at the end of the
@@ -354,6 +358,44 @@ TEST(Config, RejectsTrainAndParallelValuesNamingTheKeyPath) {
   EXPECT_NE(e.find("'data.val_path' and 'data.val_fraction' are two sources of validation tokens"), std::string::npos)
       << e;
   EXPECT_EQ(config_error(gpt2, {"data.val_fraction=0.1", "train.eval_every=10"}), "<no error>");
+}
+
+// A value's error names where it came from: the --set that gave it, or its line in the file.
+// Keys given twice, and settings that contradict each other, are refused rather than one of
+// them silently winning.
+TEST(Config, NamesTheOriginOfABadValueAndRefusesContradictions) {
+  const std::string gpt2 = tiny_yaml("gpt2");
+  std::string e = config_error(gpt2, {"train.lr=fast"});
+  EXPECT_NE(e.find("--set 'train.lr=fast'"), std::string::npos) << e;
+  e = config_error(gpt2, {"data.order=shuffled"});
+  EXPECT_NE(e.find("--set 'data.order=shuffled': config 'data.order'"), std::string::npos) << e;
+  e = config_error(gpt2, {"train.betas=[0.9, 1.5]"});
+  EXPECT_NE(e.find("--set 'train.betas=[0.9, 1.5]': config 'train.betas' must be in [0, 1)"), std::string::npos) << e;
+  e = config_error(gpt2 + "parallel: {dp: two}\n");
+  EXPECT_NE(e.find("cfg.yaml:5: config 'parallel.dp' must be an integer, got 'two'"), std::string::npos) << e;
+  e = config_error(gpt2, {"train.schedule=exponential"});
+  EXPECT_NE(e.find("--set 'train.schedule=exponential'"), std::string::npos) << e;
+
+  e = config_error(gpt2 + "log: {every: 2}\n");
+  EXPECT_NE(e.find("cfg.yaml:5: config 'log' is given twice (first at line 4)"), std::string::npos) << e;
+  e = config_error("train: {lr: 1, lr: 2}\n" + gpt2);
+  EXPECT_NE(e.find("config 'train.lr' is given twice"), std::string::npos) << e;
+
+  e = config_error(gpt2, {"parallel.micro_batches=4"});
+  EXPECT_NE(e.find("'train.micro_batch' (2) and 'parallel.micro_batches' (4) disagree"), std::string::npos) << e;
+  e = config_error(gpt2, {"train.eval_batches=3"});
+  EXPECT_NE(e.find("'train.eval_batches' needs validation tokens"), std::string::npos) << e;
+  e = config_error(gpt2, {"train.threads=100000"});
+  EXPECT_NE(e.find("'train.threads' is 100000"), std::string::npos) << e;
+
+  // Several chunks per pipeline rank: the interleaved schedule is the default, another is refused.
+  EXPECT_EQ(config_error(gpt2, {"model.n_layer=4", "parallel.pp=2", "parallel.vpp=2", "train.micro_batch=1"}),
+            "<no error>");
+  e = config_error(gpt2, {"model.n_layer=4", "parallel.pp=2", "parallel.vpp=2", "parallel.schedule=1F1B"});
+  EXPECT_NE(e.find("only parallel.schedule VPP runs; got 1F1B"), std::string::npos) << e;
+  e = config_error(gpt2, {"model.n_layer=4", "parallel.pp=2", "parallel.vpp=2", "train.micro_batch=4",
+                          "train.global_batch=12"});
+  EXPECT_NE(e.find("parallel.micro_batches (3) must be a multiple of parallel.pp (2)"), std::string::npos) << e;
 }
 
 // A short trial of a long run's config: warm-up may outlast the run, and the first log line says so.

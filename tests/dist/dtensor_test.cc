@@ -19,6 +19,23 @@ Tensor iota(const Shape& s) {
   return Tensor::from_doubles(v, s, DType::f64);
 }
 
+// Mesh text that parses to more processes than any machine has (or whose product overflows)
+// is refused before a rank list is allocated.
+TEST(ProcessMesh, ParsesTextAndRefusesImpossibleSizes) {
+  ProcessMesh m = ProcessMesh::parse("mesh(dp=2,tp=3)");
+  EXPECT_EQ(m.size(), 6);
+  EXPECT_EQ(ProcessMesh::parse(m.str()).str(), m.str());
+  EXPECT_EQ(ProcessMesh::parse("2x2").size(), 4);
+  for (const char* text : {"mesh(dp=65536,tp=65536)", "100000x100000x100000", "mesh(a=4294967296,b=4294967296)"}) {
+    try {
+      ProcessMesh::parse(text);
+      ADD_FAILURE() << text << " parsed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("more than 16777216 processes"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(DTensor, ShardAndGatherRoundTripEveryPlacement) {
   spawn(3, [](int) {
     ProcessMesh mesh = ProcessMesh::iota({3}, {"x"});

@@ -50,4 +50,24 @@ out=$("$tessel" plan --model gpt-1.7b --cluster dgx-a100-80g:8 --global-batch 0 
 set -e
 [ "$rc" = 2 ] && grep -q "^error: --global-batch: must be a positive whole number, got '0'" <<< "$out" ||
   { echo "bad count: rc $rc: $out"; exit 1; }
+# Each refusal names what is wrong and exits 2 (input checks, before any work).
+expect_refusal() {  # WANT COMMAND...
+  local want=$1
+  shift
+  set +e
+  out=$("$@" 2>&1)
+  rc=$?
+  set -e
+  [ "$rc" = 2 ] && grep -qF -- "$want" <<< "$out" || { echo "expected exit 2 and '$want' from $*: rc $rc: ${out:0:400}"; exit 1; }
+}
+expect_refusal "--model excludes --published" "$tessel" plan --published --model gpt-1t
+expect_refusal "--seq-len 4096 exceeds the model's 128 positions" \
+  "$tessel" plan --model "$src/configs/gpt2-tiny.yaml" --cluster dgx-a100-80g:4 --seq-len 4096
+expect_refusal "the folder $tmp/missing does not exist" \
+  "$tessel" plan --model gpt-1.7b --cluster dgx-a100-80g:8 --global-batch 8 --svg "$tmp/missing/p.svg"
+expect_refusal "--layout: empty" "$tessel" plan --model gpt-1.7b --cluster dgx-a100-80g:8 --global-batch 8 --layout ""
+expect_refusal "--mesh 2 would not be used" "$tessel" explain-reshard 'mesh(dp=2)[S(0)]' 'mesh(dp=2)[R]' --mesh 2 --shape 4,4
+expect_refusal "--shape '4,,4' has an empty dim" "$tessel" explain-reshard '[S(0)]' '[R]' --mesh 2 --shape 4,,4
+expect_refusal "the SRC mesh has 200000 ranks" "$tessel" explain-reshard '[S(0)]' '[R]' --mesh 200000 --shape 400000
+expect_refusal "more than 16777216 processes" "$tessel" explain-reshard '[S(0)]' '[R]' --mesh 100000x100000 --shape 4,4
 echo "plan cli: ok"

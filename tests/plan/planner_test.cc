@@ -245,6 +245,24 @@ TEST(Planner, BadLayoutsNameWhatIsWrong) {
   EXPECT_EQ(p.schedule, "VPP");
   EXPECT_EQ(p.micro_batches, 512);
   EXPECT_EQ(parse_layout(p.str(), 512, 32).str(), p.str());
+  // Malformed or contradictory text is refused, not read in part.
+  auto parse_error = [](const std::string& text) {
+    try {
+      parse_layout(text, 512, 32);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no error>");
+  };
+  EXPECT_NE(parse_error("").find("--layout: empty"), std::string::npos);
+  EXPECT_NE(parse_error("tp=8,,pp=4").find("an empty field between commas"), std::string::npos);
+  EXPECT_NE(parse_error("tp=8,pp=4,tp=4").find("'tp' is given twice"), std::string::npos);
+  EXPECT_NE(parse_error("tp=8,mbs=1,micro_batch=2").find("'micro_batch' is given twice"), std::string::npos);
+  EXPECT_NE(parse_error("tp=8,vpp=2").find("vpp=2 needs pp > 1"), std::string::npos);
+  EXPECT_NE(parse_error("tp=8,pp=4,vpp=2,schedule=1F1B").find("runs only on schedule=VPP"), std::string::npos);
+  EXPECT_EQ(parse_error("tp=8,pp=4,vpp=2,mbs=2,dp=1"), "<no error>");
+  EXPECT_NE(parse_error("tp=4,pp=8,vpp=2,mbs=128").find("the 4 micro-batches per step"), std::string::npos);
+  EXPECT_EQ(parse_layout("tp=8,pp=4,schedule=zb-h1", 512, 32).schedule, "ZBH1");
 }
 
 TEST(Planner, SearchIsFastForOneTrillionParametersOn3072Gpus) {

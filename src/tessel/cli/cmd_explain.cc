@@ -1,5 +1,6 @@
 // `tessel explain-reshard SRC DST --mesh 2x2 --shape 8,6 [--dtype f32]`: prints the plan that
 // turns one layout into another, step by step, with the bytes each rank hands over.
+#include <algorithm>
 #include <cstdio>
 
 #include "tessel/cli/commands.h"
@@ -9,6 +10,8 @@
 namespace tessel {
 
 namespace {
+
+constexpr int64_t kMaxExplainRanks = int64_t{1} << 17;
 
 // "[S(0),R]" on --mesh, or a whole DistAttr "mesh(dp=2,tp=2)[S(0),R]" (which may name another mesh).
 DistAttr layout(const std::string& text, const std::string& mesh_text, const char* which) {
@@ -37,12 +40,27 @@ std::vector<Command> register_explain(CLI::App& app) {
   cmd->add_option("--shape", a->shape, "global tensor shape, e.g. 8,6")->required();
   cmd->add_option("--dtype", a->dtype, "element type (f32, f64, bf16, i32, i64, bool)");
   return {{cmd, [a] {
+             const bool full_src = a->src.rfind("mesh(", 0) == 0, full_dst = a->dst.rfind("mesh(", 0) == 0;
+             if (full_src && full_dst && !a->mesh.empty())
+               throw BadInput(fmt::format("--mesh {} would not be used: SRC and DST each name their mesh", a->mesh));
              DistAttr src = layout(a->src, a->mesh, "SRC"), dst = layout(a->dst, a->mesh, "DST");
+             for (const DistAttr* d : {&src, &dst})
+               if (d->mesh.size() > kMaxExplainRanks)
+                 throw BadInput(fmt::format("the {} mesh has {} ranks; explain-reshard lists every rank's part and "
+                                            "takes minutes above {}",
+                                            d == &src ? "SRC" : "DST", d->mesh.size(), kMaxExplainRanks));
              Shape shape;
              DType dtype;
              try {
-               shape = parse_shape(a->shape);
+               const std::string& s = a->shape;
+               TESSEL_CHECK(s.find(",,") == std::string::npos && !s.starts_with(',') && !s.ends_with(','),
+                            "--shape '{}' has an empty dim between commas", s);
+               shape = parse_shape(s);
                dtype = parse_dtype(a->dtype);
+               int64_t bytes = static_cast<int64_t>(dtype_size(dtype));
+               for (int64_t d : shape)
+                 TESSEL_CHECK(!__builtin_mul_overflow(bytes, std::max<int64_t>(d, 1), &bytes) && bytes <= (int64_t{1} << 62),
+                              "--shape {} of {} is too large (more than 2^62 bytes)", shape_str(shape), dtype_name(dtype));
                src.check(shape, "SRC");
                dst.check(shape, "DST");
              } catch (const Error& e) {

@@ -2,6 +2,7 @@
 // breakdown of each; `--published` checks the cost model against Narayanan et al. 2021.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "tessel/cli/commands.h"
@@ -171,15 +172,17 @@ std::vector<Command> register_plan(CLI::App& app) {
   cmd->add_option("--format", a->format, "table, json (every plan with its parts) or yaml (the best plan as the "
                                          "parallel: section of a training config)")
       ->check(CLI::IsMember({"table", "json", "yaml"}));
-  cmd->add_option("--layout", a->layout,
+  CLI::Option* layout = cmd->add_option("--layout", a->layout,
                   "evaluate this layout instead of searching, e.g. dp=6,tp=8,pp=64,vpp=2,mbs=1,sharding_stage=0,"
                   "sp=false,recompute=full (schedule=1F1B|VPP|ZBH1|FThenB)");
   cmd->add_option("--svg", a->svg, "also draw the plans (time and memory bars) into this SVG file");
-  cmd->add_flag("--published", a->published,
-                "compare predictions with Narayanan et al. 2021 Table 1 (GPT 1.7B-1T on A100s) and show the "
-                "planner's best plan for each row");
+  CLI::Option* published = cmd->add_flag("--published", a->published,
+                                          "compare predictions with Narayanan et al. 2021 Table 1 (GPT 1.7B-1T on "
+                                          "A100s) and show the planner's best plan for each row");
+  for (const char* name : {"--model", "--cluster", "--global-batch", "--seq-len", "--layout", "--svg"})
+    published->excludes(cmd->get_option(name));  // the Table 1 rows fix all of these
   cmd->add_flag("--quiet", a->quiet, "no progress lines while measuring this machine");
-  return {{cmd, [a] {
+  return {{cmd, [a, layout] {
              if (a->published) return run_published(a->format);
              if (a->model.empty() || a->cluster.empty())
                throw BadInput("tessel plan needs --model and --cluster (or --published); see tessel plan --help");
@@ -192,13 +195,26 @@ std::vector<Command> register_plan(CLI::App& app) {
              } catch (const Error& e) {
                throw BadInput(e.what());
              }
-             if (a->seq_len > 0) m.seq = a->seq_len;
+             if (a->seq_len > 0) {
+               const bool preset = plan::is_model_preset(a->model);
+               const int64_t positions = config.model.arch == "gpt2" ? config.model.gpt2.n_positions
+                                                                      : config.model.llama.max_position_embeddings;
+               if (!preset && a->seq_len > positions)
+                 throw BadInput(fmt::format("--seq-len {} exceeds the model's {} positions ({})", a->seq_len, positions,
+                                            a->model));
+               m.seq = a->seq_len;
+             }
+             if (!a->svg.empty()) {
+               const std::filesystem::path dir = std::filesystem::absolute(a->svg).parent_path();
+               if (!std::filesystem::is_directory(dir))
+                 throw BadInput(fmt::format("--svg {}: the folder {} does not exist", a->svg, dir.string()));
+             }
              int64_t batch = a->global_batch;
              if (batch == 0 && !plan::is_model_preset(a->model)) batch = config.train.global_batch;
              if (batch == 0) throw BadInput("--global-batch is required with a model preset");
              std::vector<plan::Estimate> plans;
              Json search_info = Json::Object{};
-             if (!a->layout.empty()) {
+             if (layout->count() > 0) {
                try {
                  plans.push_back(plan::evaluate(m, c, plan::parse_layout(a->layout, batch, c.devices()), batch));
                } catch (const Error& e) {
@@ -209,6 +225,11 @@ std::vector<Command> register_plan(CLI::App& app) {
                o.global_batch = batch;
                o.top = a->top;
                plan::SearchResult r = plan::search(m, c, o);
+               if (r.candidates == 0)
+                 throw BadInput(fmt::format(
+                     "no layout of {} fits the shape of {} devices and global batch {}: dp x tp x pp must be the "
+                     "device count, dp must divide the global batch, tp the {} heads and pp the {} layers",
+                     m.name, c.devices(), batch, m.heads, m.layers));
                if (r.best.empty())
                  throw BadInput(fmt::format("no layout of {} on {} devices fits in {} GB per device ({} layouts tried)",
                                             m.name, c.devices(), c.device.memory_bytes / 1e9, r.candidates));

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <type_traits>
 
 #include "tessel/core/error.h"
@@ -23,13 +24,25 @@ std::string where(const YAML::Node& n, const std::string& source) {
   return fmt::format("{}:{}", source, m.line + 1);
 }
 
+// The --set arguments by the key path they set ("train.lr" -> "train.lr=3e-4").
+using Overrides = std::map<std::string, std::string>;
+
+// Where a value came from: the --set that gave it, or its line in the config file.
+std::string origin(const YAML::Node& n, const std::string& key_path, const std::string& source, const Overrides& set) {
+  for (std::string path = key_path;; path = path.substr(0, path.rfind('.'))) {
+    if (auto it = set.find(path); it != set.end()) return fmt::format("--set '{}'", it->second);
+    if (path.find('.') == std::string::npos) break;
+  }
+  return where(n, source);
+}
+
 // A mapping whose keys are consumed one by one; finish() rejects anything left over.
 class Section {
  public:
-  Section(YAML::Node node, std::string path, std::string source)
-      : node_(std::move(node)), path_(std::move(path)), source_(std::move(source)) {
+  Section(YAML::Node node, std::string path, std::string source, const Overrides& set)
+      : node_(std::move(node)), path_(std::move(path)), source_(std::move(source)), set_(set) {
     TESSEL_CHECK(!node_ || node_.IsNull() || node_.IsMap(), "{}: config section '{}' must be a mapping of keys",
-                 where(node_, source_), path_);
+                 origin(node_, path_, source_, set_), path_);
   }
 
   bool has(const std::string& key) const { return node_ && node_.IsMap() && node_[key]; }
@@ -57,41 +70,78 @@ class Section {
       if (!known_.count(key)) {
         std::string list;
         for (const std::string& k : known_) list += (list.empty() ? "" : ", ") + k;
-        TESSEL_THROW("{}: unknown config key '{}' (known keys of '{}': {})", where(kv.first, source_), full(key), path_,
-                     list);
+        TESSEL_THROW("{}: unknown config key '{}' (known keys of '{}': {})", origin(kv.first, full(key), source_, set_),
+                     full(key), path_, list);
       }
     }
   }
 
   std::string full(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  // Where `key`'s value came from, for messages about it.
+  std::string origin_of(const std::string& key) const {
+    return origin(has(key) ? node_[key] : node_, full(key), source_, set_);
+  }
+  // `parse(value)` with its errors prefixed by the key and where the value came from.
+  template <typename F>
+  auto parsed(const std::string& key, const std::string& fallback, F parse) {
+    const std::string text = get<std::string>(key, fallback);
+    try {
+      return parse(text);
+    } catch (const Error& e) {
+      TESSEL_THROW("{}: config '{}': {}", origin_of(key), full(key), e.what());
+    }
+  }
 
  private:
   template <typename T>
+  static constexpr bool kIsList = std::is_same_v<T, std::vector<double>> || std::is_same_v<T, std::vector<int64_t>>;
+
+  template <typename T>
   T convert(const YAML::Node& v, const std::string& key) {
+    const std::string at = origin(v, full(key), source_, set_);
     try {
-      if constexpr (std::is_same_v<T, std::vector<double>>) {
-        TESSEL_CHECK(v.IsSequence(), "{}: config '{}' must be a list", where(v, source_), full(key));
+      if constexpr (kIsList<T>) {
+        TESSEL_CHECK(v.IsSequence(), "{}: config '{}' must be a list", at, full(key));
       } else {
-        TESSEL_CHECK(v.IsScalar(), "{}: config '{}' must be a single value", where(v, source_), full(key));
+        TESSEL_CHECK(v.IsScalar(), "{}: config '{}' must be a single value", at, full(key));
       }
       return v.as<T>();
     } catch (const YAML::Exception&) {
-      const char* expected = std::is_same_v<T, bool>          ? "true or false"
-                             : std::is_integral_v<T>          ? "an integer"
-                             : std::is_floating_point_v<T>    ? "a number"
-                             : std::is_same_v<T, std::string> ? "a string"
-                                                              : "a list of numbers";
-      TESSEL_THROW("{}: config '{}' must be {}, got '{}'", where(v, source_), full(key), expected,
-                   v.IsScalar() ? v.Scalar() : std::string("a non-scalar"));
+      const char* expected = std::is_same_v<T, bool>                  ? "true or false"
+                             : std::is_integral_v<T>                  ? "an integer"
+                             : std::is_floating_point_v<T>            ? "a number"
+                             : std::is_same_v<T, std::string>         ? "a string"
+                             : std::is_same_v<T, std::vector<double>> ? "a list of numbers"
+                                                                      : "a list of integers";
+      TESSEL_THROW("{}: config '{}' must be {}, got '{}'", at, full(key), expected,
+                   v.IsScalar() ? v.Scalar() : YAML::Dump(v));
     }
   }
 
   YAML::Node node_;
   std::string path_, source_;
+  const Overrides& set_;
   std::set<std::string> known_;
 };
 
-void apply_override(YAML::Node& root, const std::string& text) {
+// Mappings that give a key twice (yaml-cpp keeps both and reads the first): refused, naming
+// both lines, rather than silently ignoring one of the two values.
+void check_duplicate_keys(const YAML::Node& n, const std::string& path, const std::string& source) {
+  if (n.IsSequence())
+    for (const YAML::Node& e : n) check_duplicate_keys(e, path, source);
+  if (!n.IsMap()) return;
+  std::map<std::string, YAML::Node> seen;
+  for (const auto& kv : n) {
+    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : YAML::Dump(kv.first);
+    const std::string full = path.empty() ? key : path + "." + key;
+    auto [it, fresh] = seen.emplace(key, kv.first);
+    TESSEL_CHECK(fresh, "{}: config '{}' is given twice (first at line {}); give it once", where(kv.first, source), full,
+                 it->second.Mark().line + 1);
+    check_duplicate_keys(kv.second, full, source);
+  }
+}
+
+void apply_override(YAML::Node& root, const std::string& text, Overrides& set) {
   size_t eq = text.find('=');
   TESSEL_CHECK(eq != std::string::npos && eq > 0, "--set '{}': expected key.path=value", text);
   std::string path = text.substr(0, eq), value = text.substr(eq + 1);
@@ -119,6 +169,7 @@ void apply_override(YAML::Node& root, const std::string& text) {
     TESSEL_THROW("--set '{}': cannot parse the value: {}", text, e.what());
   }
   chain.back()[keys.back()] = parsed;
+  set[path] = text;
 }
 
 Json to_json(const YAML::Node& n) {
@@ -300,27 +351,29 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   }
   if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   TESSEL_CHECK(root.IsMap(), "{}: a config is a mapping with sections model, data, train, log", source);
-  for (const std::string& o : overrides) apply_override(root, o);
+  check_duplicate_keys(root, "", source);
+  Overrides set;
+  for (const std::string& o : overrides) apply_override(root, o, set);
   merge_hf_config(root["model"], base_dir, source);
 
   RunConfig c;
-  Section top(root, "", source);
+  Section top(root, "", source, set);
   TESSEL_CHECK(root["model"], "{}: config has no 'model' section", source);
   TESSEL_CHECK(root["data"], "{}: config has no 'data' section", source);
-  Section model(root["model"], "model", source);
+  Section model(root["model"], "model", source, set);
   top.mark("model");
   read_model(model, c.model, base_dir, source);
 
-  Section data(root["data"], "data", source);
+  Section data(root["data"], "data", source, set);
   top.mark("data");
   c.data.path = resolve_path(data.require<std::string>("path"), base_dir);
-  c.data.format = parse_token_format(data.get<std::string>("format", "text"));
-  c.data.order = parse_sample_order(data.get<std::string>("order", "random"));
+  c.data.format = data.parsed("format", "text", parse_token_format);
+  c.data.order = data.parsed("order", "random", parse_sample_order);
   c.data.val_path = resolve_path(data.get<std::string>("val_path", ""), base_dir);
   c.data.val_fraction = data.get("val_fraction", c.data.val_fraction);
   data.finish();
 
-  Section train(root["train"], "train", source);
+  Section train(root["train"], "train", source, set);
   top.mark("train");
   TrainSection& t = c.train;
   t.steps = train.get("steps", t.steps);
@@ -330,11 +383,15 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   t.lr = train.get("lr", t.lr);
   t.min_lr = train.get("min_lr", t.lr / 10);
   t.schedule = train.get("schedule", t.schedule);
+  train.parsed("schedule", t.schedule, optim::LrSchedule::parse_kind);
   t.warmup = train.get("warmup", t.warmup);
   t.weight_decay = train.get("weight_decay", t.weight_decay);
   std::vector<double> betas = train.get("betas", std::vector<double>{t.beta1, t.beta2});
-  TESSEL_CHECK(betas.size() == 2 && betas[0] >= 0 && betas[0] < 1 && betas[1] >= 0 && betas[1] < 1,
-               "{}: config 'train.betas' must be two numbers in [0, 1), got {} values", source, betas.size());
+  TESSEL_CHECK(betas.size() == 2, "{}: config 'train.betas' must be two numbers (beta1, beta2), got {}",
+               train.origin_of("betas"), betas.size());
+  for (double b : betas)
+    TESSEL_CHECK(b >= 0 && b < 1, "{}: config 'train.betas' must be in [0, 1), got [{}, {}]", train.origin_of("betas"),
+                 betas[0], betas[1]);
   t.beta1 = betas[0];
   t.beta2 = betas[1];
   t.eps = train.get("eps", t.eps);
@@ -353,7 +410,7 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   t.eval_batches = train.get("eval_batches", t.eval_batches);
   train.finish();
 
-  Section par(root["parallel"], "parallel", source);
+  Section par(root["parallel"], "parallel", source, set);
   top.mark("parallel");
   parallel::ParallelConfig& pc = c.parallel;
   pc.dp = par.get("dp", pc.dp);
@@ -363,7 +420,8 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   pc.sharding_stage = par.get("sharding_stage", pc.sharding_stage);
   pc.sp = par.get("sp", pc.sp);
   const int64_t micro_batches = par.get("micro_batches", int64_t{0});
-  pc.schedule = par.get("schedule", pc.schedule);
+  // Several chunks per pipeline rank run only on the interleaved schedule: its default then.
+  pc.schedule = par.parsed("schedule", pc.vpp > 1 ? "VPP" : pc.schedule, parallel::canonical_schedule_name);
   pc.recompute = par.get("recompute", pc.recompute);
   pc.stage_layers = par.get("stage_layers", pc.stage_layers);
   par.finish();
@@ -373,10 +431,14 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
     TESSEL_CHECK(micro_batches > 0 && t.global_batch % micro_batches == 0,
                  "{}: config 'parallel.micro_batches' ({}) must divide 'train.global_batch' ({})", source,
                  micro_batches, t.global_batch);
+    TESSEL_CHECK(!train.has("micro_batch") || t.micro_batch * micro_batches == t.global_batch,
+                 "{}: config 'train.micro_batch' ({}) and 'parallel.micro_batches' ({}) disagree: {} micro-batches of "
+                 "'train.global_batch' ({}) have {} rows each; give one of the two",
+                 source, t.micro_batch, micro_batches, micro_batches, t.global_batch, t.global_batch / micro_batches);
     t.micro_batch = t.global_batch / micro_batches;
   }
 
-  Section log(root["log"], "log", source);
+  Section log(root["log"], "log", source, set);
   top.mark("log");
   c.log.every = log.get("every", c.log.every);
   c.log.metrics = log.get<std::string>("metrics", "");
@@ -398,7 +460,6 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
                t.global_batch, t.micro_batch);
   TESSEL_CHECK(t.optimizer == "adamw" || t.optimizer == "sgd", "{}: config 'train.optimizer' must be adamw or sgd, got '{}'",
                source, t.optimizer);
-  optim::LrSchedule::parse_kind(t.schedule);
   pc.micro_batches = t.global_batch / t.micro_batch;
   TESSEL_CHECK(t.dropout < 1.0 && (t.dropout >= 0 || !train.has("dropout")),
                "{}: config 'train.dropout' must be in [0, 1), got {}", source, t.dropout);
@@ -419,8 +480,13 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   TESSEL_CHECK(c.data.val_path.empty() || c.data.val_fraction == 0,
                "{}: config 'data.val_path' and 'data.val_fraction' are two sources of validation tokens; give one",
                source);
-  TESSEL_CHECK(c.data.has_validation() || !train.has("eval_every"),
-               "{}: config 'train.eval_every' needs validation tokens: 'data.val_path' or 'data.val_fraction'", source);
+  for (const char* key : {"eval_every", "eval_batches"})
+    TESSEL_CHECK(c.data.has_validation() || !train.has(key),
+                 "{}: config 'train.{}' needs validation tokens: 'data.val_path' or 'data.val_fraction'", source, key);
+  TESSEL_CHECK(c.model.arch == "gpt2" || !train.has("dropout") || t.dropout == 0,
+               "{}: config 'train.dropout' is {}, but llama has no dropout layers (gpt2 does)", source, t.dropout);
+  TESSEL_CHECK(t.threads <= 1024, "{}: config 'train.threads' is {}; this machine has {} hardware threads", source,
+               t.threads, std::thread::hardware_concurrency());
   TESSEL_CHECK(t.min_lr >= 0 && t.min_lr <= t.lr,
                "{}: config 'train.min_lr' ({}) must be in [0, 'train.lr' ({})]: the schedule decays towards it", source,
                t.min_lr, t.lr);
@@ -435,7 +501,6 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   // The parallel section is checked for every run, not only when it asks for several ranks:
   // a degree of 0 or -1 would otherwise fall back to one rank without a word.
   try {
-    parallel::canonical_schedule_name(pc.schedule);
     pc.validate(c.model.arch == "gpt2" ? c.model.gpt2.n_layer : c.model.llama.num_hidden_layers, t.global_batch);
   } catch (const Error& e) {
     TESSEL_THROW("{}: config {}", source, e.what());

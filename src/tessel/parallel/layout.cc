@@ -2,6 +2,7 @@
 #include "tessel/parallel/layout.h"
 
 #include "tessel/core/error.h"
+#include "tessel/parallel/schedule.h"
 
 namespace tessel::parallel {
 
@@ -17,7 +18,17 @@ void ParallelConfig::validate(int64_t num_blocks, int64_t global_batch) const {
   TESSEL_CHECK(mb >= dp, "each micro-batch has {} rows (train.global_batch {} / parallel.micro_batches {}) — fewer than "
                "parallel.dp = {}, so some data-parallel ranks would get none",
                mb, global_batch, micro_batches, dp);
-  if (vpp > 1) TESSEL_CHECK(pp > 1, "parallel.vpp = {} needs parallel.pp > 1", vpp);
+  if (vpp > 1) {
+    TESSEL_CHECK(pp > 1, "parallel.vpp = {} needs parallel.pp > 1", vpp);
+    TESSEL_CHECK(canonical_schedule_name(schedule) == "VPP",
+                 "parallel.vpp = {} puts several model chunks on each pipeline rank, which only parallel.schedule VPP "
+                 "runs; got {}",
+                 vpp, schedule);
+    TESSEL_CHECK(micro_batches % pp == 0,
+                 "parallel.micro_batches ({}) must be a multiple of parallel.pp ({}) with parallel.vpp = {}: the "
+                 "interleaved schedule sends micro-batches through the chunks in groups of pp",
+                 micro_batches, pp, vpp);
+  }
   const int64_t stages = pp * vpp;
   if (!stage_layers.empty()) {
     TESSEL_CHECK(static_cast<int64_t>(stage_layers.size()) == stages,

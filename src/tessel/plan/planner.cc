@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -38,11 +39,16 @@ Layout parse_layout(const std::string& text, int64_t global_batch, int devices) 
     TESSEL_CHECK(used == v.size() && x >= 0, "--layout: {}={} is not a non-negative integer", key, v);
     return static_cast<int64_t>(x);
   };
+  std::set<std::string> seen;
+  TESSEL_CHECK(!text.empty(), "--layout: empty; give key=value pairs such as dp=2,tp=4,pp=2 (or leave --layout out to "
+                              "search)");
   while (std::getline(in, item, ',')) {
-    if (item.empty()) continue;
+    TESSEL_CHECK(!item.empty(), "--layout '{}': an empty field between commas", text);
     const size_t eq = item.find('=');
     TESSEL_CHECK(eq != std::string::npos, "--layout: expected key=value, got '{}'", item);
     const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
+    TESSEL_CHECK(seen.insert(key == "micro_batch" ? "mbs" : key == "zero" ? "sharding_stage" : key).second,
+                 "--layout '{}': '{}' is given twice", text, key);
     if (key == "dp") l.dp = static_cast<int>(number(key, v)), has_dp = true;
     else if (key == "tp") l.tp = static_cast<int>(number(key, v));
     else if (key == "pp") l.pp = static_cast<int>(number(key, v));
@@ -72,9 +78,18 @@ Layout parse_layout(const std::string& text, int64_t global_batch, int devices) 
   }
   TESSEL_CHECK(l.dp > 0, "--layout: dp must be positive");
   if (!has_schedule) l.schedule = l.vpp > 1 ? "VPP" : "1F1B";
+  l.schedule = parallel::canonical_schedule_name(l.schedule);
+  if (l.vpp > 1) {
+    TESSEL_CHECK(l.pp > 1, "--layout: vpp={} needs pp > 1 (chunks interleave over pipeline ranks)", l.vpp);
+    TESSEL_CHECK(l.schedule == "VPP", "--layout: vpp={} runs only on schedule=VPP, got schedule={}", l.vpp, l.schedule);
+  }
   TESSEL_CHECK(global_batch % (l.dp * l.micro_batch) == 0,
                "--layout: the global batch {} is not a multiple of dp {} x mbs {}", global_batch, l.dp, l.micro_batch);
   l.micro_batches = global_batch / (l.dp * l.micro_batch);
+  TESSEL_CHECK(l.vpp == 1 || l.micro_batches % l.pp == 0,
+               "--layout: with vpp={} the {} micro-batches per step (global batch {} / dp {} / mbs {}) must be a multiple "
+               "of pp {}",
+               l.vpp, l.micro_batches, global_batch, l.dp, l.micro_batch, l.pp);
   return l;
 }
 

@@ -45,9 +45,17 @@ ProcessMesh ProcessMesh::parse(std::string_view text) {
   auto fail = [&](std::string_view why) {
     TESSEL_THROW("bad mesh '{}': {} (expected like mesh(dp=2,tp=2)[[0,1],[2,3]] or 2x2)", text, why);
   };
+  // Sizes whose product overflows, or that no machine has, would exhaust memory listing ranks.
+  auto check_total = [&](const Shape& shape) {
+    int64_t total = 1;
+    for (int64_t d : shape)
+      if (__builtin_mul_overflow(total, std::max<int64_t>(d, 1), &total) || total > kMaxMeshSize)
+        fail(fmt::format("more than {} processes", kMaxMeshSize));
+  };
   if (!t.starts_with("mesh(")) {
     Shape shape = parse_shape(t);
     if (shape.empty()) fail("no dims");
+    check_total(shape);
     return iota(shape);
   }
   size_t close = t.find(')');
@@ -72,6 +80,7 @@ ProcessMesh ProcessMesh::parse(std::string_view text) {
     if (comma == std::string_view::npos) break;
     start = comma + 1;
   }
+  check_total(shape);
   std::string_view rest = t.substr(close + 1);
   if (rest.empty()) return iota(shape, names);
   std::vector<int64_t> ids;

@@ -18,8 +18,10 @@ class ProcessMesh {
   ProcessMesh(Shape shape, std::vector<int64_t> ids, std::vector<std::string> dim_names = {});
   // Ranks 0..prod(shape)-1 in row-major order.
   static ProcessMesh iota(Shape shape, std::vector<std::string> dim_names = {});
-  // Parses "mesh(dp=2,tp=2)[[0,1],[2,3]]", "mesh(dp=2,tp=2)" (iota) or "2x2" (iota, d0, d1).
+  // Parses "mesh(dp=2,tp=2)[[0,1],[2,3]]", "mesh(dp=2,tp=2)" (iota) or "2x2" (iota, d0, d1), of
+  // at most kMaxMeshSize processes.
   static ProcessMesh parse(std::string_view text);
+  static constexpr int64_t kMaxMeshSize = int64_t{1} << 24;
 
   int64_t ndim() const { return static_cast<int64_t>(data().shape.size()); }
   int64_t size() const { return static_cast<int64_t>(data().ids.size()); }
