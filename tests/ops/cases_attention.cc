@@ -69,6 +69,10 @@ const SdpaCase kSdpaCases[] = {
     {"causal_blocks_t_gt_s", {1, 1, 80, 2}, {1, 1, 40, 2}, true},
     {"causal_blocks_t_lt_s", {1, 1, 40, 2}, {1, 1, 72, 2}, true},
     {"plain_long", {1, 1, 40, 2}, {1, 1, 40, 2}, false},
+    // Head dims wider than a vector of the products' tiles (with a remainder), so every
+    // product — scores, P·V and the four of backward — runs on full tiles and on the tail.
+    {"wide_heads_causal_gqa", {1, 4, 37, 20}, {1, 2, 37, 20}, true},
+    {"wide_heads", {2, 1, 9, 19}, {2, 1, 13, 19}, false},
 };
 
 }  // namespace

@@ -4,8 +4,8 @@
 // (heads permuted out of a fused qkv projection cost no copy), and out, dq, dk, dv are
 // written laid out [B, T, H, D] in memory, so merging the heads afterwards is a view (dq, dk
 // and dv of a fused projection's heads share one buffer laid out like it instead). The
-// (b, h) loop is sequential because OpenBLAS threads each gemm itself; only the row softmax
-// runs on the intra-op pool.
+// products are small enough to stay in cache and run on kernels::small_gemm, one (batch, kv
+// head) per task of the intra-op pool.
 // Grouped-query attention reads kv head h / (H / Hkv), and the backward accumulates dK and dV
 // over the query heads of a group in head order (its query blocks last to first).
 //
@@ -27,11 +27,12 @@
 #include "tessel/ops/fast_math.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ops/op_list.h"
+#include "tessel/ops/small_gemm.h"
 #include "tessel/sharding/spmd_rules.h"
 
 namespace tessel {
 
-using kernels::gemm;
+using kernels::small_gemm;
 
 namespace {
 
@@ -124,8 +125,6 @@ void softmax_grad_row(const T* __restrict p, T* __restrict dp, int64_t S) {
   for (j = 0; j < S; ++j) dp[j] = p[j] * (dp[j] - dot);
 }
 
-int64_t row_grain(int64_t S) { return std::max<int64_t>(1, kernels::kElementGrain / std::max<int64_t>(1, S)); }
-
 // A [B, H, T, D] operand as BLAS reads it: head (b, h) starts at base + b·sb + h·sh and its
 // T rows are `ld` apart with D contiguous. Views such as a permuted [B, T, H, D] projection
 // are read in place; only layouts with a strided D are copied.
@@ -163,9 +162,9 @@ int64_t query_block(const Dims& d, bool causal) {
   return causal ? std::clamp<int64_t>(kQueryBlock, 1, std::max<int64_t>(d.T, 1)) : std::max<int64_t>(d.T, 1);
 }
 
-// kt[D, S] = k[S, D]^T (rows `ld` apart), so that products with k^T are plain NN gemms:
-// OpenBLAS's small-matrix NN kernel runs the 32-row score blocks about twice as fast as the
-// NT form reading k directly (bench/ops_bench sdpa), and the copy is D·S floats per kv head.
+// kt[D, S] = k[S, D]^T (rows `ld` apart), so that products with k^T read their right-hand
+// operand by contiguous rows, as small_gemm's vector loads need; the copy is D·S values per
+// kv head, against 2·T·S·D multiply-adds per query head.
 template <typename T>
 void transpose_rows(const T* k, int64_t ld, int64_t S, int64_t D, T* kt) {
   constexpr int64_t kTile = 16;
@@ -179,29 +178,31 @@ template <typename T>
 void sdpa_forward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, const Heads<T>& k, const Heads<T>& v,
                     const Heads<T>& out, T* P) {
   const int64_t ld_s = std::max<int64_t>(d.S, 1), qb = query_block(d, causal);
-  std::vector<T> kt(static_cast<size_t>(d.D * d.S));
-  for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t h = 0; h < d.H; ++h) {
-      const int64_t kvh = h / d.group();
-      if (h % d.group() == 0) transpose_rows(k.at(b, kvh), k.ld, d.S, d.D, kt.data());
-      T* pb = P + (b * d.H + h) * d.T * d.S;
-      for (int64_t t0 = 0; t0 < d.T; t0 += qb) {
-        const int64_t rows = std::min(qb, d.T - t0), n = visible_keys(d, causal, t0 + rows - 1);
-        T* pt = pb + t0 * d.S;
-        // scores[rows, n] = q[rows, D] @ kt[D, n] · scale
-        if (n > 0) gemm<T>(false, false, rows, n, d.D, scale, q.at(b, h) + t0 * q.ld, q.ld, kt.data(), ld_s, T(0), pt, ld_s);
-        parallel_for(0, rows, row_grain(n), [&](int64_t lo, int64_t hi) {
-          for (int64_t t = lo; t < hi; ++t) masked_softmax_row(pt + t * d.S, visible_keys(d, causal, t0 + t), d.S);
-        });
-        // out[rows, D] = P[rows, n] @ v[n, D]
-        T* ot = out.at(b, h) + t0 * out.ld;
-        if (n > 0) {
-          gemm<T>(false, false, rows, d.D, n, T(1), pt, ld_s, v.at(b, kvh), v.ld, T(0), ot, out.ld);
-        } else {
-          for (int64_t t = 0; t < rows; ++t) std::fill(ot + t * out.ld, ot + t * out.ld + d.D, T(0));
+  // One task per (batch, kv head): its group of query heads shares the transposed keys.
+  parallel_for(0, d.B * d.Hkv, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<T> kt(static_cast<size_t>(d.D * d.S));
+    for (int64_t unit = lo; unit < hi; ++unit) {
+      const int64_t b = unit / d.Hkv, kvh = unit % d.Hkv;
+      transpose_rows(k.at(b, kvh), k.ld, d.S, d.D, kt.data());
+      for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
+        T* pb = P + (b * d.H + h) * d.T * d.S;
+        for (int64_t t0 = 0; t0 < d.T; t0 += qb) {
+          const int64_t rows = std::min(qb, d.T - t0), n = visible_keys(d, causal, t0 + rows - 1);
+          T* pt = pb + t0 * d.S;
+          // scores[rows, n] = q[rows, D] @ kt[D, n] · scale
+          if (n > 0) small_gemm<T>(rows, n, d.D, scale, q.at(b, h) + t0 * q.ld, q.ld, 1, kt.data(), ld_s, T(0), pt, ld_s);
+          for (int64_t t = 0; t < rows; ++t) masked_softmax_row(pt + t * d.S, visible_keys(d, causal, t0 + t), d.S);
+          // out[rows, D] = P[rows, n] @ v[n, D]
+          T* ot = out.at(b, h) + t0 * out.ld;
+          if (n > 0) {
+            small_gemm<T>(rows, d.D, n, T(1), pt, ld_s, 1, v.at(b, kvh), v.ld, T(0), ot, out.ld);
+          } else {
+            for (int64_t t = 0; t < rows; ++t) std::fill(ot + t * out.ld, ot + t * out.ld + d.D, T(0));
+          }
         }
       }
     }
+  });
 }
 
 std::vector<Tensor> sdpa_forward(const OpCall& c) {
@@ -220,58 +221,60 @@ std::vector<Tensor> sdpa_forward(const OpCall& c) {
 
 // Query blocks run last to first: the last block sees every key, so the first head of a kv
 // group writes all of dK and dV there (beta 0) and the rest accumulate, with no zero-fill.
+// One task per (batch, kv head) runs the group's query heads in order, so dK and dV sum over
+// them the same way whatever the thread count.
 template <typename T>
 void sdpa_backward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, const Heads<T>& k, const Heads<T>& v,
                      const T* P, const Heads<T>& dO, const Heads<T>* dq, const Heads<T>* dk, const Heads<T>* dv) {
   const int64_t ld_s = std::max<int64_t>(d.S, 1), qb = query_block(d, causal);
   const int64_t blocks = (d.T + qb - 1) / qb;
-  std::vector<T> ds(static_cast<size_t>(d.T * d.S)), vt(static_cast<size_t>(d.D * d.S));
   // Keys that no query sees (all of them when T = 0) get no product: their dK and dV rows are 0.
   const int64_t seen = blocks > 0 ? visible_keys(d, causal, d.T - 1) : 0;
   auto zero_unseen = [&](const Heads<T>* g, int64_t b, int64_t kvh) {
     if (g != nullptr)
       for (int64_t s = seen; s < d.S; ++s) std::fill_n(g->at(b, kvh) + s * g->ld, d.D, T(0));
   };
-  for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t h = 0; h < d.H; ++h) {
-      const int64_t kvh = h / d.group();
-      const bool first_of_group = h % d.group() == 0;
-      if (first_of_group) {
-        if (dq != nullptr || dk != nullptr) transpose_rows(v.at(b, kvh), v.ld, d.S, d.D, vt.data());
-        zero_unseen(dk, b, kvh);
-        zero_unseen(dv, b, kvh);
-      }
-      for (int64_t blk = blocks - 1; blk >= 0; --blk) {
-        const int64_t t0 = blk * qb;
-        const int64_t rows = std::min(qb, d.T - t0), n = visible_keys(d, causal, t0 + rows - 1);
-        // The group's first product into dK and dV writes rows [0, seen) (n = seen here).
-        const T kv_beta = first_of_group && blk == blocks - 1 ? T(0) : T(1);
-        const T* pt = P + (b * d.H + h) * d.T * d.S + t0 * d.S;
-        const T* gt = dO.at(b, h) + t0 * dO.ld;
-        T* dst = ds.data() + t0 * d.S;
-        if (n == 0) {  // these queries see no key: P = 0, so dQ = 0 and nothing flows to K or V
+  parallel_for(0, d.B * d.Hkv, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<T> ds(static_cast<size_t>(d.T * d.S)), vt(static_cast<size_t>(d.D * d.S));
+    for (int64_t unit = lo; unit < hi; ++unit) {
+      const int64_t b = unit / d.Hkv, kvh = unit % d.Hkv;
+      if (dq != nullptr || dk != nullptr) transpose_rows(v.at(b, kvh), v.ld, d.S, d.D, vt.data());
+      zero_unseen(dk, b, kvh);
+      zero_unseen(dv, b, kvh);
+      for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
+        const bool first_of_group = h == kvh * d.group();
+        for (int64_t blk = blocks - 1; blk >= 0; --blk) {
+          const int64_t t0 = blk * qb;
+          const int64_t rows = std::min(qb, d.T - t0), n = visible_keys(d, causal, t0 + rows - 1);
+          // The group's first product into dK and dV writes rows [0, seen) (n = seen here).
+          const T kv_beta = first_of_group && blk == blocks - 1 ? T(0) : T(1);
+          const T* pt = P + (b * d.H + h) * d.T * d.S + t0 * d.S;
+          const T* gt = dO.at(b, h) + t0 * dO.ld;
+          T* dst = ds.data() + t0 * d.S;
+          if (n == 0) {  // these queries see no key: P = 0, so dQ = 0 and nothing flows to K or V
+            if (dq != nullptr)
+              for (int64_t t = 0; t < rows; ++t) std::fill_n(dq->at(b, h) + (t0 + t) * dq->ld, d.D, T(0));
+            continue;
+          }
+          // dV[n, D] += P^T[n, rows] @ dO[rows, D]
+          if (dv != nullptr)
+            small_gemm<T>(n, d.D, rows, T(1), pt, 1, ld_s, gt, dO.ld, kv_beta, dv->at(b, kvh), dv->ld);
+          if (dq == nullptr && dk == nullptr) continue;
+          // dP[rows, n] = dO[rows, D] @ vt[D, n], then dS = P ⊙ (dP - rowsum(dP ⊙ P))
+          small_gemm<T>(rows, n, d.D, T(1), gt, dO.ld, 1, vt.data(), ld_s, T(0), dst, ld_s);
+          for (int64_t t = 0; t < rows; ++t) softmax_grad_row(pt + t * d.S, dst + t * d.S, n);
+          // dQ[rows, D] = dS[rows, n] @ K[n, D] · scale
           if (dq != nullptr)
-            for (int64_t t = 0; t < rows; ++t) std::fill_n(dq->at(b, h) + (t0 + t) * dq->ld, d.D, T(0));
-          continue;
+            small_gemm<T>(rows, d.D, n, scale, dst, ld_s, 1, k.at(b, kvh), k.ld, T(0), dq->at(b, h) + t0 * dq->ld,
+                          dq->ld);
+          // dK[n, D] += dS^T[n, rows] @ Q[rows, D] · scale
+          if (dk != nullptr)
+            small_gemm<T>(n, d.D, rows, scale, dst, 1, ld_s, q.at(b, h) + t0 * q.ld, q.ld, kv_beta, dk->at(b, kvh),
+                          dk->ld);
         }
-        // dV[n, D] += P^T[n, rows] @ dO[rows, D]
-        if (dv != nullptr) gemm<T>(true, false, n, d.D, rows, T(1), pt, ld_s, gt, dO.ld, kv_beta, dv->at(b, kvh), dv->ld);
-        if (dq == nullptr && dk == nullptr) continue;
-        // dP[rows, n] = dO[rows, D] @ vt[D, n], then dS = P ⊙ (dP - rowsum(dP ⊙ P))
-        gemm<T>(false, false, rows, n, d.D, T(1), gt, dO.ld, vt.data(), ld_s, T(0), dst, ld_s);
-        parallel_for(0, rows, row_grain(n), [&](int64_t lo, int64_t hi) {
-          for (int64_t t = lo; t < hi; ++t) softmax_grad_row(pt + t * d.S, dst + t * d.S, n);
-        });
-        // dQ[rows, D] = dS[rows, n] @ K[n, D] · scale
-        if (dq != nullptr)
-          gemm<T>(false, false, rows, d.D, n, scale, dst, ld_s, k.at(b, kvh), k.ld, T(0), dq->at(b, h) + t0 * dq->ld,
-                  dq->ld);
-        // dK[n, D] += dS^T[n, rows] @ Q[rows, D] · scale
-        if (dk != nullptr)
-          gemm<T>(true, false, n, d.D, rows, scale, dst, ld_s, q.at(b, h) + t0 * q.ld, q.ld, kv_beta, dk->at(b, kvh),
-                  dk->ld);
       }
     }
+  });
 }
 
 // When q, k and v are the heads of one fused projection — views of one buffer whose rows
