@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
+#include <string>
 
 #include "tessel/core/error.h"
 #include "tessel/optim/optimizer.h"
@@ -85,6 +87,40 @@ TEST(Clip, GlobalNormAcrossParametersLikeTorch) {
   set_grad(b, {0, 0.4});
   EXPECT_NEAR(clip_grad_norm({a, b}, 1.0), 0.5, 1e-7);
   EXPECT_NEAR(a.grad().to_doubles()[0], 0.3, 1e-7);
+}
+
+// step(coef) is the update on clip_grad_norm's scaled gradients, bit for bit, for both
+// optimizers and with the coefficient active or not (1.0 when the norm is under the limit).
+TEST(Clip, ACoefficientInsideTheStepEqualsScalingTheGradientsFirst) {
+  for (const char* kind : {"adamw", "sgd"})
+    for (double max_norm : {0.3, 100.0}) {
+      auto run = [&](bool inside) {
+        Tensor w = param({0.5, -1.0, 2.0, 0.25}, {2, 2}), b = param({0.1, -0.2}, {2});
+        std::unique_ptr<Optimizer> opt;
+        if (std::string(kind) == "adamw")
+          opt = std::make_unique<AdamW>(std::vector<ParamRef>{{"w", w}, {"b", b}},
+                                        AdamWOptions{.lr = 0.1, .weight_decay = 0.5});
+        else
+          opt = std::make_unique<Sgd>(std::vector<ParamRef>{{"w", w}, {"b", b}},
+                                      SgdOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true});
+        for (int t = 1; t <= 3; ++t) {
+          set_grad(w, {0.1 * t, -0.3, 0.05, 1.0 / t});
+          set_grad(b, {0.2, -0.1 * t});
+          if (inside) {
+            opt->step(clip_coefficient(std::sqrt(grad_sum_squares({w, b})), max_norm));
+          } else {
+            clip_grad_norm({w, b}, max_norm);
+            opt->step();
+          }
+        }
+        return std::vector<float>{w.data<float>()[0], w.data<float>()[1], w.data<float>()[2], w.data<float>()[3],
+                                  b.data<float>()[0], b.data<float>()[1]};
+      };
+      EXPECT_EQ(run(true), run(false)) << kind << " max_norm " << max_norm;
+    }
+  EXPECT_EQ(clip_coefficient(0.5, 1.0), 1.0f);
+  EXPECT_EQ(clip_coefficient(4.0, 0.0), 1.0f);  // no clipping
+  EXPECT_FLOAT_EQ(clip_coefficient(4.0, 1.0), static_cast<float>(1.0 / (4.0 + 1e-6)));
 }
 
 TEST(Schedule, WarmupThenCosineOrLinear) {

@@ -269,10 +269,11 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
     double loss = loss_sum / static_cast<double>(M);
     TESSEL_CHECK(std::isfinite(loss), "training diverged: the loss is {} at step {} (try a lower train.lr or train.grad_clip)",
                  loss, step);
-    double norm = t.grad_clip > 0 ? optim::clip_grad_norm(params, t.grad_clip) : std::sqrt(optim::grad_sum_squares(params));
+    // The clip coefficient scales each gradient inside the update (no separate pass over them).
+    const double norm = std::sqrt(optim::grad_sum_squares(params));
     {
       ProfileScope scope("(optimizer step + zero_grad)");
-      optimizer->step();
+      optimizer->step(optim::clip_coefficient(norm, t.grad_clip));
       optimizer->zero_grad();
     }
     double secs = std::chrono::duration<double>(Clock::now() - t0).count();

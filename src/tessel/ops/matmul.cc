@@ -229,10 +229,16 @@ std::vector<Tensor> linear_backward_t(const GradCall& g) {
   if (grads.size() == 3 && g.needs_grad[2]) {
     Tensor db = Tensor::zeros({O}, go.dtype());
     T* pb = db.data<T>();
-    // Columns split over threads; each column sums its rows in order (deterministic).
-    parallel_for(0, O, 256, [&](int64_t lo, int64_t hi) {
-      for (int64_t r = 0; r < R; ++r)
-        for (int64_t o = lo; o < hi; ++o) pb[o] += pg[r * O + o];
+    // Columns split over threads, one block each, so that each reads whole row segments in
+    // memory order; each column sums its rows in order (deterministic).
+    const int64_t threads = current_num_threads();
+    const int64_t grain = std::max<int64_t>(64, (O + threads - 1) / threads);
+    parallel_for(0, O, grain, [&](int64_t lo, int64_t hi) {
+      T* __restrict acc = pb + lo;
+      for (int64_t r = 0; r < R; ++r) {
+        const T* __restrict row = pg + r * O + lo;
+        for (int64_t o = 0; o < hi - lo; ++o) acc[o] += row[o];
+      }
     });
     grads[2] = db;
   }

@@ -131,7 +131,7 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
 AdamW::AdamW(std::vector<ParamRef> params, AdamWOptions options)
     : Optimizer(std::move(params), options.lr, {"exp_avg", "exp_avg_sq"}), options_(options) {}
 
-void AdamW::step() {
+void AdamW::apply(float grad_scale) {
   ProfileScope profile_scope("optimizer.adamw");
   ++step_;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -143,7 +143,7 @@ void AdamW::step() {
     // Decoupled weight decay on matrices (embeddings, projections), not on biases and norms.
     bool decay = params_[i].param.dim() >= 2;
     adamw_update(params_[i].param.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(),
-                 params_[i].param.numel(), step_, options_, lr_, decay);
+                 params_[i].param.numel(), step_, options_, lr_, decay, grad_scale);
   }
 }
 
@@ -156,7 +156,7 @@ Sgd::Sgd(std::vector<ParamRef> params, SgdOptions options)
                options.dampening);
 }
 
-void Sgd::step() {
+void Sgd::apply(float grad_scale) {
   ++step_;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor g = params_[i].param.grad();
@@ -164,7 +164,8 @@ void Sgd::step() {
     g = view::contiguous(view::to_dtype(g, DType::f32));
     bool first = options_.momentum != 0.0 && !state_.count(params_[i].name + ".momentum_buffer");
     float* buf = options_.momentum != 0.0 ? slot(i, "momentum_buffer").data<float>() : nullptr;
-    sgd_update(params_[i].param.data<float>(), g.data<float>(), buf, params_[i].param.numel(), first, options_, lr_);
+    sgd_update(params_[i].param.data<float>(), g.data<float>(), buf, params_[i].param.numel(), first, options_, lr_,
+               grad_scale);
   }
 }
 
@@ -191,11 +192,15 @@ double grad_sum_squares(const std::vector<Tensor>& params) {
   return total;
 }
 
+float clip_coefficient(double norm, double max_norm) {
+  return max_norm > 0 && norm + 1e-6 > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double sum_squares) {
   TESSEL_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be positive, got {}", max_norm);
   double norm = std::sqrt(sum_squares);
-  double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0)
+  const float coef = clip_coefficient(norm, max_norm);
+  if (coef < 1.0f)
     for (const Tensor& p : params)
       if (p.grad().defined()) scale_(p.grad(), coef);
   return norm;

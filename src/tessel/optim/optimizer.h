@@ -42,8 +42,10 @@ void sgd_update(float* p, const float* g, float* buf, int64_t n, bool first_step
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // Applies one update from each parameter's .grad() (parameters without one are skipped).
-  virtual void step() = 0;
+  // Applies one update from each parameter's .grad() · grad_scale (parameters without a
+  // gradient are skipped); a clipping coefficient goes in as grad_scale instead of a pass
+  // that rescales every gradient first.
+  void step(float grad_scale = 1.0f) { apply(grad_scale); }
   // Drops every parameter's gradient.
   void zero_grad();
   double lr() const { return lr_; }
@@ -57,6 +59,7 @@ class Optimizer {
 
  protected:
   Optimizer(std::vector<ParamRef> params, double lr, std::vector<std::string> slots);
+  virtual void apply(float grad_scale) = 0;
   // The state slot `slot` of parameter i (zeros of the parameter's shape, f32, made on first use).
   Tensor& slot(size_t i, const std::string& slot);
 
@@ -70,19 +73,19 @@ class Optimizer {
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<ParamRef> params, AdamWOptions options);
-  void step() override;
   const AdamWOptions& options() const { return options_; }
 
  private:
+  void apply(float grad_scale) override;
   AdamWOptions options_;
 };
 
 class Sgd : public Optimizer {
  public:
   Sgd(std::vector<ParamRef> params, SgdOptions options);
-  void step() override;
 
  private:
+  void apply(float grad_scale) override;
   SgdOptions options_;
 };
 
@@ -93,8 +96,12 @@ double sum_squares(const float* x, int64_t n);
 // Σ over parameters of Σ grad² (in f64) — the square of the global gradient norm. Parameters
 // without a gradient count zero.
 double grad_sum_squares(const std::vector<Tensor>& params);
-// Scales every gradient by max_norm / (norm + 1e-6) when that is below 1, where norm is
-// sqrt(sum_squares); returns norm (torch.nn.utils.clip_grad_norm_).
+// The factor torch.nn.utils.clip_grad_norm_ scales gradients by: max_norm / (norm + 1e-6)
+// when that is below 1, else 1 (also 1 for max_norm 0, no clipping); as f32, the precision
+// the updates apply it in.
+float clip_coefficient(double norm, double max_norm);
+// Scales every gradient by clip_coefficient(norm, max_norm), where norm is sqrt(sum_squares);
+// returns norm (torch.nn.utils.clip_grad_norm_).
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double sum_squares);
 inline double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   return clip_grad_norm(params, max_norm, grad_sum_squares(params));

@@ -212,8 +212,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
   }
   world_group()->all_reduce(&sum_sq, 1, DType::f64, ReduceOp::sum);
   const double norm = std::sqrt(sum_sq);
-  const float clip =
-      max_norm > 0 && norm + 1e-6 > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
+  const float clip = optim::clip_coefficient(norm, max_norm);
 
   // 4. Update this rank's slice (the clip scales the gradient inside the update); stages 1 and
   //    2 then gather every rank's slices back: the packed ones with one all_gather.
