@@ -30,4 +30,13 @@ expect_refusal "config model.init_from names '$tmp/none.safetensors', which cann
 expect_refusal "config data.path names '$tmp', which cannot be read (not a readable file)" --set data.path="$tmp"
 expect_refusal "no checkpoint (step-NNNNNN folder with trainer.json) under '$tmp'" --resume "$tmp"
 [ ! -e "$tmp/ck" ] || { echo "a refused run created its checkpoint folder"; exit 1; }
+
+# The README's main command (./run.sh demo) parses and steps: its layout flags, taken from
+# run.sh itself, for two steps.
+demo_flags=$(sed -n '/tessel train configs\/gpt2-tiny.yaml/,/"\$@"/p' "$2/run.sh" | grep -o -- '--set parallel[^ ]*' | tr '\n' ' ')
+[ -n "$demo_flags" ] || { echo "could not find the demo's flags in run.sh"; exit 1; }
+# shellcheck disable=SC2086  # the flags are words on purpose
+"$tessel" train "$config" $demo_flags --set train.steps=2 --set train.warmup=0 --set log.every=1 > "$tmp/demo.log" 2>&1 ||
+  { echo "the demo's command failed:"; cat "$tmp/demo.log"; exit 1; }
+grep -q "step 2/2" "$tmp/demo.log" || { echo "the demo did not reach step 2:"; cat "$tmp/demo.log"; exit 1; }
 echo "train cli: ok"

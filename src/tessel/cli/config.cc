@@ -431,10 +431,6 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
     TESSEL_CHECK(micro_batches > 0 && t.global_batch % micro_batches == 0,
                  "{}: config 'parallel.micro_batches' ({}) must divide 'train.global_batch' ({})", source,
                  micro_batches, t.global_batch);
-    TESSEL_CHECK(!train.has("micro_batch") || t.micro_batch * micro_batches == t.global_batch,
-                 "{}: config 'train.micro_batch' ({}) and 'parallel.micro_batches' ({}) disagree: {} micro-batches of "
-                 "'train.global_batch' ({}) have {} rows each; give one of the two",
-                 source, t.micro_batch, micro_batches, micro_batches, t.global_batch, t.global_batch / micro_batches);
     t.micro_batch = t.global_batch / micro_batches;
   }
 
