@@ -13,10 +13,13 @@ namespace {
 
 constexpr int64_t kMaxExplainRanks = int64_t{1} << 17;
 
+// A whole DistAttr "mesh(dp=2,tp=2)[S(0),R]" rather than placements alone.
+bool names_its_mesh(const std::string& text) { return text.starts_with("mesh("); }
+
 // "[S(0),R]" on --mesh, or a whole DistAttr "mesh(dp=2,tp=2)[S(0),R]" (which may name another mesh).
 DistAttr layout(const std::string& text, const std::string& mesh_text, const char* which) {
   try {
-    if (text.rfind("mesh(", 0) == 0) return DistAttr::parse(text);
+    if (names_its_mesh(text)) return DistAttr::parse(text);
     TESSEL_CHECK(!mesh_text.empty(), "{} '{}' gives only placements: pass --mesh (e.g. --mesh 2x2)", which, text);
     return DistAttr(ProcessMesh::parse(mesh_text), parse_placements(text));
   } catch (const Error& e) {
@@ -40,8 +43,7 @@ std::vector<Command> register_explain(CLI::App& app) {
   cmd->add_option("--shape", a->shape, "global tensor shape, e.g. 8,6")->required();
   cmd->add_option("--dtype", a->dtype, "element type (f32, f64, bf16, i32, i64, bool)");
   return {{cmd, [a] {
-             const bool full_src = a->src.rfind("mesh(", 0) == 0, full_dst = a->dst.rfind("mesh(", 0) == 0;
-             if (full_src && full_dst && !a->mesh.empty())
+             if (names_its_mesh(a->src) && names_its_mesh(a->dst) && !a->mesh.empty())
                throw BadInput(fmt::format("--mesh {} would not be used: SRC and DST each name their mesh", a->mesh));
              DistAttr src = layout(a->src, a->mesh, "SRC"), dst = layout(a->dst, a->mesh, "DST");
              for (const DistAttr* d : {&src, &dst})

@@ -187,6 +187,12 @@ std::vector<Command> register_plan(CLI::App& app) {
              if (a->model.empty() || a->cluster.empty())
                throw BadInput("tessel plan needs --model and --cluster (or --published); see tessel plan --help");
              RunConfig config;
+             // Checked before the cluster is resolved: `local` measures this machine, which takes seconds.
+             if (!a->svg.empty()) {
+               const std::filesystem::path dir = std::filesystem::absolute(a->svg).parent_path();
+               if (!std::filesystem::is_directory(dir))
+                 throw BadInput(fmt::format("--svg {}: the folder {} does not exist", a->svg, dir.string()));
+             }
              plan::ModelSpec m;
              plan::Cluster c;
              try {
@@ -195,8 +201,8 @@ std::vector<Command> register_plan(CLI::App& app) {
              } catch (const Error& e) {
                throw BadInput(e.what());
              }
+             const bool preset = plan::is_model_preset(a->model);
              if (a->seq_len > 0) {
-               const bool preset = plan::is_model_preset(a->model);
                const int64_t positions = config.model.arch == "gpt2" ? config.model.gpt2.n_positions
                                                                       : config.model.llama.max_position_embeddings;
                if (!preset && a->seq_len > positions)
@@ -204,13 +210,8 @@ std::vector<Command> register_plan(CLI::App& app) {
                                             a->model));
                m.seq = a->seq_len;
              }
-             if (!a->svg.empty()) {
-               const std::filesystem::path dir = std::filesystem::absolute(a->svg).parent_path();
-               if (!std::filesystem::is_directory(dir))
-                 throw BadInput(fmt::format("--svg {}: the folder {} does not exist", a->svg, dir.string()));
-             }
              int64_t batch = a->global_batch;
-             if (batch == 0 && !plan::is_model_preset(a->model)) batch = config.train.global_batch;
+             if (batch == 0 && !preset) batch = config.train.global_batch;
              if (batch == 0) throw BadInput("--global-batch is required with a model preset");
              std::vector<plan::Estimate> plans;
              Json search_info = Json::Object{};

@@ -98,12 +98,13 @@ class Section {
 
   template <typename T>
   T convert(const YAML::Node& v, const std::string& key) {
-    const std::string at = origin(v, full(key), source_, set_);
+    // Where the value came from, worked out only for an error message.
+    auto at = [&] { return origin(v, full(key), source_, set_); };
     try {
       if constexpr (kIsList<T>) {
-        TESSEL_CHECK(v.IsSequence(), "{}: config '{}' must be a list", at, full(key));
+        TESSEL_CHECK(v.IsSequence(), "{}: config '{}' must be a list", at(), full(key));
       } else {
-        TESSEL_CHECK(v.IsScalar(), "{}: config '{}' must be a single value", at, full(key));
+        TESSEL_CHECK(v.IsScalar(), "{}: config '{}' must be a single value", at(), full(key));
       }
       return v.as<T>();
     } catch (const YAML::Exception&) {
@@ -113,7 +114,7 @@ class Section {
                              : std::is_same_v<T, std::string>         ? "a string"
                              : std::is_same_v<T, std::vector<double>> ? "a list of numbers"
                                                                       : "a list of integers";
-      TESSEL_THROW("{}: config '{}' must be {}, got '{}'", at, full(key), expected,
+      TESSEL_THROW("{}: config '{}' must be {}, got '{}'", at(), full(key), expected,
                    v.IsScalar() ? v.Scalar() : YAML::Dump(v));
     }
   }
@@ -382,8 +383,10 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   t.seq_len = train.get("seq_len", t.seq_len);
   t.lr = train.get("lr", t.lr);
   t.min_lr = train.get("min_lr", t.lr / 10);
-  t.schedule = train.get("schedule", t.schedule);
-  train.parsed("schedule", t.schedule, optim::LrSchedule::parse_kind);
+  t.schedule = train.parsed("schedule", t.schedule, [](const std::string& text) {
+    optim::LrSchedule::parse_kind(text);  // refuses an unknown kind
+    return text;
+  });
   t.warmup = train.get("warmup", t.warmup);
   t.weight_decay = train.get("weight_decay", t.weight_decay);
   std::vector<double> betas = train.get("betas", std::vector<double>{t.beta1, t.beta2});
