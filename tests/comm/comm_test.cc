@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <sstream>
 #include <thread>
 
 #include "conformance.h"
@@ -15,6 +16,7 @@
 #include "tessel/comm/world.h"
 #include "tessel/core/context.h"
 #include "tessel/core/error.h"
+#include "tessel/core/profile.h"
 
 namespace tessel {
 namespace {
@@ -183,6 +185,30 @@ TEST(ThreadBackend, StatsCountCallsAndBytes) {
     EXPECT_EQ(s.ops.at("all_gather").bytes, 80);
     EXPECT_EQ(s.total_calls(), 3);
   });
+}
+
+TEST(ThreadBackend, CollectivesAppearOnTheProfileByName) {
+  profile_reset();
+  set_profiling(true);
+  spawn(2, [](int) {
+    auto g = world_group();
+    std::vector<float> x(10), y(20);
+    g->all_reduce(x.data(), 10, DType::f32, ReduceOp::sum);
+    g->all_gather(x.data(), y.data(), 10, DType::f32);
+    g->all_gather(x.data(), y.data(), 10, DType::f32);
+  });
+  set_profiling(false);
+  const std::string report = profile_report();
+  profile_reset();
+  // Two ranks: each collective is recorded once per rank.
+  EXPECT_NE(report.find("(comm all_reduce)"), std::string::npos) << report;
+  const size_t gathers = report.find("(comm all_gather)");
+  ASSERT_NE(gathers, std::string::npos) << report;
+  std::istringstream row(report.substr(gathers + std::string("(comm all_gather)").size()));
+  double ms = 0;
+  int64_t calls = 0;
+  row >> ms >> calls;
+  EXPECT_EQ(calls, 4) << report;
 }
 
 TEST(ThreadBackend, RanksGetTheirOwnContextsAndThreads) {

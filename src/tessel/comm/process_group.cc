@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <set>
+#include <string_view>
 
 #include "tessel/comm/spin.h"
 #include "tessel/core/convert.h"
 #include "tessel/core/error.h"
+#include "tessel/core/profile.h"
 #include "tessel/core/shape.h"
 
 namespace tessel {
@@ -144,12 +147,30 @@ std::string ProcessGroup::describe(const std::string& op) const {
   return fmt::format("group '{}' (rank {} of {}) {}", name_, rank_, size(), op);
 }
 
+namespace {
+
+// "(comm OP)", kept for the life of the process (a profile scope holds a view of its name).
+std::string_view profile_name(const char* op) {
+  static std::mutex mutex;
+  static std::set<std::string, std::less<>>* names = new std::set<std::string, std::less<>>();
+  std::lock_guard lock(mutex);
+  return *names->insert(fmt::format("(comm {})", op)).first;
+}
+
+}  // namespace
+
 WorkPtr ProcessGroup::enqueue(const char* op, int64_t bytes, std::function<void()> job) {
   {
     std::lock_guard lock(stats_mutex_);
     CommStats::Entry& e = stats_.ops[op];
     e.calls += 1;
     e.bytes += bytes;
+  }
+  if (profiling_enabled()) {  // the job's time on the profile as "(comm OP)"
+    job = [name = profile_name(op), inner = std::move(job)] {
+      ProfileScope scope(name);
+      inner();
+    };
   }
   auto work = std::make_shared<CompletionWork>();
   std::lock_guard lock(queue_mutex_);
