@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "tessel/cli/commands.h"
+#include "tessel/core/context.h"
 #include "tessel/core/error.h"
 
 using namespace tessel;
@@ -31,6 +32,7 @@ const CLI::Validator tessel::kPositiveCount = whole_number(1, "a positive whole 
 const CLI::Validator tessel::kNonNegativeCount = whole_number(0, "a whole number, 0 or more", "NONNEGATIVE");
 
 int main(int argc, char** argv) {
+  quiet_blas_workers();
   CLI::App app{"tessel: train large networks across many devices from a program written for one"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tessel 0.1.0");

@@ -10,6 +10,13 @@
 
 #include "tessel/core/thread_pool.h"
 
+// OpenBLAS internals, exported by the library but not declared in cblas.h: re-read its
+// environment; stop its worker threads (they start again, reading it, at the next threaded call).
+extern "C" {
+void openblas_read_env(void) __attribute__((weak));
+void blas_thread_shutdown_(void) __attribute__((weak));
+}
+
 namespace tessel {
 
 namespace {
@@ -91,6 +98,23 @@ void set_default_num_threads(int num_threads) {
   d.num_threads = std::max(1, num_threads);
   openblas_set_num_threads(d.num_threads);
   if (!d.pool || d.pool->num_threads() != d.num_threads) d.pool = std::make_shared<ThreadPool>(d.num_threads);
+}
+
+// OpenBLAS's idle workers poll with sched_yield for 2^28 cycles after every threaded call
+// before they sleep. A training step calls a GEMM every few milliseconds, so they never sleep,
+// and the pollers take the cores from the intra-op pool's kernels in between: with 2 threads,
+// attention and GELU ran 1.3-1.8x slower inside a step than alone. 2^4 cycles (OpenBLAS's
+// least) makes them sleep at once; waking them costs microseconds per GEMM.
+void quiet_blas_workers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("OPENBLAS_THREAD_TIMEOUT") != nullptr || openblas_read_env == nullptr ||
+        blas_thread_shutdown_ == nullptr)
+      return;
+    ::setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0);
+    openblas_read_env();
+    blas_thread_shutdown_();
+  });
 }
 
 std::shared_ptr<ThreadPool> current_pool() {

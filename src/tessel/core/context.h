@@ -85,6 +85,10 @@ inline bool grad_enabled() { return rank_context().grad_enabled; }
 int default_num_threads();
 // Sets the process default thread count (the default context's pool and OpenBLAS).
 void set_default_num_threads(int num_threads);
+// Makes OpenBLAS's idle worker threads sleep right after each call instead of polling for
+// about 0.1 s (unless OPENBLAS_THREAD_TIMEOUT is set). Pollers take the cores from tessel's own
+// kernels between GEMMs. Call it first thing in main(): it sets an environment variable.
+void quiet_blas_workers();
 MemoryStats& process_memory();
 // The pool the calling thread's parallel loops use.
 std::shared_ptr<ThreadPool> current_pool();
