@@ -157,6 +157,8 @@ TEST(Cluster, BadInputThrowsNamingTheKey) {
        {"c.yaml:13:", "'calibration.gemm_efficiency' must be in (0, 1]", "1.2"}},
       {"efficiency zero", std::string(kMinimal) + "calibration:\n  link_efficiency: 0\n",
        {"'calibration.link_efficiency' must be in (0, 1]"}},
+      {"attention efficiency above two", std::string(kMinimal) + "calibration:\n  attention_efficiency: 2.5\n",
+       {"c.yaml:13:", "'calibration.attention_efficiency' must be in (0, 2]", "2.5"}},
       {"fragmentation one", std::string(kMinimal) + "calibration:\n  fragmentation: 1\n",
        {"'calibration.fragmentation' must be in [0, 1)"}},
       {"unknown gemm size", std::string(kMinimal) + "calibration:\n  gemm_size: mean\n",

@@ -36,6 +36,26 @@ sed -i "s|path: ../data/kjv.txt|path: $src/data/kjv.txt|" "$tmp/cfg.yaml"
 "$tessel" train "$tmp/cfg.yaml" --set train.steps=1 --set train.warmup=0 --set train.save_every=0 > "$tmp/train.log" 2>&1 ||
   { cat "$tmp/train.log"; exit 1; }
 
+# This machine as `tessel cluster detect` measures it: a cluster file that reads back, whose
+# figures are in range and say where they come from, and that plans a layout.
+"$tessel" cluster detect --ranks 2 -q -o "$tmp/local.yaml"
+"$tessel" plan --model "$src/configs/gpt2-tiny.yaml" --cluster "$tmp/local.yaml" --format json \
+  --layout dp=1,tp=2,pp=1,vpp=1,mbs=16,sharding_stage=0,sp=false,recompute=none > "$tmp/local.json"
+/usr/bin/python3 - "$tmp/local.yaml" "$tmp/local.json" <<'PY'
+import json, re, sys
+text = open(sys.argv[1]).read()
+def value(key):
+    return float(re.search(r"^ *" + key + r": ([-0-9.e]+)$", text, re.M).group(1))
+assert 0 < value("attention_efficiency") <= 2, value("attention_efficiency")
+assert 0 < value("gemm_efficiency") <= 1
+assert value("memory_bandwidth") > 0
+# The streaming roof is a layer's elementwise ops, and attention is measured as GPT-2 lays it out.
+assert "tanh gelu on [2048, 1024]" in text, text
+assert "packed projection" in text, text
+plan = json.load(open(sys.argv[2]))["plans"][0]
+assert plan["step_time_s"] > 0 and plan["time"]["compute_s"] > 0 and plan["time"]["tp_comm_s"] > 0, plan
+PY
+
 # Bad input: exit status 2 and a message naming the problem.
 set +e
 out=$("$tessel" plan --model gpt-1t --cluster dgx-a100-80g:3072 --global-batch 3072 --layout dp=6,tp=8,pp=63 2>&1); rc=$?

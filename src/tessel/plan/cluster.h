@@ -42,7 +42,9 @@ struct Calibration {
   double memory_efficiency = 0.8;    // achieved share of memory bandwidth of streaming kernels
   double link_efficiency = 0.8;      // achieved share of link bandwidth by a collective's busbw
   double op_overhead = 0;            // seconds per kernel (launch, dispatch)
-  double attention_efficiency = 1;  // a fused attention kernel's share of the GEMM rate
+  double attention_efficiency = 1;  // a fused attention kernel's rate as a share of a GEMM's of
+                                     // its size (seq), FLOPs counted over the whole s x s: up to
+                                     // 2, since a causal kernel skips the masked half
   bool fused_attention = true;       // attention in one kernel (FlashAttention; tessel's CPU
                                      // sdpa); false: scores materialised (Megatron-LM 2021)
   double fragmentation = 0.05;       // share of device memory the allocator cannot use
