@@ -4,12 +4,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <map>
-#include <string_view>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
