@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <chrono>
 #include <cstdio>
@@ -147,6 +148,15 @@ std::vector<TensorMeta> metas(std::initializer_list<Tensor> ts) {
   return m;
 }
 
+// A leaf of standard normal values that takes a gradient; each call draws another stream (the
+// ranks of a detect call this at once).
+Tensor random_input(const Shape& shape) {
+  static std::atomic<uint64_t> stream{0};
+  Tensor t = Tensor::empty(shape);
+  rng_fill(t, Distribution::normal, 0, 1, 7, stream++);
+  return t.set_requires_grad(true);
+}
+
 KernelFigures measure_kernels() {
   NoGradGuard no_grad;
   Square big(1024);
@@ -203,17 +213,12 @@ KernelFigures measure_kernels() {
   // and measured some 40% fast.
   constexpr int64_t B = 16, T = 128, H = 4, D = 64, C = H * D;
   std::vector<Tensor> packed;
-  for (int i = 0; i < 4; ++i) {
-    Tensor t = Tensor::empty({B, T, 3 * C});
-    rng_fill(t, Distribution::normal, 0, 1, 7, static_cast<uint64_t>(i));
-    packed.push_back(t.set_requires_grad(true));
-  }
+  for (int i = 0; i < 4; ++i) packed.push_back(random_input({B, T, 3 * C}));
   Tensor go = Tensor::full({B, T, C}, 1e-3);
   const double scale = 0.125;
-  const Tensor heads_meta = Tensor::empty({B, H, T, D});
-  const double sdpa_flops = op_cost(op_by_name("sdpa"), metas({heads_meta, heads_meta, heads_meta}),
-                                    Attrs{{"causal", true}, {"scale", scale}})
-                                .flops;
+  const TensorMeta heads{Shape{B, H, T, D}, DType::f32, {}};
+  const double sdpa_flops =
+      op_cost(op_by_name("sdpa"), std::vector<TensorMeta>{heads, heads, heads}, Attrs{{"causal", true}, {"scale", scale}}).flops;
   {
     GradModeGuard grad_on(true);
     k.attention_share = share(
@@ -234,17 +239,11 @@ KernelFigures measure_kernels() {
   // layer runs, so the rate is a layer's, not a copy's.
   {
     GradModeGuard grad_on(true);
-    uint64_t stream = 0;
-    auto input = [&](int64_t width) {
-      Tensor t = Tensor::empty({2048, width});
-      rng_fill(t, Distribution::normal, 0, 1, 11, stream++);
-      return t.set_requires_grad(true);
-    };
     std::vector<Tensor> xs, ys, hs;
     for (int i = 0; i < 4; ++i) {
-      xs.push_back(input(C));
-      ys.push_back(input(C));
-      hs.push_back(input(4 * C));
+      xs.push_back(random_input({2048, C}));
+      ys.push_back(random_input({2048, C}));
+      hs.push_back(random_input({2048, 4 * C}));
     }
     Tensor g = Tensor::ones({C}).set_requires_grad(true), z = Tensor::zeros({C}).set_requires_grad(true);
     Tensor gy = Tensor::full({2048, C}, 1e-3), gh = Tensor::full({2048, 4 * C}, 1e-3);
@@ -261,15 +260,11 @@ KernelFigures measure_kernels() {
       backward(add(ys[i], xs[i]), gy);
       backward(gelu(hs[i], true), gh);
     };
+    constexpr int kRounds = 12;
     layer(0);
-    double seconds = 0;
-    int rounds = 0;
-    for (; rounds < 12; ++rounds) {
-      auto t0 = Clock::now();
-      layer(static_cast<size_t>(rounds % 4));
-      seconds += seconds_since(t0);
-    }
-    k.stream_bandwidth = charged * rounds / seconds;
+    auto t0 = Clock::now();
+    for (int r = 0; r < kRounds; ++r) layer(static_cast<size_t>(r % 4));
+    k.stream_bandwidth = charged * kRounds / seconds_since(t0);
   }
   k.sgemm_rate = sgemm_flops / sgemm_seconds;
   return k;
