@@ -339,7 +339,10 @@ TEST(Config, RejectsTrainAndParallelValuesNamingTheKeyPath) {
       {"parallel.pp=3", "the model has 2 blocks, fewer than pp · vpp = 3 virtual stages"},
       {"train.eval_every=10", "'train.eval_every' needs validation tokens: 'data.val_path' or 'data.val_fraction'"},
       {"data.val_fraction=0.6", "'data.val_fraction' must be in [0, 0.5], got 0.6"},
-      {"train.eval_batches=0", "'train.eval_batches' must be positive, got 0"}};
+      {"train.eval_batches=0", "'train.eval_batches' must be positive, got 0"},
+      {"parallel.mesh=[pp, dp]", "--set 'parallel.mesh=[pp, dp]': parallel.mesh must name each of pp, dp and tp once"},
+      {"parallel.mesh=[pp, dp, dp]", "parallel.mesh must name each of pp, dp and tp once (outermost first), got [pp, dp, dp]"},
+      {"parallel.mesh=pp", "'parallel.mesh' must be a list"}};
   for (const auto& [set, want] : cases) {
     std::string e = config_error(gpt2, {set});
     EXPECT_NE(e.find(want), std::string::npos) << set << ": " << e;
@@ -354,6 +357,7 @@ TEST(Config, RejectsTrainAndParallelValuesNamingTheKeyPath) {
   EXPECT_EQ(config_error(gpt2, {"train.optimizer=sgd", "train.momentum=0"}), "<no error>");
   EXPECT_EQ(config_error(gpt2, {"train.grad_clip=0", "train.weight_decay=0", "train.min_lr=0"}), "<no error>");
   EXPECT_EQ(config_error(gpt2, {"parallel.dp=2", "parallel.pp=2", "parallel.schedule=ZB-H1"}), "<no error>");
+  EXPECT_EQ(config_error(gpt2, {"parallel.dp=2", "parallel.mesh=[tp, dp, pp]"}), "<no error>");
   e = config_error(gpt2, {"data.val_fraction=0.1", "data.val_path=x.bin"});
   EXPECT_NE(e.find("'data.val_path' and 'data.val_fraction' are two sources of validation tokens"), std::string::npos)
       << e;

@@ -92,7 +92,7 @@ TEST(ShardedOptimizer, EveryStageUpdatesLikeOneRankOnTheSummedGradient) {
             params[k].name = fmt::format("p{}", k);
             params[k].shape = kShapes[k];
             params[k].value = dtensor_from_local(filled(kShapes[k], [&](int64_t i) { return value_at(k, i); }), mesh,
-                                                 {Replicate(), Replicate()}, kShapes[k]);
+                                                 layout.placements({}), kShapes[k]);
             ptrs.push_back(&params[k]);
           }
           parallel::ShardedOptimizer optimizer(ptrs, layout, options);
@@ -100,7 +100,7 @@ TEST(ShardedOptimizer, EveryStageUpdatesLikeOneRankOnTheSummedGradient) {
             for (size_t k = 0; k < kShapes.size(); ++k)
               params[k].value.set_grad(dtensor_from_local(
                   filled(kShapes[k], [&](int64_t i) { return grad_at(k, i, rank, t); }), mesh,
-                  {Partial(), Replicate()}, kShapes[k]));
+                  layout.placements({{"dp", Partial()}}), kShapes[k]));
             const double norm = optimizer.step(kLr, kMaxNorm);
             EXPECT_NEAR(norm, norms[static_cast<size_t>(t)], 1e-6 * norms[static_cast<size_t>(t)]) << "rank " << rank;
           }

@@ -12,6 +12,8 @@
 #include <map>
 #include <set>
 
+#include <fmt/ranges.h>
+
 #include "tessel/cli/parallel_trainer.h"
 #include "tessel/cli/trainer.h"
 
@@ -198,6 +200,37 @@ TEST(HybridParallel, StartsFromAWeightsFileLikeOneRank) {
       EXPECT_LE(std::abs(r.train.steps[i].loss - one.steps[i].loss) / one.steps[i].loss, 1e-4) << "step " << i;
     for (const auto& [name, full] : one.final_params) EXPECT_LE(rel_diff(r.final_params.at(name), full), 1e-4) << name;
     std::filesystem::remove_all(dir);
+  }
+}
+
+// Mesh dims are found by name: the same training with the world's dims declared in other
+// orders (so every rank holds other coordinates, and the groups along each dim are made of
+// other world ranks) gives the losses and parameters of the default order and of one rank.
+TEST(HybridParallel, MeshDimsInAnyOrderTrainAlike) {
+  const Layout corner{2, 2, 2, 3, 1, 2, 1, 0, 1, 0};
+  RunConfig base = config_for(corner);
+  base.train.steps = 4;
+  base.train.eval_every = 0;
+  const TrainResult one = train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
+  std::vector<ParallelTrainResult> runs;
+  for (std::vector<std::string> order : {std::vector<std::string>{"pp", "dp", "tp"}, {"tp", "pp", "dp"}, {"dp", "tp", "pp"}}) {
+    SCOPED_TRACE(fmt::format("mesh [{}]", fmt::join(order, ", ")));
+    RunConfig cfg = with_layout(base, corner);
+    cfg.parallel.mesh = order;
+    runs.push_back(train_parallel_threads(
+        cfg, 8, ParallelTrainOptions{.base = TrainOptions{.progress = false, .quiet = true, .collect_params = true}}));
+    const ParallelTrainResult& r = runs.back();
+    ASSERT_EQ(r.train.steps.size(), one.steps.size());
+    for (size_t i = 0; i < one.steps.size(); ++i) {
+      EXPECT_LE(std::abs(r.train.steps[i].loss - one.steps[i].loss) / one.steps[i].loss, 1e-4) << "step " << i;
+      // Against the default order: the same groups reduce in the same order, so the same bits.
+      EXPECT_EQ(r.train.steps[i].loss, runs.front().train.steps[i].loss) << "step " << i;
+    }
+    for (const auto& [name, full] : one.final_params) {
+      ASSERT_TRUE(r.final_params.count(name)) << name;
+      EXPECT_LE(rel_diff(r.final_params.at(name), full), 1e-4) << name;
+      EXPECT_EQ(rel_diff(r.final_params.at(name), runs.front().final_params.at(name)), 0.0) << name;
+    }
   }
 }
 

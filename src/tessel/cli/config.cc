@@ -94,7 +94,8 @@ class Section {
 
  private:
   template <typename T>
-  static constexpr bool kIsList = std::is_same_v<T, std::vector<double>> || std::is_same_v<T, std::vector<int64_t>>;
+  static constexpr bool kIsList = std::is_same_v<T, std::vector<double>> || std::is_same_v<T, std::vector<int64_t>> ||
+                                  std::is_same_v<T, std::vector<std::string>>;
 
   template <typename T>
   T convert(const YAML::Node& v, const std::string& key) {
@@ -113,7 +114,8 @@ class Section {
                              : std::is_floating_point_v<T>            ? "a number"
                              : std::is_same_v<T, std::string>         ? "a string"
                              : std::is_same_v<T, std::vector<double>> ? "a list of numbers"
-                                                                      : "a list of integers";
+                             : std::is_same_v<T, std::vector<std::string>> ? "a list of names"
+                                                                           : "a list of integers";
       TESSEL_THROW("{}: config '{}' must be {}, got '{}'", at(), full(key), expected,
                    v.IsScalar() ? v.Scalar() : YAML::Dump(v));
     }
@@ -427,6 +429,12 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   pc.schedule = par.parsed("schedule", pc.vpp > 1 ? "VPP" : pc.schedule, parallel::canonical_schedule_name);
   pc.recompute = par.get("recompute", pc.recompute);
   pc.stage_layers = par.get("stage_layers", pc.stage_layers);
+  pc.mesh = par.get("mesh", pc.mesh);
+  try {
+    pc.check_mesh();
+  } catch (const Error& e) {
+    TESSEL_THROW("{}: {}", par.origin_of("mesh"), e.what());
+  }
   par.finish();
   // One source for the micro-batch count: parallel.micro_batches, when given, sets
   // train.micro_batch.

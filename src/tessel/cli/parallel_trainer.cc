@@ -140,7 +140,7 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
   };
   bool first_stage = false, last_stage = false;
   for (int c = 0; c < schedule.chunks; ++c) {
-    const int vs = schedule.virtual_stage(static_cast<int>(layout.pp_rank), c);
+    const int vs = schedule.virtual_stage(static_cast<int>(layout.coord("pp")), c);
     if (vs == 0) {
       take(model->part_parameters(Part::embed));
       first_stage = true;
@@ -165,8 +165,7 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
   std::shared_ptr<ProcessGroup> tied_group;
   if (model->arch() == "gpt2" && pc.pp > 1 && (first_stage || last_stage)) {
     tied.push_back(model->part_parameters(Part::embed)[0]);
-    tied_group = world->new_group({static_cast<int>(layout.world_rank(0, layout.dp_rank, layout.tp_rank)),
-                                   static_cast<int>(layout.world_rank(pc.pp - 1, layout.dp_rank, layout.tp_rank))});
+    tied_group = world->new_group({static_cast<int>(layout.peer("pp", 0)), static_cast<int>(layout.peer("pp", pc.pp - 1))});
   }
   OptimizerOptions oo{.kind = t.optimizer,
                       .adamw = {.lr = t.lr, .beta1 = t.beta1, .beta2 = t.beta2, .eps = t.eps, .weight_decay = t.weight_decay},
@@ -197,7 +196,7 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
   // Model chunk `chunk` of micro-batch `m` of `batches` (training step `step`).
   auto chunk_forward = [&](const std::vector<MicroBatch>& batches, int64_t step, int chunk, int m,
                            const Tensor& input) -> Tensor {
-    const int vs = schedule.virtual_stage(static_cast<int>(layout.pp_rank), chunk);
+    const int vs = schedule.virtual_stage(static_cast<int>(layout.coord("pp")), chunk);
     const nn::DropoutState ds{.seed = t.seed, .step = static_cast<uint64_t>(step), .global_rows = t.global_batch,
                               .row_offset = batches[static_cast<size_t>(m)].first_row};
     nn::dropout_state() = ds;
@@ -212,9 +211,9 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     if (vs == V - 1) return cross_entropy(model->head(x), batches[static_cast<size_t>(m)].targets);
     return x;
   };
-  // The loss lives on the last stage's ranks: its (dp 0, tp 0) rank tells everyone.
+  // The loss lives on the last stage's ranks: the first of them tells everyone.
   auto share_loss = [&](double here) {
-    double v = layout.pp_rank == pc.pp - 1 && layout.dp_rank == 0 && layout.tp_rank == 0 ? here : 0.0;
+    double v = layout.coord("pp") == pc.pp - 1 && layout.first_along_all_but({"pp"}) ? here : 0.0;
     world->all_reduce(&v, 1, DType::f64, ReduceOp::sum);
     return v;
   };

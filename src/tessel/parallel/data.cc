@@ -24,7 +24,8 @@ std::vector<MicroBatch> ShardedLoader::batch(int64_t step) const {
     MicroBatch& b = out[static_cast<size_t>(m)];
     b.first_row = m * mb;
     if (!want_inputs_ && !want_targets_) continue;
-    const int64_t offset = split_offset(mb, c.dp, layout_.dp_rank), rows = split_size(mb, c.dp, layout_.dp_rank);
+    const int64_t dp = layout_.degree("dp"), at = layout_.coord("dp");
+    const int64_t offset = split_offset(mb, dp, at), rows = split_size(mb, dp, at);
     Batch local = make_batch(*data_, sampler_, step, m * mb + offset, rows);
     const Shape global{mb, local.inputs.size(1)};
     if (want_inputs_) b.inputs = dtensor_from_local(local.inputs, mesh, layout_.ids_placements(), global);

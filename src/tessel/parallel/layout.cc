@@ -1,12 +1,31 @@
 // Hybrid layouts.
 #include "tessel/parallel/layout.h"
 
+#include <algorithm>
+
 #include "tessel/core/error.h"
+#include "tessel/dist/mesh_comm.h"
 #include "tessel/parallel/schedule.h"
 
 namespace tessel::parallel {
 
+int64_t ParallelConfig::degree(std::string_view dim) const {
+  if (dim == "pp") return pp;
+  if (dim == "dp") return dp;
+  if (dim == "tp") return tp;
+  TESSEL_THROW("no mesh dim '{}' in a layout (have: pp, dp, tp)", dim);
+}
+
+void ParallelConfig::check_mesh() const {
+  std::vector<std::string> sorted = mesh, known(std::begin(kMeshDims), std::end(kMeshDims));
+  std::sort(sorted.begin(), sorted.end());
+  std::sort(known.begin(), known.end());
+  TESSEL_CHECK(sorted == known, "parallel.mesh must name each of pp, dp and tp once (outermost first), got [{}]",
+               fmt::join(mesh, ", "));
+}
+
 void ParallelConfig::validate(int64_t num_blocks, int64_t global_batch) const {
+  check_mesh();
   for (auto [key, v] : {std::pair{"dp", dp}, {"tp", tp}, {"pp", pp}, {"vpp", vpp}, {"micro_batches", micro_batches}})
     TESSEL_CHECK(v >= 1, "parallel.{} must be at least 1, got {}", key, v);
   TESSEL_CHECK(sharding_stage >= 0 && sharding_stage <= 3, "parallel.sharding_stage must be 0, 1, 2 or 3, got {}",
@@ -46,7 +65,9 @@ void ParallelConfig::validate(int64_t num_blocks, int64_t global_batch) const {
 }
 
 std::string ParallelConfig::str() const {
-  return fmt::format("dp{}·tp{}·pp{} vpp{} stage{}{} {} m{} recompute {}", dp, tp, pp, vpp, sharding_stage,
+  // The mesh order only when it is not the default.
+  const std::string order = mesh == ParallelConfig{}.mesh ? "" : fmt::format("mesh [{}] ", fmt::join(mesh, ","));
+  return fmt::format("{}dp{}·tp{}·pp{} vpp{} stage{}{} {} m{} recompute {}", order, dp, tp, pp, vpp, sharding_stage,
                      sp ? " sp" : "", schedule, micro_batches, recompute);
 }
 
@@ -64,25 +85,59 @@ std::vector<std::pair<int64_t, int64_t>> stage_blocks(const ParallelConfig& c, i
   return out;
 }
 
-int64_t dp_shard_dim(const Placements& placements, size_t ndim) {
+int64_t dp_shard_dim(const Placement& tp, size_t ndim) {
   for (size_t d = 0; d < ndim; ++d)
-    if (!placements[1].is_shard(static_cast<int64_t>(d))) return static_cast<int64_t>(d);
+    if (!tp.is_shard(static_cast<int64_t>(d))) return static_cast<int64_t>(d);
   return 0;
 }
 
 Layout::Layout(ParallelConfig config, int64_t world_rank) : rank(world_rank), config_(std::move(config)) {
-  world_ = ProcessMesh::iota({config_.pp, config_.dp, config_.tp}, {"pp", "dp", "tp"});
+  config_.check_mesh();
+  Shape shape;
+  for (const std::string& dim : config_.mesh) shape.push_back(config_.degree(dim));
+  world_ = ProcessMesh::iota(shape, config_.mesh);
   TESSEL_CHECK(world_rank >= 0 && world_rank < world_.size(), "rank {} is outside a layout of {} ranks ({})", world_rank,
                world_.size(), config_.str());
-  std::vector<int64_t> c = world_.coord(world_rank);
-  pp_rank = c[0];
-  dp_rank = c[1];
-  tp_rank = c[2];
+  coord_ = world_.coord(world_rank);
 }
 
-ProcessMesh Layout::stage_mesh(int64_t pp) const { return world_.sub_mesh(0, pp); }
+ProcessMesh Layout::stage_mesh(int64_t pp) const { return world_.sub_mesh(world_.dim_index("pp"), pp); }
 
-Placements Layout::activation_placements() const { return {Shard(0), config_.sp ? Shard(1) : Replicate()}; }
-Placements Layout::ids_placements() const { return {Shard(0), Replicate()}; }
+int64_t Layout::coord(std::string_view dim) const { return coord_[static_cast<size_t>(world_.dim_index(dim))]; }
+
+int64_t Layout::peer(std::string_view dim, int64_t index) const {
+  std::vector<int64_t> c = coord_;
+  c[static_cast<size_t>(world_.dim_index(dim))] = index;
+  return world_.rank_at(c);
+}
+
+bool Layout::first_along_all_but(std::initializer_list<std::string_view> dims) const {
+  for (size_t d = 0; d < coord_.size(); ++d) {
+    const std::string& name = world_.dim_names()[d];
+    if (std::find(dims.begin(), dims.end(), name) == dims.end() && coord_[d] != 0) return false;
+  }
+  return true;
+}
+
+int64_t Layout::stage_dim(std::string_view dim) const {
+  TESSEL_ASSERT(dim != "pp", "pipeline stages have no pp dim");
+  const int64_t at = world_.dim_index(dim), pp = world_.dim_index("pp");
+  return at < pp ? at : at - 1;
+}
+
+Placements Layout::placements(std::initializer_list<std::pair<std::string_view, Placement>> by_dim) const {
+  Placements out(static_cast<size_t>(world_.ndim() - 1), Replicate());
+  for (const auto& [dim, placement] : by_dim) out[static_cast<size_t>(stage_dim(dim))] = placement;
+  return out;
+}
+
+std::shared_ptr<ProcessGroup> Layout::group(std::string_view dim) const {
+  return mesh_dim_group(stage_mesh(), stage_dim(dim));
+}
+
+Placements Layout::activation_placements() const {
+  return placements({{"dp", Shard(0)}, {"tp", config_.sp ? Placement(Shard(1)) : Placement(Replicate())}});
+}
+Placements Layout::ids_placements() const { return placements({{"dp", Shard(0)}}); }
 
 }  // namespace tessel::parallel

@@ -1,12 +1,21 @@
 // A hybrid parallel layout: the degrees of a training config's `parallel:` section and the
-// meshes they make. The world is a mesh [pp, dp, tp] (tensor parallel innermost, so its ranks
-// are neighbours — on one node); each pipeline rank's stage runs on the sub-mesh [dp, tp] at
-// its pp coordinate.
+// meshes they make. The world is a mesh of named dims in the order `parallel.mesh` gives,
+// outermost first (default [pp, dp, tp]: tensor parallel innermost, so its ranks are neighbours
+// — on one node); each pipeline rank's stage runs on the sub-mesh at its pp coordinate, which
+// keeps the other dims in the same order. Code asks for a dim by name (degree("dp"),
+// coord("tp"), group("dp"), placements({{"dp", Shard(0)}})), never by position, so a new
+// dimension is one more name.
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
+
+#include "tessel/comm/process_group.h"
 
 #include "tessel/sharding/mesh.h"
 #include "tessel/sharding/placement.h"
@@ -22,8 +31,16 @@ struct ParallelConfig {
   std::string schedule = "1F1B";   // FThenB | 1F1B | VPP | ZBH1
   std::string recompute = "none";  // none | full (per transformer block)
   std::vector<int64_t> stage_layers;  // blocks per virtual stage (empty: as even as possible)
+  // The mesh dims, outermost first: an order of every name in kMeshDims. World ranks are
+  // numbered row-major over them.
+  std::vector<std::string> mesh = {"pp", "dp", "tp"};
+  static constexpr std::string_view kMeshDims[] = {"pp", "dp", "tp"};
 
   int64_t world_size() const { return dp * tp * pp; }
+  // The degree of the mesh dim called `dim`; throws naming the known dims.
+  int64_t degree(std::string_view dim) const;
+  // Checks that `mesh` names every dim once; throws naming parallel.mesh.
+  void check_mesh() const;
   // Checks the degrees against the model and batch; throws naming the key (parallel.*).
   void validate(int64_t num_blocks, int64_t global_batch) const;
   std::string str() const;  // "dp2·tp2·pp2 vpp1 stage3 sp 1F1B m4 recompute none"
@@ -32,30 +49,45 @@ struct ParallelConfig {
 // Which blocks each virtual stage runs: [first, last) per virtual stage (pp · vpp of them).
 std::vector<std::pair<int64_t, int64_t>> stage_blocks(const ParallelConfig& c, int64_t num_blocks);
 
-// The tensor dim ZeRO shards over dp for a parameter of `ndim` dims laid out `placements` on
-// [dp, tp]: the first dim tp does not shard (dim 0 when tp shards the only one).
-int64_t dp_shard_dim(const Placements& placements, size_t ndim);
+// The tensor dim ZeRO shards over dp for a parameter of `ndim` dims whose placement over tp is
+// `tp`: the first dim tp does not shard (dim 0 when tp shards the only one).
+int64_t dp_shard_dim(const Placement& tp, size_t ndim);
 
 class Layout {
  public:
   Layout(ParallelConfig config, int64_t world_rank);
   const ParallelConfig& config() const { return config_; }
   const ProcessMesh& world_mesh() const { return world_; }
-  // The [dp, tp] mesh of pipeline rank `pp` (default: this rank's).
+  // The mesh of pipeline rank `pp` (default: this rank's): the world's dims less pp.
   ProcessMesh stage_mesh(int64_t pp) const;
-  ProcessMesh stage_mesh() const { return stage_mesh(pp_rank); }
-  int64_t world_rank(int64_t pp, int64_t dp, int64_t tp) const { return (pp * config_.dp + dp) * config_.tp + tp; }
+  ProcessMesh stage_mesh() const { return stage_mesh(coord("pp")); }
+
+  // This rank's coordinate along the mesh dim `dim`, and that dim's degree.
+  int64_t coord(std::string_view dim) const;
+  int64_t degree(std::string_view dim) const { return config_.degree(dim); }
+  // The world rank at this rank's coordinates with `dim`'s changed to `index`.
+  int64_t peer(std::string_view dim, int64_t index) const;
+  // Whether this rank is at coordinate 0 of every dim but those named (the one rank of its
+  // group along the named dims that speaks for the others).
+  bool first_along_all_but(std::initializer_list<std::string_view> dims) const;
+  // The index of `dim` on a stage mesh (a dim other than pp).
+  int64_t stage_dim(std::string_view dim) const;
+  // Placements on a stage mesh: the given ones on the named dims, Replicate on the others.
+  Placements placements(std::initializer_list<std::pair<std::string_view, Placement>> by_dim) const;
+  // This rank's process group along the stage mesh dim `dim`.
+  std::shared_ptr<ProcessGroup> group(std::string_view dim) const;
 
   // Placements on a stage mesh: the activations between blocks ([B, T, C]: batch over dp; the
   // sequence over tp with sequence parallel) and the token ids ([B, T]).
   Placements activation_placements() const;
   Placements ids_placements() const;
 
-  int64_t rank = 0, pp_rank = 0, dp_rank = 0, tp_rank = 0;
+  int64_t rank = 0;
 
  private:
   ParallelConfig config_;
   ProcessMesh world_;
+  std::vector<int64_t> coord_;  // this rank's coordinates on world_
 };
 
 }  // namespace tessel::parallel

@@ -27,12 +27,15 @@ bool matches(const std::string& pattern, const std::string& path) {
   return i == pattern.size() && j == path.size();
 }
 
-// `t` with its tp placement changed to `tp` (its dp placement kept).
-Tensor with_tp(const Tensor& t, const Placement& tp) {
+// `t` with its placement on mesh dim `tp_dim` changed to `tp` (the others kept).
+Tensor with_tp(const Tensor& t, int64_t tp_dim, const Placement& tp) {
   if (!is_dist(t)) return t;
   const DistAttr& a = dist_attr(t);
-  if (a.placements.size() != 2 || a.placements[1] == tp) return t;
-  return reshard(t, a.mesh, {a.placements[0], tp});
+  const size_t at = static_cast<size_t>(tp_dim);
+  if (a.placements.size() <= at || a.placements[at] == tp) return t;
+  Placements want = a.placements;
+  want[at] = tp;
+  return reshard(t, a.mesh, want);
 }
 
 }  // namespace
@@ -69,7 +72,7 @@ ParallelPlan plan_for(const std::string& arch) {
   TESSEL_THROW("no parallel plan for model.arch '{}' (have: gpt2, llama)", arch);
 }
 
-Placements param_placements(const nn::Parameter& p, Style style, bool in_out_layout) {
+Placement tp_placement(const nn::Parameter& p, Style style, bool in_out_layout) {
   const bool matrix = p.shape.size() == 2;
   // The tensor dims holding a Linear's output and input features.
   const int64_t out_dim = in_out_layout ? 1 : 0, in_dim = in_out_layout ? 0 : 1;
@@ -80,7 +83,7 @@ Placements param_placements(const nn::Parameter& p, Style style, bool in_out_lay
     case Style::rowwise: tp = matrix ? Placement(Shard(in_dim)) : Placement(Replicate()); break;
     case Style::vocabwise: tp = matrix ? Placement(Shard(0)) : Placement(Replicate()); break;
   }
-  return {Replicate(), tp};
+  return tp;
 }
 
 void parallelize(nn::LanguageModel& model, const std::vector<nn::Parameter*>& params, const ProcessMesh& mesh,
@@ -98,9 +101,11 @@ void parallelize(nn::LanguageModel& model, const std::vector<nn::Parameter*>& pa
       const bool in_out = linear != nullptr && linear->layout() == nn::Linear::Layout::in_out;
       TESSEL_CHECK(style == Style::replicate || style == Style::vocabwise || linear != nullptr,
                    "parallel plan: '{}' is not a Linear, so it cannot be ColWise/RowWise", m->path());
-      Placements gathered = param_placements(*p, style, in_out);
+      const Placement tp = tp_placement(*p, style, in_out);
+      const Placements gathered = layout.placements({{"tp", tp}});
       Placements stored = gathered;
-      if (zero3 && !p->shape.empty()) stored[0] = Shard(dp_shard_dim(gathered, p->shape.size()));  // ZeRO-3
+      if (zero3 && !p->shape.empty())  // ZeRO-3
+        stored = layout.placements({{"dp", Shard(dp_shard_dim(tp, p->shape.size()))}, {"tp", tp}});
       const nn::Init init = p->init;
       const std::string name = p->name;
       Tensor v = make_dtensor(p->shape, p->dtype, mesh, stored, [&](const Tensor& local, const GlobalBox& box) {
@@ -116,13 +121,14 @@ void parallelize(nn::LanguageModel& model, const std::vector<nn::Parameter*>& pa
     }
     if (!holds) continue;
     const Placement seq = sp ? Placement(Shard(1)) : Placement(Replicate());
+    const int64_t tp_dim = layout.stage_dim("tp");
     switch (style) {
       case Style::colwise:
-        m->input_hook = [](const Tensor& x) { return with_tp(x, Replicate()); };
+        m->input_hook = [tp_dim](const Tensor& x) { return with_tp(x, tp_dim, Replicate()); };
         break;
       case Style::rowwise:
       case Style::vocabwise:
-        m->output_hook = [seq](const Tensor& y) { return with_tp(y, seq); };
+        m->output_hook = [tp_dim, seq](const Tensor& y) { return with_tp(y, tp_dim, seq); };
         break;
       case Style::replicate: break;
     }

@@ -1,4 +1,4 @@
-// parallelize: lays a model's parameters out on a stage mesh [dp, tp] by a plan of styles, and
+// parallelize: lays a model's parameters out on a stage mesh (dp, tp) by a plan of styles, and
 // sets the layout hooks that make tensor and sequence parallelism run through ordinary ops.
 //
 // A plan maps parameter-name patterns to styles (first match wins; unmatched parameters are
@@ -46,12 +46,13 @@ ParallelPlan llama_plan();
 ParallelPlan plan_for(const std::string& arch);
 
 // Creates this rank's pieces of `params` (only those — a model is never materialised whole)
-// on `mesh` ([dp, tp]) from `seed`, sets the layout hooks of the modules of `model` that
+// on `mesh` (the layout's stage mesh) from `seed`, sets the layout hooks of the modules of `model` that
 // hold them, and returns the parameters' placements by name.
 void parallelize(nn::LanguageModel& model, const std::vector<nn::Parameter*>& params, const ProcessMesh& mesh,
                  const ParallelPlan& plan, const Layout& layout, uint64_t seed);
 
-// The placements a plan gives a parameter on [dp, tp] (before ZeRO stage 3's dp sharding).
-Placements param_placements(const nn::Parameter& p, Style style, bool in_out_layout);
+// The placement a plan gives a parameter over tp (over dp it is replicated, or with ZeRO stage 3
+// sharded on dp_shard_dim).
+Placement tp_placement(const nn::Parameter& p, Style style, bool in_out_layout);
 
 }  // namespace tessel::parallel

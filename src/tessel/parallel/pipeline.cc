@@ -39,7 +39,7 @@ PipelineRuntime::PipelineRuntime(Schedule schedule, const Layout& layout, Shape 
 }
 
 int PipelineRuntime::peer_world_rank(int pp) const {
-  return static_cast<int>(layout_.world_rank(pp, layout_.dp_rank, layout_.tp_rank));
+  return static_cast<int>(layout_.peer("pp", pp));
 }
 
 int PipelineRuntime::tag(int direction, int microbatch, int sender_vstage) const {
@@ -67,7 +67,7 @@ void PipelineRuntime::post(const Tensor& t, int pp, int tag, PendingSends& pendi
 
 double PipelineRuntime::run(const ChunkForward& forward) {
   const int M = schedule_.microbatches, V = schedule_.virtual_stages();
-  const int me = static_cast<int>(layout_.pp_rank);
+  const int me = static_cast<int>(layout_.coord("pp"));
 
   std::map<std::pair<int, int>, InFlight> live;  // (micro-batch, chunk)
   PendingSends pending_sends;
@@ -154,7 +154,7 @@ double PipelineRuntime::run(const ChunkForward& forward) {
 double PipelineRuntime::evaluate(const ChunkForward& forward) {
   NoGradGuard no_grad;
   ProfileScope scope("(pipeline evaluation)");
-  const int V = schedule_.virtual_stages(), me = static_cast<int>(layout_.pp_rank);
+  const int V = schedule_.virtual_stages(), me = static_cast<int>(layout_.coord("pp"));
   // In (micro-batch, virtual stage) order on every rank, what a receive waits for comes
   // earlier in that order on its sender, so the blocking receives cannot deadlock.
   PendingSends pending_sends;

@@ -15,7 +15,7 @@ namespace tessel::parallel {
 
 struct ShardedOptimizer::Slot {
   nn::Parameter* p = nullptr;
-  Placements stored;       // the parameter's placements on [dp, tp]
+  Placements stored;       // the parameter's placements on the stage mesh
   bool tied = false;
   bool decay = false;      // AdamW weight decay: matrices only
   int64_t numel = 0;       // elements of the local piece
@@ -32,7 +32,7 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
     : layout_(layout), options_(std::move(options)), tied_group_(std::move(tied_group)), count_tied_(count_tied) {
   TESSEL_CHECK(options_.kind == "adamw" || options_.kind == "sgd", "train.optimizer must be adamw or sgd, got '{}'",
                options_.kind);
-  const int64_t stage = layout_.config().sharding_stage, dp = layout_.config().dp;
+  const int64_t stage = layout_.config().sharding_stage, dp = layout_.degree("dp"), dp_rank = layout_.coord("dp");
   for (nn::Parameter* p : params) {
     Slot s;
     s.p = p;
@@ -46,8 +46,8 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
     s.numel = local_piece(p->value).numel();
     if (stage == 1 || stage == 2) {
       for (int64_t r = 0; r < dp; ++r) s.counts.push_back(split_size(s.numel, dp, r));
-      s.off = split_offset(s.numel, dp, layout_.dp_rank);
-      s.len = split_size(s.numel, dp, layout_.dp_rank);
+      s.off = split_offset(s.numel, dp, dp_rank);
+      s.len = split_size(s.numel, dp, dp_rank);
     } else {
       s.off = 0;
       s.len = s.numel;
@@ -95,9 +95,10 @@ struct Bucket {
 }  // namespace
 
 double ShardedOptimizer::step(double lr, double max_norm) {
-  const int64_t stage = layout_.config().sharding_stage, dp = layout_.config().dp;
+  const int64_t stage = layout_.config().sharding_stage, dp = layout_.degree("dp");
   const ProcessMesh mesh = layout_.stage_mesh();
-  auto dp_group = mesh_dim_group(mesh, 0);
+  const size_t dp_dim = static_cast<size_t>(layout_.stage_dim("dp")), tp_dim = static_cast<size_t>(layout_.stage_dim("tp"));
+  auto dp_group = layout_.group("dp");
   ++steps_;
   // Stages 0-2 sum the data-parallel partial gradients of all parameters together: one
   // all_reduce (stage 0) or one reduce_scatter of every rank's flat slices (stages 1 and 2).
@@ -113,24 +114,24 @@ double ShardedOptimizer::step(double lr, double max_norm) {
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     Placements target = s.stored;
-    if (dp_bucket) target[0] = Partial();
+    if (dp_bucket) target[dp_dim] = Partial();
     Tensor g = s.p->value.grad();
     if (!g.defined()) {
       g = dtensor_from_local(Tensor::zeros(local_piece(s.p->value).shape(), DType::f32), mesh, target,
                              s.p->value.shape());
     }
     const Placements& have = dist_attr(g).placements;
-    if (have[1].is_partial() && target[1].is_replicate()) target[1] = have[1];
+    if (have[tp_dim].is_partial() && target[tp_dim].is_replicate()) target[tp_dim] = have[tp_dim];
     if (have != target) g = reshard(g, mesh, target);
     locals[i] = view::contiguous(local_piece(g));
-    if (target[1].is_partial() && !s.stored[1].is_partial()) {
+    if (target[tp_dim].is_partial() && !s.stored[tp_dim].is_partial()) {
       tp_partial.push_back(&locals[i]);
       tp_partial_slots.push_back(i);
     }
   }
   if (!tp_partial.empty()) {
     Bucket b = Bucket::pack(tp_partial);
-    mesh_dim_group(mesh, 1)->all_reduce(b.flat.data<float>(), b.flat.numel(), DType::f32, ReduceOp::sum);
+    layout_.group("tp")->all_reduce(b.flat.data<float>(), b.flat.numel(), DType::f32, ReduceOp::sum);
     for (size_t k = 0; k < tp_partial.size(); ++k) {
       *tp_partial[k] = b.piece(k, tp_partial[k]->shape());
       owned[tp_partial_slots[k]] = true;
@@ -152,7 +153,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
   std::vector<int64_t> region_size;                             // ... and holds region_size[r]
   std::vector<std::vector<int64_t>> at(slots_.size());          // slot i's slice in region r at at[i][r]
   std::vector<Tensor> grads(slots_.size());
-  const size_t me = static_cast<size_t>(layout_.dp_rank);
+  const size_t me = static_cast<size_t>(layout_.coord("dp"));
   if (dp_bucket && stage == 0) {
     std::vector<Tensor*> all;
     for (Tensor& t : locals) all.push_back(&t);
@@ -206,8 +207,8 @@ double ShardedOptimizer::step(double lr, double max_norm) {
     const Slot& s = slots_[i];
     grad_bytes_ += (stage >= 2 ? s.len : s.numel) * 4;
     bool counts = !(s.tied && !count_tied_);
-    if (stage == 0) counts = counts && layout_.dp_rank == 0;
-    if (!s.stored[1].is_shard()) counts = counts && layout_.tp_rank == 0;
+    if (stage == 0) counts = counts && layout_.coord("dp") == 0;
+    if (!s.stored[tp_dim].is_shard()) counts = counts && layout_.coord("tp") == 0;
     if (counts) sum_sq += optim::sum_squares(grads[i].data<float>(), s.len);  // contiguous: a flat slice
   }
   world_group()->all_reduce(&sum_sq, 1, DType::f64, ReduceOp::sum);
@@ -250,7 +251,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
       float* piece = local_piece(slots_[i].p->value).data<float>();
       for (int64_t r = 0; r < dp; ++r) {
         const size_t ru = static_cast<size_t>(r);
-        if (r == layout_.dp_rank) continue;
+        if (r == static_cast<int64_t>(me)) continue;
         copy_floats(piece + split_offset(slots_[i].numel, dp, r), all.data<float>() + region[ru] + at[i][ru],
                     slots_[i].counts[ru]);
       }
