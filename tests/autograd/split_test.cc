@@ -2,8 +2,11 @@
 // give exactly the gradients of a plain backward.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "tessel/autograd/engine.h"
 #include "tessel/core/context.h"
+#include "tessel/core/view.h"
 #include "tessel/ops/ops.h"
 
 namespace tessel {
@@ -46,6 +49,46 @@ TEST(SplitBackward, InputsFirstThenWeightsEqualsOneBackward) {
   expect_equal(split.b1.grad(), ref.b1.grad());
   expect_equal(split.w2.grad(), ref.w2.grad());
   expect_equal(split.g.grad(), ref.g.grad());
+}
+
+// grad_ready_hooks run once per backward, when a leaf has all of its gradient: a leaf used
+// twice is reported after its second use, the last layer's weight before the first layer's,
+// and with a split backward the weights only in W.
+TEST(GradReadyHooks, RunOnceWhenALeafHasItsWholeGradient) {
+  for (bool split_backward : {false, true}) {
+    SCOPED_TRACE(split_backward ? "B then W" : "one backward");
+    Net ref, net;
+    Tensor x0 = randn({2, 4}, 9), gy = randn({2, 3}, 10);
+    Tensor xr = x0.detach().set_requires_grad(), xs = x0.detach().set_requires_grad();
+    // g is used twice: in forward and once more on the output.
+    backward(mul(ref.forward(xr), ref.g), gy);
+    std::vector<std::string> order;
+    std::vector<Tensor> seen;
+    auto watch = [&](Tensor& t, std::string name) {
+      t.autograd_meta().grad_ready_hooks.push_back([&order, &seen, name](const Tensor& g) {
+        order.push_back(name);
+        seen.push_back(view::clone(g));
+      });
+    };
+    watch(net.w1, "w1");
+    watch(net.w2, "w2");
+    watch(net.g, "g");
+    watch(xs, "x");
+    Tensor y = mul(net.forward(xs), net.g);
+    if (split_backward) {
+      DeferredWeightGrads later = backward_inputs({y}, {gy}, {xs});
+      EXPECT_EQ(order, (std::vector<std::string>{"x"})) << "the weights' gradients are not complete after B";
+      backward_weights(std::move(later));
+    } else {
+      backward(y, gy);
+    }
+    ASSERT_EQ(order.size(), 4u);
+    auto at = [&](const std::string& n) { return std::find(order.begin(), order.end(), n) - order.begin(); };
+    EXPECT_LT(at("w2"), at("w1"));  // the backward reaches the last layer first
+    expect_equal(seen[static_cast<size_t>(at("g"))], ref.g.grad());  // both uses summed
+    expect_equal(seen[static_cast<size_t>(at("w1"))], ref.w1.grad());
+    expect_equal(seen[static_cast<size_t>(at("x"))], xr.grad());
+  }
 }
 
 TEST(Recompute, GivesTheSameGradientsAndKeepsNoBlockActivations) {

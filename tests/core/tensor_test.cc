@@ -146,6 +146,33 @@ TEST(Tensor, MemoryIsChargedToTheRankThatAllocated) {
   EXPECT_EQ(ctx->memory->current.load(), 0);
 }
 
+// Per-kind counters: an allocation is charged to the kind of its scope; charging a storage to
+// another kind later moves its bytes; each kind keeps its own high-water mark.
+TEST(Tensor, MemoryIsChargedByKind) {
+  auto ctx = make_rank_context(0, 1, 1);
+  RankContextScope scope(ctx);
+  const MemoryStats& m = *ctx->memory;
+  Tensor p;
+  {
+    MemoryKindScope params(MemoryKind::params);
+    p = Tensor::empty({256}, DType::f32);
+  }
+  Tensor g = Tensor::empty({512}, DType::f32);
+  EXPECT_EQ(m.current_of(MemoryKind::params), 1024);
+  EXPECT_EQ(m.current_of(MemoryKind::other), 2048);
+  g.storage()->charge_as(MemoryKind::grads);
+  EXPECT_EQ(m.current_of(MemoryKind::other), 0);
+  EXPECT_EQ(m.current_of(MemoryKind::grads), 2048);
+  EXPECT_EQ(m.current.load(), 3072);
+  g = Tensor();
+  EXPECT_EQ(m.current_of(MemoryKind::grads), 0);
+  EXPECT_EQ(m.peak_of(MemoryKind::grads), 2048);
+  EXPECT_EQ(m.peak_of(MemoryKind::other), 2048);
+  ctx->memory->reset_peak();
+  EXPECT_EQ(m.peak_of(MemoryKind::grads), 0);
+  EXPECT_EQ(m.peak_of(MemoryKind::params), 1024);
+}
+
 TEST(Tensor, GradModeIsPerRankContext) {
   EXPECT_TRUE(grad_enabled());
   auto ctx = make_rank_context(0, 1, 1);

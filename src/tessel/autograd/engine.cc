@@ -53,6 +53,27 @@ struct Capture {
 
 bool is_distributed(const Tensor& t) { return t.defined() && t.impl_ptr()->dist != nullptr; }
 
+// Leaves with grad_ready_hooks, and the gradients each still expects from this backward: their
+// hooks run when the count reaches zero.
+struct ReadyCounts {
+  std::unordered_map<AutogradMeta*, std::pair<std::shared_ptr<AutogradMeta>, int>> left;
+
+  void expect(const std::shared_ptr<AutogradMeta>& leaf) {
+    if (leaf == nullptr || leaf->grad_ready_hooks.empty()) return;
+    auto [it, fresh] = left.try_emplace(leaf.get(), leaf, 0);
+    ++it->second.second;
+  }
+  // One of `leaf`'s expected gradients has been accumulated (or turned out undefined).
+  void arrived(AutogradMeta* leaf) {
+    auto it = left.find(leaf);
+    if (it == left.end() || --it->second.second > 0) return;
+    std::shared_ptr<AutogradMeta> meta = std::move(it->second.first);
+    left.erase(it);
+    if (meta->grad.defined())
+      for (const auto& hook : meta->grad_ready_hooks) hook(meta->grad);
+  }
+};
+
 void accumulate_leaf(const std::shared_ptr<AutogradMeta>& leaf, const TensorMeta& meta, Tensor&& g, Capture& cap) {
   ProfileScope profile_scope("(autograd accumulate)");
   if (g.dtype() != meta.dtype) g = is_distributed(g) ? cast(g, meta.dtype) : view::to_dtype(g, meta.dtype);
@@ -87,6 +108,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
   ProfileScope profile_scope("(autograd backward)");
 
   // Seed gradients.
+  ReadyCounts ready_counts;
+  std::vector<AutogradMeta*> root_leaves;
   std::unordered_map<GradNode*, std::vector<Tensor>> buffers;
   std::vector<GradNode*> starts;
   for (size_t r = 0; r < roots.size(); ++r) {
@@ -106,6 +129,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
     }
     GradEdge e = gradient_edge(root);
     if (e.leaf) {
+      if (!cap.active) ready_counts.expect(e.leaf);
+      root_leaves.push_back(e.leaf.get());
       accumulate_leaf(e.leaf, root.meta(), std::move(g), cap);
       continue;
     }
@@ -115,7 +140,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
     starts.push_back(e.node.get());
   }
 
-  // Dependency counts over the reachable graph.
+  // Dependency counts over the reachable graph, and the leaf gradients each hooked leaf expects.
   std::unordered_map<GradNode*, int> deps;
   std::unordered_map<GradNode*, std::shared_ptr<GradNode>> owners;  // for deferred nodes
   if (split != nullptr)
@@ -128,6 +153,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
     GradNode* n = stack.back();
     stack.pop_back();
     for (const GradEdge& e : n->next_edges) {
+      if (!cap.active) ready_counts.expect(e.leaf);
       if (!e.node) continue;
       ++deps[e.node.get()];
       if (split != nullptr) owners.emplace(e.node.get(), e.node);
@@ -137,6 +163,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
       }
     }
   }
+
+  for (AutogradMeta* leaf : root_leaves) ready_counts.arrived(leaf);
 
   auto later = [](GradNode* a, GradNode* b) { return a->seq_nr < b->seq_nr; };
   std::priority_queue<GradNode*, std::vector<GradNode*>, decltype(later)> ready(later);
@@ -165,6 +193,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
     bool any = false;
     for (const Tensor& g : grads_out) any = any || g.defined();
     std::vector<Tensor> grads_in;
+    std::vector<char> split_later;  // the leaf edges this node leaves to W
     if (any) {
       TESSEL_CHECK(!node->released,
                    "backward: trying to go through '{}' a second time, but its saved tensors were freed by the first "
@@ -177,6 +206,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
         if (std::find(later.begin(), later.end(), 1) == later.end()) later.clear();
       }
       if (!later.empty()) {
+        split_later = later;
         split->out->items.push_back({owners.at(node), grads_out, later});
         node->grad_mask.resize(later.size());
         bool rest = false;
@@ -201,6 +231,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
       if (g.defined() && e.active()) check_grad_shape(g, node->input_metas[i], node->name(), i);
       if (e.leaf) {
         if (g.defined()) accumulate_leaf(e.leaf, node->input_metas[i], std::move(g), cap);
+        if (!(split_later.size() > i && split_later[i])) ready_counts.arrived(e.leaf.get());
       } else if (e.node) {
         GradNode* next = e.node.get();
         if (g.defined()) {
@@ -215,6 +246,9 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
       }
     }
   }
+  // A split backward leaves the rest of these leaves' gradients to W.
+  if (split != nullptr)
+    for (auto& [raw, entry] : ready_counts.left) split->out->pending_ready.push_back(std::move(entry));
 }
 
 // A node whose backward is a lambda (see function.h).
@@ -275,6 +309,9 @@ void backward_weights(DeferredWeightGrads&& deferred) {
   GradModeGuard no_grad(false);
   ProfileScope profile_scope("(autograd backward weights)");
   Capture none;
+  ReadyCounts ready_counts;
+  for (auto& [leaf, count] : deferred.pending_ready) ready_counts.left.try_emplace(leaf.get(), std::move(leaf), count);
+  deferred.pending_ready.clear();
   for (DeferredWeightGrads::Item& item : deferred.items) {
     GradNode& node = *item.node;
     node.grad_mask = item.mask;
@@ -283,9 +320,12 @@ void backward_weights(DeferredWeightGrads&& deferred) {
     grads_in.resize(node.next_edges.size());
     for (size_t i = 0; i < node.next_edges.size(); ++i) {
       const GradEdge& e = node.next_edges[i];
-      if (!item.mask[i] || !e.leaf || !grads_in[i].defined()) continue;
-      check_grad_shape(grads_in[i], node.input_metas[i], node.name(), i);
-      accumulate_leaf(e.leaf, node.input_metas[i], std::move(grads_in[i]), none);
+      if (!item.mask[i] || !e.leaf) continue;
+      if (grads_in[i].defined()) {
+        check_grad_shape(grads_in[i], node.input_metas[i], node.name(), i);
+        accumulate_leaf(e.leaf, node.input_metas[i], std::move(grads_in[i]), none);
+      }
+      ready_counts.arrived(e.leaf.get());
     }
     if (!deferred.retain_graph) {
       node.release_saved();

@@ -35,6 +35,8 @@ struct DeferredWeightGrads {
   };
   std::vector<Item> items;
   bool retain_graph = false;
+  // Leaves with grad_ready_hooks and how many of their gradients W still owes.
+  std::vector<std::pair<std::shared_ptr<AutogradMeta>, int>> pending_ready;
 };
 // Like backward(roots, grads), except that leaves other than `inputs` get their gradients only
 // from backward_weights. `inputs` (leaves) get theirs now, in .grad as usual.

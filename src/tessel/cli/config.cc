@@ -430,6 +430,7 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   pc.recompute = par.get("recompute", pc.recompute);
   pc.stage_layers = par.get("stage_layers", pc.stage_layers);
   pc.mesh = par.get("mesh", pc.mesh);
+  pc.bucket_mb = par.get("bucket_mb", pc.bucket_mb);
   try {
     pc.check_mesh();
   } catch (const Error& e) {

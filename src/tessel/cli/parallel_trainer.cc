@@ -169,7 +169,8 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
   }
   OptimizerOptions oo{.kind = t.optimizer,
                       .adamw = {.lr = t.lr, .beta1 = t.beta1, .beta2 = t.beta2, .eps = t.eps, .weight_decay = t.weight_decay},
-                      .sgd = {.lr = t.lr, .momentum = t.momentum, .weight_decay = t.weight_decay, .nesterov = t.nesterov}};
+                      .sgd = {.lr = t.lr, .momentum = t.momentum, .weight_decay = t.weight_decay, .nesterov = t.nesterov},
+                      .bucket_bytes = static_cast<int64_t>(pc.bucket_mb * (1 << 20))};
   ShardedOptimizer optimizer(params, layout, oo, tied, tied_group, first_stage);
   optim::LrSchedule lr_schedule{.kind = optim::LrSchedule::parse_kind(t.schedule),
                                 .lr = t.lr,
@@ -248,6 +249,14 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     const auto t0 = Clock::now();
     const int64_t base_bytes = mem.current.load();
     mem.reset_peak();
+    auto note_peaks = [&] {
+      RankMemory& m = result.memory;
+      m.params = std::max(m.params, mem.peak_of(MemoryKind::params));
+      m.grads = std::max(m.grads, mem.peak_of(MemoryKind::grads));
+      m.optimizer = std::max(m.optimizer, mem.peak_of(MemoryKind::optimizer));
+      m.other = std::max(m.other, mem.peak_of(MemoryKind::other));
+      m.total = std::max(m.total, mem.peak.load());
+    };
     std::vector<MicroBatch> batches = loader.batch(step);
     const double lr = lr_schedule.at(step);
     const double loss_here = runtime.run([&](int chunk, int m, const Tensor& input) {
@@ -256,6 +265,7 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     const auto t_opt = Clock::now();
     const int64_t peak_activations = mem.peak.load() - base_bytes;
     const double norm = optimizer.step(lr, t.grad_clip);
+    note_peaks();
     const double loss = share_loss(loss_here) / static_cast<double>(M);
     TESSEL_CHECK(std::isfinite(loss),
                  "training diverged: the loss is {} at step {} (try a lower train.lr or train.grad_clip)", loss, step);
@@ -279,12 +289,12 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
       trace.push_back({"optimizer (grad sync + update)", "communication", micros_since_epoch(t_opt),
                        std::chrono::duration<double, std::micro>(t1 - t_opt).count()});
     }
-    if (step == 0) {
-      // Per-rank memory: every rank logs its own line.
-      StateBytes sb = optimizer.state_bytes();
-      if (!options.base.quiet)
-        log_info("rank {} memory: parameters {}, gradients {}, optimizer states {}, peak activations {}", world->rank(),
-                 bytes_str(sb.params), bytes_str(sb.grads), bytes_str(sb.optimizer), bytes_str(peak_activations));
+    if (step == 0 && !options.base.quiet) {
+      // Per-rank memory as the allocator saw it in the first step: every rank logs its own line.
+      const RankMemory& m = result.memory;
+      log_info("rank {} memory: parameters {}, gradients {} at most, optimizer states {}, peak activations {}",
+               world->rank(), bytes_str(m.params), bytes_str(m.grads), bytes_str(m.optimizer),
+               bytes_str(peak_activations));
     }
     if (lead && metrics.is_open()) {
       metrics << step_metrics(rec, std::chrono::duration<double>(Clock::now() - run_start).count()).dump() << '\n';
@@ -296,7 +306,6 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
       log_info("{}", step_line(rec, t.steps, recent * static_cast<double>(t.steps - step - 1)));
   }
   result.train.seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
-  result.state_bytes = optimizer.state_bytes();
   if (!options.trace_path.empty()) {
     write_trace(options.trace_path, trace, pc.str());
     say(fmt::format("timeline written to {} (open it in https://ui.perfetto.dev or chrome://tracing)", options.trace_path));

@@ -18,12 +18,18 @@ struct ParallelTrainOptions {
   std::string trace_path;     // Chrome-trace/Perfetto JSON timeline (written by rank 0)
 };
 
+// Bytes this rank's allocator held during the training steps, by kind (MemoryKind): the
+// highest mark of each kind, and of all of them together.
+struct RankMemory {
+  int64_t params = 0, grads = 0, optimizer = 0, other = 0, total = 0;
+};
+
 struct ParallelTrainResult {
   TrainResult train;                            // steps as every rank saw them
   std::map<std::string, Tensor> final_params;   // whole parameters this rank held (base.collect_params)
   std::vector<double> idle_shares;              // this rank's pipeline idle share per step
   std::vector<std::vector<double>> rank_idle_shares;  // every rank's (thread backend)
-  parallel::StateBytes state_bytes;             // this rank's parameters, gradients, optimizer states
+  RankMemory memory;                            // what this rank's allocator saw
 };
 
 // Runs on every rank of an initialised world (world_group() of dp·tp·pp ranks).

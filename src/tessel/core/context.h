@@ -25,6 +25,7 @@ struct RankContext {
   uint64_t next_seq_nr = 0;                // autograd tape position of the next recorded op
   std::shared_ptr<ThreadPool> pool;        // intra-op threads owned by this rank (null: process pool)
   std::shared_ptr<MemoryStats> memory;     // bytes allocated by this rank
+  MemoryKind memory_kind = MemoryKind::other;  // what this rank's allocations hold now
 
   // State owned by higher layers, keyed by its type (comm world, dist state, ...).
   template <typename T>
@@ -72,6 +73,18 @@ class GradModeGuard {
 
  private:
   bool previous_;
+};
+
+// Charges this rank's allocations to `kind` for the scope's lifetime.
+class MemoryKindScope {
+ public:
+  explicit MemoryKindScope(MemoryKind kind) : previous_(rank_context().memory_kind) { rank_context().memory_kind = kind; }
+  ~MemoryKindScope() { rank_context().memory_kind = previous_; }
+  MemoryKindScope(const MemoryKindScope&) = delete;
+  MemoryKindScope& operator=(const MemoryKindScope&) = delete;
+
+ private:
+  MemoryKind previous_;
 };
 
 class NoGradGuard : public GradModeGuard {

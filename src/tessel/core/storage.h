@@ -12,15 +12,27 @@
 
 namespace tessel {
 
-// Byte counters of one rank (or the process): current and peak live bytes.
+// What a block of memory holds, for per-kind counters: training state (parameters, their
+// gradients, optimizer states) apart from everything else (activations, buffers). A storage is
+// charged to the kind current on its rank when allocated (MemoryKindScope) and may be charged
+// to another later (Storage::charge_as: a gradient made by an op's backward becomes a leaf's).
+enum class MemoryKind : uint8_t { other, params, grads, optimizer };
+inline constexpr int kMemoryKinds = 4;
+const char* memory_kind_name(MemoryKind kind);
+
+// Byte counters of one rank (or the process): current and peak live bytes, in all and by kind.
 struct MemoryStats {
   std::atomic<int64_t> current{0};
   std::atomic<int64_t> peak{0};
   std::atomic<int64_t> allocations{0};
+  std::atomic<int64_t> kind_current[kMemoryKinds] = {};
+  std::atomic<int64_t> kind_peak[kMemoryKinds] = {};
 
-  void add(int64_t bytes);
-  void sub(int64_t bytes) { current.fetch_sub(bytes, std::memory_order_relaxed); }
-  void reset_peak() { peak.store(current.load()); }
+  void add(int64_t bytes, MemoryKind kind = MemoryKind::other);
+  void sub(int64_t bytes, MemoryKind kind = MemoryKind::other);
+  void reset_peak();
+  int64_t current_of(MemoryKind kind) const { return kind_current[static_cast<int>(kind)].load(); }
+  int64_t peak_of(MemoryKind kind) const { return kind_peak[static_cast<int>(kind)].load(); }
 };
 
 class Storage {
@@ -37,6 +49,9 @@ class Storage {
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  MemoryKind kind() const { return kind_; }
+  // Moves this storage's bytes to `kind`'s counters.
+  void charge_as(MemoryKind kind);
 
  private:
   Storage() = default;
@@ -44,6 +59,7 @@ class Storage {
   size_t nbytes_ = 0;
   Device device_;
   std::shared_ptr<MemoryStats> charged_;
+  MemoryKind kind_ = MemoryKind::other;
   std::function<void()> release_;
 };
 

@@ -134,8 +134,12 @@ struct AutogradMeta {
   Tensor grad;
   std::shared_ptr<GradNode> grad_fn;
   int output_nr = 0;
-  // Run after a gradient is accumulated into this leaf (bucketed reduction, ZeRO-2 hooks).
+  // Run after each gradient accumulated into this leaf.
   std::vector<std::function<void(const Tensor& grad)>> post_accumulate_hooks;
+  // Run once per backward, when this leaf has received every gradient that backward gives it
+  // (all its uses' contributions; with a split backward, after backward_weights). Data
+  // parallelism reduces gradient buckets from here while the backward goes on.
+  std::vector<std::function<void(const Tensor& grad)>> grad_ready_hooks;
 };
 
 template <typename T>

@@ -3,6 +3,7 @@
 
 #include <set>
 
+#include "tessel/core/context.h"
 #include "tessel/core/error.h"
 #include "tessel/dist/dtensor.h"
 
@@ -108,14 +109,21 @@ void parallelize(nn::LanguageModel& model, const std::vector<nn::Parameter*>& pa
         stored = layout.placements({{"dp", Shard(dp_shard_dim(tp, p->shape.size()))}, {"tp", tp}});
       const nn::Init init = p->init;
       const std::string name = p->name;
-      Tensor v = make_dtensor(p->shape, p->dtype, mesh, stored, [&](const Tensor& local, const GlobalBox& box) {
-        nn::init_fill(local, init, seed, name, box);
-      });
+      Tensor v;
+      {
+        MemoryKindScope charge(MemoryKind::params);
+        v = make_dtensor(p->shape, p->dtype, mesh, stored, [&](const Tensor& local, const GlobalBox& box) {
+          nn::init_fill(local, init, seed, name, box);
+        });
+      }
       v.set_name(p->name);
       v.set_requires_grad(true);
       p->value = v;
       if (stored != gathered)
-        p->gather = [mesh, gathered](const Tensor& t) { return reshard(t, mesh, gathered); };
+        p->gather = [mesh, gathered](const Tensor& t) {
+          MemoryKindScope charge(MemoryKind::params);  // a gathered weight is parameter bytes
+          return reshard(t, mesh, gathered);
+        };
       else
         p->gather = nullptr;
     }

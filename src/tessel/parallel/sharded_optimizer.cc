@@ -1,30 +1,66 @@
-// The sharded optimizer.
+// The sharded optimizer: gradient buckets launched from grad-ready hooks, ZeRO shards as
+// Shard(d) boxes of each parameter's local piece, and the update on this rank's shard.
 #include "tessel/parallel/sharded_optimizer.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "tessel/comm/world.h"
+#include "tessel/core/context.h"
 #include "tessel/core/error.h"
+#include "tessel/core/profile.h"
+#include "tessel/core/shape.h"
 #include "tessel/core/view.h"
 #include "tessel/dist/dtensor.h"
-#include "tessel/dist/mesh_comm.h"
-#include "tessel/core/shape.h"
+#include "tessel/ops/inplace.h"
 
 namespace tessel::parallel {
 
 struct ShardedOptimizer::Slot {
   nn::Parameter* p = nullptr;
-  Placements stored;       // the parameter's placements on the stage mesh
+  Placements stored;  // the parameter's placements on the stage mesh
+  Placements shard;   // its ZeRO shard's: optimizer states and the synced gradient
   bool tied = false;
-  bool decay = false;      // AdamW weight decay: matrices only
-  int64_t numel = 0;       // elements of the local piece
-  int64_t off = 0, len = 0;  // this rank's flat slice of the local piece (stages 1, 2)
-  std::vector<int64_t> counts;  // every dp rank's slice length
-  Tensor m, v;             // f32 [len] (SGD: m is the momentum buffer)
+  bool decay = false;  // AdamW weight decay: matrices only
+  // Stages 1 and 2: this rank's shard is the box of the local piece at its dp coordinate along
+  // `dim`, `sizes[r]` wide for dp rank r. False for stages 0 and 3 (the whole local piece is
+  // the shard) and for a 1-D parameter tp already splits, which stays replicated over dp.
+  bool split = false;
+  int64_t dim = 0;
+  std::vector<int64_t> sizes;
+  bool hooked = false;      // synced from grad-ready hooks
+  int64_t ready = 0;        // backwards this step whose gradient is complete
+  bool tp_partial = false;  // the gradient is still a partial sum over tp
+  Tensor grad;              // the synced gradient: distributed, placed like `shard` (tp partial aside)
+  Tensor m, v;              // distributed, placed `shard` (SGD: m is the momentum buffer)
+
+  int64_t offset(int64_t r) const {
+    int64_t o = 0;
+    for (int64_t i = 0; i < r; ++i) o += sizes[static_cast<size_t>(i)];
+    return o;
+  }
+  // Dp rank r's box of a local piece (a strided view unless dim is 0).
+  Tensor box(const Tensor& piece, int64_t r) const {
+    return split ? view::slice(piece, dim, offset(r), offset(r) + sizes[static_cast<size_t>(r)]) : piece;
+  }
 };
 
-ShardedOptimizer::~ShardedOptimizer() = default;
+struct ShardedOptimizer::Bucket {
+  std::vector<size_t> slots;
+  std::vector<Tensor> grads;             // full local gradients, until packed
+  int64_t bytes = 0;
+  Tensor flat, mine;                     // what is sent, and this rank's reduced part
+  std::vector<std::vector<int64_t>> at;  // per slot and dp rank, its place in that rank's region
+  std::vector<int64_t> region;           // stages 1, 2: every dp rank's region size
+  WorkPtr work;
+};
+
+ShardedOptimizer::~ShardedOptimizer() {
+  for (Slot& s : slots_) {
+    s.p->value.autograd_meta().grad_ready_hooks.clear();
+    s.p->value.autograd_meta().post_accumulate_hooks.clear();
+  }
+  for (Bucket& b : in_flight_) b.work->wait();  // never free a buffer a collective still uses
+}
 
 ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Layout& layout, OptimizerOptions options,
                                    std::vector<nn::Parameter*> tied, std::shared_ptr<ProcessGroup> tied_group,
@@ -32,7 +68,12 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
     : layout_(layout), options_(std::move(options)), tied_group_(std::move(tied_group)), count_tied_(count_tied) {
   TESSEL_CHECK(options_.kind == "adamw" || options_.kind == "sgd", "train.optimizer must be adamw or sgd, got '{}'",
                options_.kind);
-  const int64_t stage = layout_.config().sharding_stage, dp = layout_.degree("dp"), dp_rank = layout_.coord("dp");
+  TESSEL_CHECK(options_.bucket_bytes > 0, "parallel.bucket_mb must be positive");
+  const int64_t stage = layout_.config().sharding_stage, dp = layout_.degree("dp");
+  const size_t dp_dim = static_cast<size_t>(layout_.stage_dim("dp")), tp_dim = static_cast<size_t>(layout_.stage_dim("tp"));
+  const ProcessMesh mesh = layout_.stage_mesh();
+  MemoryKindScope charge(MemoryKind::optimizer);
+  slots_.reserve(params.size());
   for (nn::Parameter* p : params) {
     Slot s;
     s.p = p;
@@ -40,234 +81,352 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
                  "parallelize first", p->name);
     TESSEL_CHECK(p->value.dtype() == DType::f32, "shard_optimizer: parameter '{}' is {}, only f32 is supported", p->name,
                  p->value.dtype());
-    s.stored = dist_attr(p->value).placements;
+    s.stored = s.shard = dist_attr(p->value).placements;
     s.decay = p->shape.size() >= 2;
     for (nn::Parameter* t : tied) s.tied = s.tied || t == p;
-    s.numel = local_piece(p->value).numel();
-    if (stage == 1 || stage == 2) {
-      for (int64_t r = 0; r < dp; ++r) s.counts.push_back(split_size(s.numel, dp, r));
-      s.off = split_offset(s.numel, dp, dp_rank);
-      s.len = split_size(s.numel, dp, dp_rank);
-    } else {
-      s.off = 0;
-      s.len = s.numel;
+    const Placement& tp = s.stored[tp_dim];
+    const int64_t d = dp_shard_dim(tp, p->shape.size());
+    if ((stage == 1 || stage == 2) && dp > 1 && !p->shape.empty() && !tp.is_shard(d)) {
+      s.split = true;
+      s.dim = d;
+      const int64_t n = local_piece(p->value).size(d);
+      for (int64_t r = 0; r < dp; ++r) s.sizes.push_back(split_size(n, dp, r));
+      s.shard[dp_dim] = Shard(d);
     }
-    s.m = Tensor::zeros({s.len}, DType::f32);
-    if (options_.kind == "adamw") s.v = Tensor::zeros({s.len}, DType::f32);
+    auto zeros = [&] {
+      Shape local = local_piece(p->value).shape();
+      if (s.split) local[static_cast<size_t>(s.dim)] = s.sizes[static_cast<size_t>(layout_.coord("dp"))];
+      return dtensor_from_local(Tensor::zeros(local, DType::f32), mesh, s.shard, p->shape);
+    };
+    s.m = zeros();
+    if (options_.kind == "adamw") s.v = zeros();
     slots_.push_back(std::move(s));
   }
+  // Gradients are synced from the backward when a data-parallel collective is owed for them
+  // (stages 0 to 2 over dp > 1); the rest waits for step().
+  if (dp > 1 && stage <= 2) {
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (stage >= 1 && !slots_[i].split) continue;
+      slots_[i].hooked = true;
+      auto& meta = slots_[i].p->value.autograd_meta();
+      meta.grad_ready_hooks.push_back([this, i](const Tensor&) { on_ready(i); });
+    }
+  }
+  // Gradient bytes are charged as such from the moment a leaf holds them.
+  for (Slot& s : slots_)
+    s.p->value.autograd_meta().post_accumulate_hooks.push_back([](const Tensor& g) {
+      if (g.defined()) local_piece(g).storage()->charge_as(MemoryKind::grads);
+    });
 }
 
 namespace {
 
-void copy_floats(float* dst, const float* src, int64_t n) {
-  if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+// `g` laid out as the optimizer reduces it: like `stored`, except a partial sum over dp when
+// `over_dp` (the data-parallel sum is still owed) and a partial sum over tp that the parameter
+// is replicated over, which is summed later with the others. Sets `tp_partial` for the latter.
+Tensor as_reduced(const Tensor& g, const Placements& stored, size_t dp_dim, size_t tp_dim, bool over_dp,
+                  const ProcessMesh& mesh, bool& tp_partial) {
+  Placements target = stored;
+  if (over_dp) target[dp_dim] = Partial();
+  const Placements& have = dist_attr(g).placements;
+  tp_partial = have[tp_dim].is_partial() && target[tp_dim].is_replicate();
+  if (tp_partial) target[tp_dim] = have[tp_dim];
+  return have == target ? g : reshard(g, mesh, target);
 }
 
-// One buffer for many gradient pieces, so that a group reduces them with one collective
-// instead of one per parameter.
-struct Bucket {
-  Tensor flat;                   // f32
-  std::vector<int64_t> offsets;  // of each piece in `flat`
-
-  // Packs the pieces one after another.
-  static Bucket pack(const std::vector<Tensor*>& pieces) {
-    Bucket b;
-    int64_t total = 0;
-    for (Tensor* t : pieces) {
-      b.offsets.push_back(total);
-      total += t->numel();
-    }
-    b.flat = Tensor::empty({total}, DType::f32);
-    for (size_t i = 0; i < pieces.size(); ++i) copy_into(*pieces[i], b.flat.data<float>() + b.offsets[i]);
-    return b;
-  }
-  // Piece i, read back from `flat` with its shape.
-  Tensor piece(size_t i, const Shape& shape) const {
-    return view::reshape(view::slice(flat, 0, offsets[i], offsets[i] + shape_numel(shape)), shape);
-  }
-  static void copy_into(const Tensor& t, float* dst) {
-    Tensor c = view::contiguous(t);
-    copy_floats(dst, c.data<float>(), c.numel());
-  }
-};
+// Copies `src` into `flat` at `at` (laid out contiguously with src's shape).
+void pack(const Tensor& flat, int64_t at, const Tensor& src) {
+  view::copy(view::reshape(view::slice(flat, 0, at, at + src.numel()), src.shape()), src);
+}
+// The piece of `flat` at `at` with `shape`.
+Tensor unpack(const Tensor& flat, int64_t at, const Shape& shape) {
+  return view::reshape(view::slice(flat, 0, at, at + shape_numel(shape)), shape);
+}
 
 }  // namespace
 
+void ShardedOptimizer::on_ready(size_t i) {
+  Slot& s = slots_[i];
+  ++s.ready;
+  // Stages 0 and 1 sum the micro-batches locally and reduce once; stage 2 reduces each.
+  if (layout_.config().sharding_stage <= 1 && s.ready < layout_.config().micro_batches) return;
+  enqueue(i);
+}
+
+void ShardedOptimizer::enqueue(size_t i) {
+  Slot& s = slots_[i];
+  ProfileScope profile_scope("(grad bucket)");
+  Tensor g = s.p->value.grad();
+  if (!g.defined()) return;
+  g = as_reduced(g, s.stored, static_cast<size_t>(layout_.stage_dim("dp")), static_cast<size_t>(layout_.stage_dim("tp")),
+                 true, layout_.stage_mesh(), s.tp_partial);
+  s.p->value.set_grad(Tensor());  // the bucket holds it now
+  if (!filling_) filling_ = std::make_unique<Bucket>();
+  filling_->slots.push_back(i);
+  filling_->grads.push_back(local_piece(g));
+  filling_->bytes += local_piece(g).numel() * 4;
+  if (filling_->bytes >= options_.bucket_bytes) {
+    Bucket b = std::move(*filling_);
+    filling_.reset();
+    launch(std::move(b));
+  }
+}
+
+void ShardedOptimizer::launch(Bucket&& b) {
+  // At most one bucket in flight while the next is packed: the full-size gradients alive are
+  // those of the bucket filling, the one being packed and the one on the wire.
+  while (!in_flight_.empty()) finish_oldest();
+  MemoryKindScope charge(MemoryKind::grads);
+  const int64_t dp = layout_.degree("dp");
+  auto group = layout_.group("dp");
+  if (layout_.config().sharding_stage == 0) {
+    int64_t total = 0;
+    for (const Tensor& g : b.grads) {
+      b.at.push_back({total});
+      total += g.numel();
+    }
+    b.flat = Tensor::empty({total}, DType::f32);
+    for (size_t k = 0; k < b.grads.size(); ++k) pack(b.flat, b.at[k][0], b.grads[k]);
+    b.grads.clear();
+    b.work = group->all_reduce_async(b.flat.data<float>(), total, DType::f32, ReduceOp::sum);
+  } else {
+    // Region r holds dp rank r's box of every gradient of the bucket, one after another.
+    b.region.assign(static_cast<size_t>(dp), 0);
+    for (size_t k = 0; k < b.slots.size(); ++k) {
+      const Slot& s = slots_[b.slots[k]];
+      b.at.emplace_back();
+      for (int64_t r = 0; r < dp; ++r) {
+        b.at[k].push_back(b.region[static_cast<size_t>(r)]);
+        b.region[static_cast<size_t>(r)] += s.box(b.grads[k], r).numel();
+      }
+    }
+    int64_t total = 0;
+    std::vector<int64_t> start;
+    for (int64_t n : b.region) {
+      start.push_back(total);
+      total += n;
+    }
+    b.flat = Tensor::empty({total}, DType::f32);
+    for (size_t k = 0; k < b.slots.size(); ++k)
+      for (int64_t r = 0; r < dp; ++r)
+        pack(b.flat, start[static_cast<size_t>(r)] + b.at[k][static_cast<size_t>(r)], slots_[b.slots[k]].box(b.grads[k], r));
+    b.grads.clear();
+    b.mine = Tensor::empty({b.region[static_cast<size_t>(layout_.coord("dp"))]}, DType::f32);
+    b.work = group->reduce_scatter_v_async(b.flat.data<float>(), b.mine.data<float>(), b.region, DType::f32,
+                                           ReduceOp::sum);
+  }
+  in_flight_.push_back(std::move(b));
+}
+
+void ShardedOptimizer::finish_oldest() {
+  Bucket b = std::move(in_flight_.front());
+  in_flight_.erase(in_flight_.begin());
+  {
+    ProfileScope profile_scope("(grad bucket wait)");
+    b.work->wait();
+  }
+  const ProcessMesh mesh = layout_.stage_mesh();
+  const size_t me = static_cast<size_t>(layout_.coord("dp")), tp_dim = static_cast<size_t>(layout_.stage_dim("tp"));
+  const bool stage0 = layout_.config().sharding_stage == 0;
+  for (size_t k = 0; k < b.slots.size(); ++k) {
+    Slot& s = slots_[b.slots[k]];
+    Shape shape = local_piece(s.p->value).shape();
+    if (s.split) shape[static_cast<size_t>(s.dim)] = s.sizes[me];
+    Tensor piece = stage0 ? unpack(b.flat, b.at[k][0], shape) : unpack(b.mine, b.at[k][me], shape);
+    if (s.grad.defined()) {
+      add_(local_piece(s.grad), piece);  // stage 2: this micro-batch's shard onto the earlier ones'
+      continue;
+    }
+    Placements pl = s.shard;
+    if (s.tp_partial) pl[tp_dim] = Partial();
+    s.grad = wrap_dtensor(piece, DistAttr(mesh, pl), s.p->shape);
+  }
+}
+
 double ShardedOptimizer::step(double lr, double max_norm) {
+  ProfileScope profile_scope("optimizer.step");
   const int64_t stage = layout_.config().sharding_stage, dp = layout_.degree("dp");
   const ProcessMesh mesh = layout_.stage_mesh();
   const size_t dp_dim = static_cast<size_t>(layout_.stage_dim("dp")), tp_dim = static_cast<size_t>(layout_.stage_dim("tp"));
-  auto dp_group = layout_.group("dp");
+  const int64_t me = layout_.coord("dp");
   ++steps_;
-  // Stages 0-2 sum the data-parallel partial gradients of all parameters together: one
-  // all_reduce (stage 0) or one reduce_scatter of every rank's flat slices (stages 1 and 2).
-  // Stage 3 gradients arrive as dp shards already (the gather's backward reduce-scattered them).
-  const bool dp_bucket = dp > 1 && stage <= 2;
-  // 1. Each gradient's local piece, laid out like its parameter over tp and still a partial sum
-  //    over dp when dp_bucket; a partial sum over tp of a tp-replicated parameter is kept too
-  //    and summed with the others over tp.
-  std::vector<Tensor> locals(slots_.size());
-  std::vector<bool> owned(slots_.size(), false);  // `locals[i]` is ours to change in place
-  std::vector<Tensor*> tp_partial;
-  std::vector<size_t> tp_partial_slots;
+  // 1. The rest of the backward's buckets, and gradients set without a backward's hooks.
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].hooked && slots_[i].p->value.grad().defined()) enqueue(i);
+  if (filling_) {
+    Bucket b = std::move(*filling_);
+    filling_.reset();
+    launch(std::move(b));
+  }
+  while (!in_flight_.empty()) finish_oldest();
+
+  // 2. Gradients the hooks did not sync: a data-parallel sum still owed (dp > 1 at stage 0 with
+  //    no hook, or a parameter stages 1 and 2 keep whole) goes in one all_reduce; stage 3's
+  //    arrive as dp shards already; a parameter with no gradient counts zero.
+  std::vector<size_t> owe_dp;
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
-    Placements target = s.stored;
-    if (dp_bucket) target[dp_dim] = Partial();
+    if (s.grad.defined()) continue;
+    const bool over_dp = dp > 1 && stage <= 2;
     Tensor g = s.p->value.grad();
+    s.p->value.set_grad(Tensor());
     if (!g.defined()) {
-      g = dtensor_from_local(Tensor::zeros(local_piece(s.p->value).shape(), DType::f32), mesh, target,
-                             s.p->value.shape());
+      Placements pl = s.shard;
+      Shape local = local_piece(s.p->value).shape();
+      if (s.split) local[static_cast<size_t>(s.dim)] = s.sizes[static_cast<size_t>(me)];
+      s.grad = dtensor_from_local(Tensor::zeros(local, DType::f32), mesh, pl, s.p->shape);
+      continue;
     }
-    const Placements& have = dist_attr(g).placements;
-    if (have[tp_dim].is_partial() && target[tp_dim].is_replicate()) target[tp_dim] = have[tp_dim];
-    if (have != target) g = reshard(g, mesh, target);
-    locals[i] = view::contiguous(local_piece(g));
-    if (target[tp_dim].is_partial() && !s.stored[tp_dim].is_partial()) {
-      tp_partial.push_back(&locals[i]);
-      tp_partial_slots.push_back(i);
-    }
+    g = as_reduced(g, s.stored, dp_dim, tp_dim, over_dp, mesh, s.tp_partial);
+    s.grad = g;
+    if (over_dp) owe_dp.push_back(i);
   }
-  if (!tp_partial.empty()) {
-    Bucket b = Bucket::pack(tp_partial);
-    layout_.group("tp")->all_reduce(b.flat.data<float>(), b.flat.numel(), DType::f32, ReduceOp::sum);
-    for (size_t k = 0; k < tp_partial.size(); ++k) {
-      *tp_partial[k] = b.piece(k, tp_partial[k]->shape());
-      owned[tp_partial_slots[k]] = true;
+  // One buffer for a group of gradients: each's local piece packed, summed over `group`, and
+  // each replaced by its summed piece (placed as `placed(slot)`).
+  auto sum_over = [&](const std::vector<size_t>& which, ProcessGroup& group, auto placed) {
+    if (which.empty()) return;
+    MemoryKindScope charge(MemoryKind::grads);
+    int64_t total = 0;
+    for (size_t i : which) total += local_piece(slots_[i].grad).numel();
+    Tensor flat = Tensor::empty({total}, DType::f32);
+    int64_t at = 0;
+    for (size_t i : which) {
+      pack(flat, at, local_piece(slots_[i].grad));
+      at += local_piece(slots_[i].grad).numel();
     }
-  }
+    group.all_reduce(flat.data<float>(), total, DType::f32, ReduceOp::sum);
+    at = 0;
+    for (size_t i : which) {
+      Slot& s = slots_[i];
+      const Shape shape = local_piece(s.grad).shape();
+      s.grad = wrap_dtensor(unpack(flat, at, shape), DistAttr(mesh, placed(s)), s.p->shape);
+      at += shape_numel(shape);
+    }
+  };
+  sum_over(owe_dp, *layout_.group("dp"), [&](const Slot& s) {
+    Placements pl = dist_attr(s.grad).placements;
+    pl[dp_dim] = s.stored[dp_dim];
+    return pl;
+  });
+  // 3. Sums over tp of tp-replicated parameters (sequence parallel), and over the pipeline
+  //    ranks sharing a tied parameter.
+  std::vector<size_t> owe_tp, owe_tied;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!slots_[i].tied || !tied_group_) continue;
-    if (!owned[i]) locals[i] = view::clone(locals[i]);
-    tied_group_->all_reduce(locals[i].data<float>(), locals[i].numel(), DType::f32, ReduceOp::sum);
+    if (slots_[i].tp_partial) owe_tp.push_back(i);
+    if (slots_[i].tied && tied_group_) owe_tied.push_back(i);
   }
+  sum_over(owe_tp, *layout_.group("tp"), [&](const Slot& s) {
+    Placements pl = dist_attr(s.grad).placements;
+    pl[tp_dim] = Replicate();
+    return pl;
+  });
+  for (size_t i : owe_tp) slots_[i].tp_partial = false;
+  if (tied_group_) sum_over(owe_tied, *tied_group_, [&](const Slot& s) { return dist_attr(s.grad).placements; });
 
-  // 2. This rank's gradient for each slot: all of it (stages 0, 3) or its flat slice (1, 2).
-  //    Stages 1 and 2 pack the slots of at most kPackMax elements, where a collective's latency
-  //    outweighs copying, with rank r's slices of every such slot one after another in region
-  //    r; a larger slot is scattered and gathered alone, in place.
-  constexpr int64_t kPackMax = 1 << 16;
-  std::vector<bool> packed(slots_.size(), false);
-  std::vector<int64_t> region(static_cast<size_t>(dp) + 1, 0);  // region r starts at region[r]
-  std::vector<int64_t> region_size;                             // ... and holds region_size[r]
-  std::vector<std::vector<int64_t>> at(slots_.size());          // slot i's slice in region r at at[i][r]
-  std::vector<Tensor> grads(slots_.size());
-  const size_t me = static_cast<size_t>(layout_.coord("dp"));
-  if (dp_bucket && stage == 0) {
-    std::vector<Tensor*> all;
-    for (Tensor& t : locals) all.push_back(&t);
-    Bucket b = Bucket::pack(all);
-    dp_group->all_reduce(b.flat.data<float>(), b.flat.numel(), DType::f32, ReduceOp::sum);
-    for (size_t i = 0; i < slots_.size(); ++i)
-      grads[i] = view::reshape(b.piece(i, locals[i].shape()), {slots_[i].numel});
-  } else if (dp_bucket) {
-    for (size_t i = 0; i < slots_.size(); ++i) packed[i] = slots_[i].numel <= kPackMax;
-    for (int64_t r = 0; r < dp; ++r) {
-      const size_t ru = static_cast<size_t>(r);
-      int64_t used = 0;
-      for (size_t i = 0; i < slots_.size(); ++i) {
-        if (!packed[i]) continue;
-        at[i].push_back(used);
-        used += slots_[i].counts[ru];
-      }
-      region[ru + 1] = region[ru] + used;
-      region_size.push_back(used);
-    }
-    Tensor flat = Tensor::empty({region.back()}, DType::f32);
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      const Slot& s = slots_[i];
-      if (!packed[i]) {
-        grads[i] = Tensor::empty({s.len}, DType::f32);
-        dp_group->reduce_scatter_v(locals[i].data<float>(), grads[i].data<float>(), s.counts, DType::f32,
-                                   ReduceOp::sum);
-        continue;
-      }
-      for (int64_t r = 0; r < dp; ++r) {
-        const size_t ru = static_cast<size_t>(r);
-        copy_floats(flat.data<float>() + region[ru] + at[i][ru], locals[i].data<float>() + split_offset(s.numel, dp, r),
-                    s.counts[ru]);
-      }
-    }
-    locals.clear();  // packed or scattered: free them before the reduced slices are made
-    Tensor mine = Tensor::empty({region_size[me]}, DType::f32);
-    dp_group->reduce_scatter_v(flat.data<float>(), mine.data<float>(), region_size, DType::f32, ReduceOp::sum);
-    for (size_t i = 0; i < slots_.size(); ++i)
-      if (packed[i]) grads[i] = view::slice(mine, 0, at[i][me], at[i][me] + slots_[i].len);
-  } else {
-    for (size_t i = 0; i < slots_.size(); ++i) grads[i] = view::reshape(locals[i], {slots_[i].numel});
-  }
-
-  // 3. The global norm. Count each element once: over dp, stages 1–3 hold disjoint slices and
-  //    stage 0 counts on dp rank 0; over tp, replicated parameters count on tp rank 0; tied
+  // 4. The global norm. Count each element once: over dp, shards are disjoint and a whole
+  //    piece counts on dp rank 0; over tp, replicated parameters count on tp rank 0; tied
   //    copies count once.
   double sum_sq = 0;
-  grad_bytes_ = 0;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& s = slots_[i];
-    grad_bytes_ += (stage >= 2 ? s.len : s.numel) * 4;
+  for (const Slot& s : slots_) {
     bool counts = !(s.tied && !count_tied_);
-    if (stage == 0) counts = counts && layout_.coord("dp") == 0;
+    if (!s.shard[dp_dim].is_shard()) counts = counts && me == 0;
     if (!s.stored[tp_dim].is_shard()) counts = counts && layout_.coord("tp") == 0;
-    if (counts) sum_sq += optim::sum_squares(grads[i].data<float>(), s.len);  // contiguous: a flat slice
+    if (!counts) continue;
+    Tensor g = view::contiguous(local_piece(s.grad));
+    sum_sq += optim::sum_squares(g.data<float>(), g.numel());
   }
   world_group()->all_reduce(&sum_sq, 1, DType::f64, ReduceOp::sum);
   const double norm = std::sqrt(sum_sq);
   const float clip = optim::clip_coefficient(norm, max_norm);
 
-  // 4. Update this rank's slice (the clip scales the gradient inside the update); stages 1 and
-  //    2 then gather every rank's slices back: the packed ones with one all_gather.
-  const bool gather = dp_bucket && stage != 0;
-  Tensor mine_packed = gather ? Tensor::empty({region_size[me]}, DType::f32) : Tensor();
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = slots_[i];
-    Tensor piece = local_piece(s.p->value);
-    TESSEL_ASSERT(piece.is_contiguous(), "parameter '{}': local piece is not contiguous", s.p->name);
-    float* p = piece.data<float>() + s.off;
-    const float* g = grads[i].data<float>();
-    if (options_.kind == "adamw")
-      optim::adamw_update(p, g, s.m.data<float>(), s.v.data<float>(), s.len, steps_, options_.adamw, lr, s.decay, clip);
-    else
-      optim::sgd_update(p, g, s.m.data<float>(), s.len, steps_ == 1, options_.sgd, lr, clip);
-    s.p->value.set_grad(Tensor());
-  }
-  grads.clear();
-  if (gather) {
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      const Slot& s = slots_[i];
-      float* piece = local_piece(s.p->value).data<float>();
-      if (packed[i]) {
-        copy_floats(mine_packed.data<float>() + at[i][me], piece + s.off, s.len);
-        continue;
-      }
-      Tensor mine = Tensor::empty({s.len}, DType::f32);
-      copy_floats(mine.data<float>(), piece + s.off, s.len);
-      dp_group->all_gather_v(mine.data<float>(), piece, s.counts, DType::f32);
-    }
-    Tensor all = Tensor::empty({region.back()}, DType::f32);
-    dp_group->all_gather_v(mine_packed.data<float>(), all.data<float>(), region_size, DType::f32);
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      if (!packed[i]) continue;
-      float* piece = local_piece(slots_[i].p->value).data<float>();
+  // 5. Update this rank's shard (the clip scales the gradient inside the update).
+  for (size_t i = 0; i < slots_.size(); ++i) update(i, clip, lr);
+
+  // 6. Stages 1 and 2: every rank's updated shards back into every rank's piece, one
+  //    all_gather per bucket of parameters.
+  std::vector<size_t> split;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].split) split.push_back(i);
+  for (size_t first = 0; first < split.size();) {
+    int64_t bytes = 0;
+    size_t last = first;
+    while (last < split.size() && (last == first || bytes < options_.bucket_bytes))
+      bytes += local_piece(slots_[split[last++]].p->value).numel() * 4;
+    std::vector<int64_t> region(static_cast<size_t>(dp), 0), start;
+    std::vector<std::vector<int64_t>> at;
+    for (size_t k = first; k < last; ++k) {
+      const Slot& s = slots_[split[k]];
+      at.emplace_back();
       for (int64_t r = 0; r < dp; ++r) {
-        const size_t ru = static_cast<size_t>(r);
-        if (r == static_cast<int64_t>(me)) continue;
-        copy_floats(piece + split_offset(slots_[i].numel, dp, r), all.data<float>() + region[ru] + at[i][ru],
-                    slots_[i].counts[ru]);
+        at.back().push_back(region[static_cast<size_t>(r)]);
+        region[static_cast<size_t>(r)] += s.box(local_piece(s.p->value), r).numel();
       }
     }
+    int64_t total = 0;
+    for (int64_t n : region) {
+      start.push_back(total);
+      total += n;
+    }
+    Tensor mine = Tensor::empty({region[static_cast<size_t>(me)]}, DType::f32);
+    Tensor all = Tensor::empty({total}, DType::f32);
+    for (size_t k = first; k < last; ++k)
+      pack(mine, at[k - first][static_cast<size_t>(me)], slots_[split[k]].box(local_piece(slots_[split[k]].p->value), me));
+    layout_.group("dp")->all_gather_v(mine.data<float>(), all.data<float>(), region, DType::f32);
+    for (size_t k = first; k < last; ++k) {
+      const Slot& s = slots_[split[k]];
+      const Tensor piece = local_piece(s.p->value);
+      for (int64_t r = 0; r < dp; ++r) {
+        if (r == me) continue;
+        const Tensor box = s.box(piece, r);
+        view::copy(box, unpack(all, start[static_cast<size_t>(r)] + at[k - first][static_cast<size_t>(r)], box.shape()));
+      }
+    }
+    first = last;
+  }
+  for (Slot& s : slots_) {
+    s.grad = Tensor();
+    s.ready = 0;
   }
   return norm;
 }
 
-StateBytes ShardedOptimizer::state_bytes() const {
-  StateBytes b;
+void ShardedOptimizer::update(size_t i, float clip, double lr) {
+  Slot& s = slots_[i];
+  const Tensor piece = local_piece(s.p->value);
+  TESSEL_ASSERT(piece.is_contiguous(), "parameter '{}': local piece is not contiguous", s.p->name);
+  const Tensor target = s.box(piece, layout_.coord("dp"));
+  // A box along an inner dim is strided: updated in a contiguous copy, then written back.
+  const Tensor p = target.is_contiguous() ? target : view::contiguous(target);
+  const Tensor g = view::contiguous(local_piece(s.grad));
+  TESSEL_ASSERT(g.shape() == p.shape(), "parameter '{}': gradient shard {} for parameter shard {}", s.p->name,
+                shape_str(g.shape()), shape_str(p.shape()));
+  float* m = local_piece(s.m).data<float>();
+  if (options_.kind == "adamw")
+    optim::adamw_update(p.data<float>(), g.data<float>(), m, local_piece(s.v).data<float>(), p.numel(), steps_,
+                        options_.adamw, lr, s.decay, clip);
+  else
+    optim::sgd_update(p.data<float>(), g.data<float>(), m, p.numel(), steps_ == 1, options_.sgd, lr, clip);
+  if (!target.is_contiguous()) view::copy(target, p);
+}
+
+std::map<std::string, Tensor> ShardedOptimizer::state() const {
+  std::map<std::string, Tensor> out;
   for (const Slot& s : slots_) {
-    b.params += s.numel * 4;
-    b.optimizer += (s.m.defined() ? s.m.numel() * 4 : 0) + (s.v.defined() ? s.v.numel() * 4 : 0);
+    if (options_.kind == "adamw") {
+      out[s.p->name + ".exp_avg"] = s.m;
+      out[s.p->name + ".exp_avg_sq"] = s.v;
+    } else {
+      out[s.p->name + ".momentum_buffer"] = s.m;
+    }
   }
-  b.grads = grad_bytes_;
-  return b;
+  out["step"] = Tensor::scalar(static_cast<double>(steps_), DType::i64);
+  return out;
+}
+
+Placements ShardedOptimizer::shard_placements(const std::string& param) const {
+  for (const Slot& s : slots_)
+    if (s.p->name == param) return s.shard;
+  TESSEL_THROW("shard_optimizer: no parameter '{}'", param);
 }
 
 }  // namespace tessel::parallel

@@ -1,18 +1,26 @@
-// shard_optimizer: AdamW or SGD over distributed parameters, with ZeRO sharding over the
-// data-parallel group (Rajbhandari et al. 2020):
-//   stage 0 — gradients all-reduced over dp; every dp rank keeps the whole optimizer state.
-//   stage 1 — gradients reduce-scattered; each dp rank keeps the state of, and updates, a flat
-//             1/dp slice of its parameter piece, then the slices are all-gathered.
-//   stage 2 — as 1, and each rank keeps only its gradient slice.
-//   stage 3 — parameters are stored sharded over dp (parallelize gathers them just before use;
-//             the gather's backward reduce-scatters their gradients), so each rank updates its
-//             shard alone.
-// Over tp (and across pipeline stages for a tied parameter) gradients are first made to match
-// their parameter's layout. Global-norm clipping counts every element once across all shards,
-// replicas and stages (torch.nn.utils.clip_grad_norm_ semantics). Gradients travel packed, one
-// collective for many parameters (docs/parallel.md, "Gradient buckets").
+// shard_optimizer: AdamW or SGD over distributed parameters, with data parallelism and ZeRO
+// sharding over the mesh dim "dp" (Rajbhandari et al. 2020). Every piece of training state is
+// a distributed tensor whose placements say how it is split — a ZeRO shard is Shard(d) over dp
+// (d = the first dim tp does not split; uneven pieces allowed), never a flat slice:
+//   stage 0 — gradients all-reduced over dp; parameters and optimizer states replicated.
+//   stage 1 — optimizer states Shard(d) over dp; the gradients, summed over the micro-batches
+//             first, are reduce-scattered onto those shards; each rank updates its shard of the
+//             parameter, then the shards are all-gathered.
+//   stage 2 — as 1, but each micro-batch's gradients are reduce-scattered as the backward
+//             produces them and added into a gradient shard; the full-size gradients of a
+//             bucket are freed as soon as it is packed, so at most a bucket or two of them live.
+//   stage 3 — parameters are stored Shard(d) over dp too (parallelize gathers them just before
+//             use; the gather's backward reduce-scatters their gradients).
+// Gradient sync runs from the autograd engine's grad-ready hooks (a parameter's gradient is
+// complete for a backward): gradients are packed into buckets of `bucket_bytes` in the order
+// they become ready and each bucket's collective is launched asynchronously, so it overlaps the
+// rest of the backward; step() waits only for what is still in flight. Over tp (and across
+// pipeline stages for a tied parameter) gradients are made to match their parameter's layout.
+// Global-norm clipping counts every element once across all shards, replicas and stages
+// (torch.nn.utils.clip_grad_norm_ semantics). See docs/parallel.md.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,41 +36,51 @@ struct OptimizerOptions {
   std::string kind = "adamw";  // adamw | sgd
   optim::AdamWOptions adamw;
   optim::SgdOptions sgd;
-};
-
-// Bytes this rank holds for the persistent training state.
-struct StateBytes {
-  int64_t params = 0, grads = 0, optimizer = 0;
+  // Gradient bytes per collective during the backward (docs/parallel.md, "Gradient buckets").
+  int64_t bucket_bytes = int64_t{4} << 20;
 };
 
 class ShardedOptimizer {
  public:
   // `tied`: parameters this rank shares with another pipeline rank (GPT-2's token embedding,
   // used by the first and the last stage), whose gradients are summed over `tied_group`;
-  // `count_tied` says whether this rank's copy counts for the gradient norm.
+  // `count_tied` says whether this rank's copy counts for the gradient norm. Installs the
+  // gradient hooks on every parameter; `micro_batches` backwards make one step.
   ShardedOptimizer(std::vector<nn::Parameter*> params, const Layout& layout, OptimizerOptions options,
                    std::vector<nn::Parameter*> tied = {}, std::shared_ptr<ProcessGroup> tied_group = nullptr,
                    bool count_tied = true);
+  ~ShardedOptimizer();
+  ShardedOptimizer(const ShardedOptimizer&) = delete;
+  ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
 
-  // Reduces the gradients as the stage says, clips to `max_norm` (≤ 0: no clipping), updates
-  // every parameter with learning rate `lr`, and drops the gradients. Returns the global
-  // gradient norm (before clipping).
+  // Finishes the gradient sync the backward started, clips to `max_norm` (≤ 0: no clipping),
+  // updates every parameter with learning rate `lr`, and drops the gradients. Returns the
+  // global gradient norm (before clipping).
   double step(double lr, double max_norm);
-  // Persistent bytes after a step: parameter pieces, kept gradients, optimizer states.
-  StateBytes state_bytes() const;
+
+  // The optimizer state by name ("<parameter>.exp_avg", ".exp_avg_sq" or ".momentum_buffer"):
+  // distributed tensors with the placements of the ZeRO shard, and "step".
+  std::map<std::string, Tensor> state() const;
+  // The placements each parameter's optimizer state and synced gradient have (its ZeRO shard).
+  Placements shard_placements(const std::string& param) const;
 
  private:
   struct Slot;
+  struct Bucket;
+  void on_ready(size_t slot);
+  void enqueue(size_t slot);  // into the bucket being filled
+  void launch(Bucket&& bucket);
+  void finish_oldest();
+  void update(size_t slot, float clip, double lr);
+
   std::vector<Slot> slots_;
+  std::vector<Bucket> in_flight_;
+  std::unique_ptr<Bucket> filling_;
   const Layout& layout_;
   OptimizerOptions options_;
   std::shared_ptr<ProcessGroup> tied_group_;
   bool count_tied_;
   int64_t steps_ = 0;
-  int64_t grad_bytes_ = 0;
-
- public:
-  ~ShardedOptimizer();
 };
 
 }  // namespace tessel::parallel
