@@ -9,6 +9,7 @@ intra-op thread per rank. Three variants are timed:
 
   tessel-thread  tessel train --set parallel.dp=2 (both ranks as threads of one process)
   tessel-gloo    tessel launch --nproc-per-node 2 -- tessel train ... --backend gloo
+  gloo-zero2     the same with parallel.sharding_stage=2 (gradients reduce-scattered in buckets)
   pytorch-ddp    this script started twice (one process per rank), DDP over gloo on loopback,
                  the GPT-2 of bench/pytorch_gpt2.py (pre-LN, tanh GELU, tied head,
                  masked-softmax attention), AdamW(1e-3, (0.9, 0.95), wd 0.1), clip_grad_norm_ 1.0
@@ -18,6 +19,11 @@ rank 0 is kept (tessel: step_time_s of its --metrics file; PyTorch: perf_counter
 step, after a barrier that starts both ranks together). Rounds alternate the three variants and
 rotate their order so machine noise hits all of them; ratios are tokens/s over pytorch-ddp's,
 taken per round, and the summary gives medians over rounds.
+
+Each tessel run also writes a --trace; its "grad sync" slices are where a rank was blocked on
+gradient synchronisation (waiting for a bucket's collective, or in a collective of the optimizer
+step): the exposed, not overlapped, part. The "sync" columns give that time as a share of the
+measured steps' wall time, the larger of the two ranks'.
 
   bench/ddp_vs_pytorch.py [--rounds 3] [--steps 15] [--warmup 3] [--tessel build/release/tessel]
 """
@@ -101,12 +107,31 @@ def pytorch_ddp(steps, warmup):
     return statistics.median(j["times"]), j["loss"]
 
 
-def tessel(binary, config, backend, steps, warmup):
-    """Runs tessel train with dp=2 on `backend`; returns (median step time, final loss) of rank 0."""
+def exposed_sync_share(trace_path, warmup):
+    """The largest share, over ranks, of the measured steps' wall time spent in "grad sync" slices.
+
+    A step ends with its "optimizer step" slice; the measured window runs from the end of the
+    last warm-up step to the end of the last step."""
+    with open(trace_path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    shares = []
+    for rank in sorted({e["pid"] for e in events}):
+        mine = [e for e in events if e["pid"] == rank]
+        ends = sorted(e["ts"] + e["dur"] for e in mine if e["name"] == "optimizer step")
+        lo, hi = ends[warmup - 1] if warmup > 0 else min(e["ts"] for e in mine), ends[-1]
+        sync = sum(max(0.0, min(e["ts"] + e["dur"], hi) - max(e["ts"], lo)) for e in mine if e["cat"] == "grad sync")
+        shares.append(sync / (hi - lo))
+    return max(shares)
+
+
+def tessel(binary, config, backend, steps, warmup, stage=0):
+    """Runs tessel train with dp=2 on `backend`; returns (median step time, final loss) of rank 0 and the
+    exposed gradient-sync share read from the trace."""
     with tempfile.TemporaryDirectory() as tmp:
-        metrics = os.path.join(tmp, "metrics.jsonl")
+        metrics, trace = os.path.join(tmp, "metrics.jsonl"), os.path.join(tmp, "trace.json")
         train = [binary, "train", config, "--set", "parallel.dp=2", "--set", "train.threads=1",
-                 "--set", f"train.steps={warmup + steps}", "--metrics", metrics]
+                 "--set", f"parallel.sharding_stage={stage}",
+                 "--set", f"train.steps={warmup + steps}", "--metrics", metrics, "--trace", trace]
         cmd = train if backend == "thread" else \
             [binary, "launch", "--nproc-per-node", str(CFG["ranks"]), "--"] + train + ["--backend", "gloo"]
         out = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, **ONE_THREAD), capture_output=True, text=True,
@@ -115,9 +140,10 @@ def tessel(binary, config, backend, steps, warmup):
             sys.exit(f"error: tessel ({backend}) failed (exit {out.returncode}): {' '.join(cmd)}\n{out.stderr}")
         with open(metrics) as f:
             rows = [json.loads(line) for line in f if line.strip()]
+        share = exposed_sync_share(trace, warmup)
     if len(rows) != warmup + steps:
         sys.exit(f"error: tessel ({backend}) wrote {len(rows)} metrics lines, expected {warmup + steps}")
-    return statistics.median(r["step_time_s"] for r in rows[warmup:]), rows[-1]["loss"]
+    return statistics.median(r["step_time_s"] for r in rows[warmup:]), rows[-1]["loss"], share
 
 
 def main():
@@ -138,35 +164,46 @@ def main():
     runs = {
         "tessel-thread": lambda: tessel(args.tessel, args.config, "thread", args.steps, args.warmup),
         "tessel-gloo": lambda: tessel(args.tessel, args.config, "gloo", args.steps, args.warmup),
-        "pytorch-ddp": lambda: pytorch_ddp(args.steps, args.warmup),
+        "gloo-zero2": lambda: tessel(args.tessel, args.config, "gloo", args.steps, args.warmup, stage=2),
+        "pytorch-ddp": lambda: pytorch_ddp(args.steps, args.warmup) + (None,),
     }
     names = list(runs)
     print(f"GPT-2 n_layer {CFG['n_layer']}, n_embd {CFG['n_embd']}, n_head {CFG['n_head']}, seq {CFG['seq_len']}, "
           f"vocab {CFG['vocab_size']}, AdamW; dp {CFG['ranks']}, global batch {CFG['global_batch']} "
           f"({CFG['global_batch'] // CFG['ranks']} rows/rank), 1 thread/rank; "
           f"median of {args.steps} steps after {args.warmup} warm-up, {args.rounds} rounds")
-    print(f"{'round':>6} {'tessel-thread':>14} {'tessel-gloo':>12} {'pytorch-ddp':>12} "
-          f"{'thread/ddp':>11} {'gloo/ddp':>9}   (tokens/s; order run)")
+    print(f"{'round':>6} {'tessel-thread':>14} {'tessel-gloo':>12} {'gloo-zero2':>11} {'pytorch-ddp':>12} "
+          f"{'thread/ddp':>11} {'gloo/ddp':>9} {'z2/ddp':>7} {'sync thr':>9} {'gloo':>6} {'z2':>6}"
+          f"   (tokens/s; order run)")
     tps = {n: [] for n in names}
-    loss = {}
-    ratios = {"thread": [], "gloo": []}
+    loss, sync = {}, {n: [] for n in names if n != "pytorch-ddp"}
+    ratios = {"thread": [], "gloo": [], "zero2": []}
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         got = {}
         for n in order:
-            t, loss[n] = runs[n]()
+            t, loss[n], share = runs[n]()
             got[n] = tokens / t
             tps[n].append(got[n])
-        ratios["thread"].append(got["tessel-thread"] / got["pytorch-ddp"])
-        ratios["gloo"].append(got["tessel-gloo"] / got["pytorch-ddp"])
-        print(f"{r + 1:>6} {got['tessel-thread']:>14.0f} {got['tessel-gloo']:>12.0f} {got['pytorch-ddp']:>12.0f} "
-              f"{ratios['thread'][-1]:>10.2f}x {ratios['gloo'][-1]:>8.2f}x   ({', '.join(order)})", flush=True)
+            if share is not None:
+                sync[n].append(share)
+        for key, n in (("thread", "tessel-thread"), ("gloo", "tessel-gloo"), ("zero2", "gloo-zero2")):
+            ratios[key].append(got[n] / got["pytorch-ddp"])
+        print(f"{r + 1:>6} {got['tessel-thread']:>14.0f} {got['tessel-gloo']:>12.0f} {got['gloo-zero2']:>11.0f} "
+              f"{got['pytorch-ddp']:>12.0f} {ratios['thread'][-1]:>10.2f}x {ratios['gloo'][-1]:>8.2f}x "
+              f"{ratios['zero2'][-1]:>6.2f}x {sync['tessel-thread'][-1]:>9.1%} {sync['tessel-gloo'][-1]:>6.1%} "
+              f"{sync['gloo-zero2'][-1]:>6.1%}   ({', '.join(order)})", flush=True)
     med = {n: statistics.median(v) for n, v in tps.items()}
-    print(f"{'median':>6} {med['tessel-thread']:>14.0f} {med['tessel-gloo']:>12.0f} {med['pytorch-ddp']:>12.0f} "
-          f"{statistics.median(ratios['thread']):>10.2f}x {statistics.median(ratios['gloo']):>8.2f}x")
+    ms = {n: statistics.median(v) for n, v in sync.items()}
+    mr = {k: statistics.median(v) for k, v in ratios.items()}
+    print(f"{'median':>6} {med['tessel-thread']:>14.0f} {med['tessel-gloo']:>12.0f} {med['gloo-zero2']:>11.0f} "
+          f"{med['pytorch-ddp']:>12.0f} {mr['thread']:>10.2f}x {mr['gloo']:>8.2f}x {mr['zero2']:>6.2f}x "
+          f"{ms['tessel-thread']:>9.1%} {ms['tessel-gloo']:>6.1%} {ms['gloo-zero2']:>6.1%}")
     print("final loss (last round): " + ", ".join(f"{n} {loss[n]:.4f}" for n in names))
     print(f"ratio (tessel tokens/s / PyTorch DDP tokens/s, median over rounds): "
-          f"thread {statistics.median(ratios['thread']):.2f}x, gloo {statistics.median(ratios['gloo']):.2f}x")
+          f"thread {mr['thread']:.2f}x, gloo {mr['gloo']:.2f}x, gloo ZeRO-2 {mr['zero2']:.2f}x")
+    print(f"exposed gradient-sync share of a step (from the trace, median over rounds): thread "
+          f"{ms['tessel-thread']:.1%}, gloo {ms['tessel-gloo']:.1%}, gloo ZeRO-2 {ms['gloo-zero2']:.1%}")
 
 
 if __name__ == "__main__":

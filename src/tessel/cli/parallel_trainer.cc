@@ -266,6 +266,7 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     const int64_t peak_activations = mem.peak.load() - base_bytes;
     const double norm = optimizer.step(lr, t.grad_clip);
     note_peaks();
+    if (options.trace_path.empty()) optimizer.take_waits();
     const double loss = share_loss(loss_here) / static_cast<double>(M);
     TESSEL_CHECK(std::isfinite(loss),
                  "training diverged: the loss is {} at step {} (try a lower train.lr or train.grad_clip)", loss, step);
@@ -286,8 +287,12 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
         if (!compute && a.end - a.start < 1e-6) continue;
         trace.push_back({a.name, compute ? "compute" : "communication", base_us + a.start * 1e6, (a.end - a.start) * 1e6});
       }
-      trace.push_back({"optimizer (grad sync + update)", "communication", micros_since_epoch(t_opt),
+      trace.push_back({"optimizer step", "compute", micros_since_epoch(t_opt),
                        std::chrono::duration<double, std::micro>(t1 - t_opt).count()});
+      // Where the rank waited on gradient sync (in the backward or the step): the exposed part.
+      for (const ShardedOptimizer::Wait& w : optimizer.take_waits())
+        trace.push_back({w.what, "grad sync", micros_since_epoch(w.start),
+                         std::chrono::duration<double, std::micro>(w.end - w.start).count()});
     }
     if (step == 0 && !options.base.quiet) {
       // Per-rank memory as the allocator saw it in the first step: every rank logs its own line.

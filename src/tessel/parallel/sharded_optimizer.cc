@@ -3,6 +3,7 @@
 #include "tessel/parallel/sharded_optimizer.h"
 
 #include <cmath>
+#include <optional>
 
 #include "tessel/comm/world.h"
 #include "tessel/core/context.h"
@@ -54,6 +55,13 @@ struct ShardedOptimizer::Bucket {
   WorkPtr work;
 };
 
+template <typename F>
+void ShardedOptimizer::timed(const char* what, F&& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  fn();
+  waits_.push_back({what, start, std::chrono::steady_clock::now()});
+}
+
 ShardedOptimizer::~ShardedOptimizer() {
   for (Slot& s : slots_) {
     s.p->value.autograd_meta().grad_ready_hooks.clear();
@@ -84,7 +92,8 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
     s.stored = s.shard = dist_attr(p->value).placements;
     s.decay = p->shape.size() >= 2;
     for (nn::Parameter* t : tied) s.tied = s.tied || t == p;
-    const Placement& tp = s.stored[tp_dim];
+    // A placement over a tp of one rank splits nothing.
+    const Placement tp = layout_.degree("tp") > 1 ? s.stored[tp_dim] : Placement(Replicate());
     const int64_t d = dp_shard_dim(tp, p->shape.size());
     if ((stage == 1 || stage == 2) && dp > 1 && !p->shape.empty() && !tp.is_shard(d)) {
       s.split = true;
@@ -223,7 +232,7 @@ void ShardedOptimizer::finish_oldest() {
   in_flight_.erase(in_flight_.begin());
   {
     ProfileScope profile_scope("(grad bucket wait)");
-    b.work->wait();
+    timed("wait for gradient bucket", [&] { b.work->wait(); });
   }
   const ProcessMesh mesh = layout_.stage_mesh();
   const size_t me = static_cast<size_t>(layout_.coord("dp")), tp_dim = static_cast<size_t>(layout_.stage_dim("tp"));
@@ -294,7 +303,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
       pack(flat, at, local_piece(slots_[i].grad));
       at += local_piece(slots_[i].grad).numel();
     }
-    group.all_reduce(flat.data<float>(), total, DType::f32, ReduceOp::sum);
+    timed("gradient sum", [&] { group.all_reduce(flat.data<float>(), total, DType::f32, ReduceOp::sum); });
     at = 0;
     for (size_t i : which) {
       Slot& s = slots_[i];
@@ -335,54 +344,72 @@ double ShardedOptimizer::step(double lr, double max_norm) {
     Tensor g = view::contiguous(local_piece(s.grad));
     sum_sq += optim::sum_squares(g.data<float>(), g.numel());
   }
-  world_group()->all_reduce(&sum_sq, 1, DType::f64, ReduceOp::sum);
+  timed("gradient norm", [&] { world_group()->all_reduce(&sum_sq, 1, DType::f64, ReduceOp::sum); });
   const double norm = std::sqrt(sum_sq);
   const float clip = optim::clip_coefficient(norm, max_norm);
 
-  // 5. Update this rank's shard (the clip scales the gradient inside the update).
-  for (size_t i = 0; i < slots_.size(); ++i) update(i, clip, lr);
-
-  // 6. Stages 1 and 2: every rank's updated shards back into every rank's piece, one
-  //    all_gather per bucket of parameters.
+  // 5. Update this rank's shard (the clip scales the gradient inside the update). Stages 1 and
+  //    2 then all-gather every rank's updated shards back into every rank's piece, a bucket of
+  //    parameters per collective: each bucket's gather is launched as soon as its parameters
+  //    are updated and runs while the next bucket is updated.
   std::vector<size_t> split;
-  for (size_t i = 0; i < slots_.size(); ++i)
+  for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].split) split.push_back(i);
-  for (size_t first = 0; first < split.size();) {
-    int64_t bytes = 0;
-    size_t last = first;
-    while (last < split.size() && (last == first || bytes < options_.bucket_bytes))
-      bytes += local_piece(slots_[split[last++]].p->value).numel() * 4;
-    std::vector<int64_t> region(static_cast<size_t>(dp), 0), start;
+    else update(i, clip, lr);
+  }
+  struct Gather {
+    size_t first, last;
+    std::vector<int64_t> region, start;
     std::vector<std::vector<int64_t>> at;
-    for (size_t k = first; k < last; ++k) {
-      const Slot& s = slots_[split[k]];
-      at.emplace_back();
-      for (int64_t r = 0; r < dp; ++r) {
-        at.back().push_back(region[static_cast<size_t>(r)]);
-        region[static_cast<size_t>(r)] += s.box(local_piece(s.p->value), r).numel();
-      }
-    }
-    int64_t total = 0;
-    for (int64_t n : region) {
-      start.push_back(total);
-      total += n;
-    }
-    Tensor mine = Tensor::empty({region[static_cast<size_t>(me)]}, DType::f32);
-    Tensor all = Tensor::empty({total}, DType::f32);
-    for (size_t k = first; k < last; ++k)
-      pack(mine, at[k - first][static_cast<size_t>(me)], slots_[split[k]].box(local_piece(slots_[split[k]].p->value), me));
-    layout_.group("dp")->all_gather_v(mine.data<float>(), all.data<float>(), region, DType::f32);
-    for (size_t k = first; k < last; ++k) {
+    Tensor mine, all;
+    WorkPtr work;
+  };
+  std::optional<Gather> in_flight;  // the previous bucket's gather
+  auto finish_gather = [&](Gather& g) {
+    timed("gather updated shards", [&] { g.work->wait(); });
+    for (size_t k = g.first; k < g.last; ++k) {
       const Slot& s = slots_[split[k]];
       const Tensor piece = local_piece(s.p->value);
       for (int64_t r = 0; r < dp; ++r) {
         if (r == me) continue;
         const Tensor box = s.box(piece, r);
-        view::copy(box, unpack(all, start[static_cast<size_t>(r)] + at[k - first][static_cast<size_t>(r)], box.shape()));
+        view::copy(box, unpack(g.all, g.start[static_cast<size_t>(r)] + g.at[k - g.first][static_cast<size_t>(r)],
+                               box.shape()));
       }
     }
-    first = last;
+  };
+  for (size_t first = 0; first < split.size();) {
+    Gather g;
+    g.first = first;
+    int64_t bytes = 0;
+    g.last = first;
+    while (g.last < split.size() && (g.last == first || bytes < options_.bucket_bytes))
+      bytes += local_piece(slots_[split[g.last++]].p->value).numel() * 4;
+    g.region.assign(static_cast<size_t>(dp), 0);
+    for (size_t k = g.first; k < g.last; ++k) {
+      const Slot& s = slots_[split[k]];
+      update(split[k], clip, lr);
+      g.at.emplace_back();
+      for (int64_t r = 0; r < dp; ++r) {
+        g.at.back().push_back(g.region[static_cast<size_t>(r)]);
+        g.region[static_cast<size_t>(r)] += s.box(local_piece(s.p->value), r).numel();
+      }
+    }
+    int64_t total = 0;
+    for (int64_t n : g.region) {
+      g.start.push_back(total);
+      total += n;
+    }
+    g.mine = Tensor::empty({g.region[static_cast<size_t>(me)]}, DType::f32);
+    g.all = Tensor::empty({total}, DType::f32);
+    for (size_t k = g.first; k < g.last; ++k)
+      pack(g.mine, g.at[k - g.first][static_cast<size_t>(me)], slots_[split[k]].box(local_piece(slots_[split[k]].p->value), me));
+    g.work = layout_.group("dp")->all_gather_v_async(g.mine.data<float>(), g.all.data<float>(), g.region, DType::f32);
+    if (in_flight) finish_gather(*in_flight);  // at most two in flight
+    first = g.last;
+    in_flight = std::move(g);
   }
+  if (in_flight) finish_gather(*in_flight);
   for (Slot& s : slots_) {
     s.grad = Tensor();
     s.ready = 0;

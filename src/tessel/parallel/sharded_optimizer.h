@@ -20,8 +20,10 @@
 // (torch.nn.utils.clip_grad_norm_ semantics). See docs/parallel.md.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -64,6 +66,15 @@ class ShardedOptimizer {
   // The placements each parameter's optimizer state and synced gradient have (its ZeRO shard).
   Placements shard_placements(const std::string& param) const;
 
+  // A span this rank spent blocked on the optimizer's communication: waiting for a gradient
+  // bucket, or in a collective of the step (the exposed, not overlapped, part of the sync).
+  struct Wait {
+    std::string what;
+    std::chrono::steady_clock::time_point start, end;
+  };
+  // The waits since the last call, oldest first.
+  std::vector<Wait> take_waits() { return std::exchange(waits_, {}); }
+
  private:
   struct Slot;
   struct Bucket;
@@ -72,6 +83,9 @@ class ShardedOptimizer {
   void launch(Bucket&& bucket);
   void finish_oldest();
   void update(size_t slot, float clip, double lr);
+  // Runs `fn` (a blocking collective) and records the time as a Wait called `what`.
+  template <typename F>
+  void timed(const char* what, F&& fn);
 
   std::vector<Slot> slots_;
   std::vector<Bucket> in_flight_;
@@ -81,6 +95,7 @@ class ShardedOptimizer {
   std::shared_ptr<ProcessGroup> tied_group_;
   bool count_tied_;
   int64_t steps_ = 0;
+  std::vector<Wait> waits_;
 };
 
 }  // namespace tessel::parallel
