@@ -173,6 +173,26 @@ TEST(Tensor, MemoryIsChargedByKind) {
   EXPECT_EQ(m.peak_of(MemoryKind::params), 1024);
 }
 
+// A storage can give its memory back while views of it live on, and take it again.
+TEST(Tensor, StorageReleasesAndRestoresItsMemory) {
+  auto ctx = make_rank_context(0, 1, 1);
+  RankContextScope scope(ctx);
+  MemoryKindScope params(MemoryKind::params);
+  Tensor t = Tensor::zeros({64}, DType::f32);
+  Tensor view = view::slice(t, 0, 8, 16);
+  t.storage()->release();
+  EXPECT_TRUE(t.storage()->released());
+  EXPECT_EQ(ctx->memory->current_of(MemoryKind::params), 0);
+  t.storage()->restore();
+  EXPECT_EQ(ctx->memory->current_of(MemoryKind::params), 256);
+  view::fill(t, 3.0);
+  EXPECT_EQ(view.to_doubles(), std::vector<double>(8, 3.0));
+  t.storage()->release();
+  t = Tensor();
+  view = Tensor();  // destroying a released storage frees nothing twice
+  EXPECT_EQ(ctx->memory->current.load(), 0);
+}
+
 TEST(Tensor, GradModeIsPerRankContext) {
   EXPECT_TRUE(grad_enabled());
   auto ctx = make_rank_context(0, 1, 1);

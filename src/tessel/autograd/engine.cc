@@ -100,8 +100,15 @@ void accumulate_leaf(const std::shared_ptr<AutogradMeta>& leaf, const TensorMeta
   for (const auto& hook : leaf->post_accumulate_hooks) hook(leaf->grad);
 }
 
+// Counts a backward pass on this rank for its scope.
+struct BackwardScope {
+  BackwardScope() { ++rank_context().backward_depth; }
+  ~BackwardScope() { --rank_context().backward_depth; }
+};
+
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads, bool retain_graph,
                   Capture& cap, const Split* split = nullptr) {
+  BackwardScope in_backward;
   TESSEL_CHECK(root_grads.empty() || root_grads.size() == roots.size(),
                "backward: {} roots but {} gradients", roots.size(), root_grads.size());
   GradModeGuard no_grad(false);
@@ -266,6 +273,8 @@ class FunctionNode final : public GradNode {
 
 }  // namespace
 
+bool in_backward() { return rank_context().backward_depth > 0; }
+
 void backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   backward(std::vector<Tensor>{root}, std::vector<Tensor>{grad}, retain_graph);
 }
@@ -306,6 +315,7 @@ DeferredWeightGrads backward_inputs(const std::vector<Tensor>& roots, const std:
 }
 
 void backward_weights(DeferredWeightGrads&& deferred) {
+  BackwardScope in_backward;
   GradModeGuard no_grad(false);
   ProfileScope profile_scope("(autograd backward weights)");
   Capture none;

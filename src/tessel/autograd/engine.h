@@ -12,6 +12,9 @@
 
 namespace tessel {
 
+// Whether a backward pass is running on this rank (a forward run now is a recompute).
+bool in_backward();
+
 // Backpropagates from `root`. `grad` defaults to 1 for a one-element root and must be given
 // (with the root's shape) otherwise. Without retain_graph the saved tensors of every node
 // used are freed, and a second backward through them throws.

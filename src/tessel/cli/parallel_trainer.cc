@@ -21,6 +21,7 @@
 #include "tessel/dist/dtensor.h"
 #include "tessel/ops/ops.h"
 #include "tessel/parallel/data.h"
+#include "tessel/parallel/param_gather.h"
 #include "tessel/parallel/parallelize.h"
 #include "tessel/parallel/pipeline.h"
 #include "tessel/parallel/sharded_optimizer.h"
@@ -194,6 +195,20 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     TESSEL_CHECK(metrics.good(), "cannot write metrics file '{}'", metrics_path);
   }
 
+  // ZeRO-3 gathers each unit's parameters (embedding, block, head) just around its use.
+  std::unique_ptr<ParamGather> gather;
+  if (pc.sharding_stage == 3 && pc.dp > 1) {
+    std::vector<std::vector<std::vector<nn::Parameter*>>> units;
+    for (int c = 0; c < schedule.chunks; ++c) {
+      const int vs = schedule.virtual_stage(static_cast<int>(layout.coord("pp")), c);
+      units.emplace_back();
+      if (vs == 0) units.back().push_back(model->part_parameters(Part::embed));
+      for (int64_t b = blocks[static_cast<size_t>(vs)].first; b < blocks[static_cast<size_t>(vs)].second; ++b)
+        units.back().push_back(model->part_parameters(Part::block, b));
+      if (vs == V - 1) units.back().push_back(model->part_parameters(Part::head));
+    }
+    gather = std::make_unique<ParamGather>(layout, std::move(units));
+  }
   // Model chunk `chunk` of micro-batch `m` of `batches` (training step `step`).
   auto chunk_forward = [&](const std::vector<MicroBatch>& batches, int64_t step, int chunk, int m,
                            const Tensor& input) -> Tensor {
@@ -201,15 +216,22 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     const nn::DropoutState ds{.seed = t.seed, .step = static_cast<uint64_t>(step), .global_rows = t.global_batch,
                               .row_offset = batches[static_cast<size_t>(m)].first_row};
     nn::dropout_state() = ds;
-    Tensor x = vs == 0 ? model->embed(batches[static_cast<size_t>(m)].inputs) : input;
-    for (int64_t b = blocks[static_cast<size_t>(vs)].first; b < blocks[static_cast<size_t>(vs)].second; ++b) {
+    // Unit `u` of this chunk applied to `h` (by value: recompute runs it again in the backward).
+    auto in_unit = [g = gather.get(), chunk](size_t u, std::function<Tensor(const Tensor&)> fn) {
+      return [g, chunk, u, fn](const Tensor& h) { return g ? g->run(chunk, u, h, fn) : fn(h); };
+    };
+    size_t unit = 0;  // the next unit of this chunk
+    const MicroBatch& batch = batches[static_cast<size_t>(m)];
+    Tensor x = vs == 0 ? in_unit(unit++, [&](const Tensor&) { return model->embed(batch.inputs); })(Tensor()) : input;
+    for (int64_t b = blocks[static_cast<size_t>(vs)].first; b < blocks[static_cast<size_t>(vs)].second; ++b, ++unit) {
+      auto block = in_unit(unit, [&model, b](const Tensor& h) { return model->block(b, h); });
       if (pc.recompute == "full" && grad_enabled())
-        x = recompute([&model, b](const Tensor& h) { return model->block(b, h); }, x,
-                      [ds] { nn::dropout_state() = ds; });
+        x = recompute(block, x, [ds] { nn::dropout_state() = ds; });
       else
-        x = model->block(b, x);
+        x = block(x);
     }
-    if (vs == V - 1) return cross_entropy(model->head(x), batches[static_cast<size_t>(m)].targets);
+    if (vs == V - 1)
+      return cross_entropy(in_unit(unit, [&model](const Tensor& h) { return model->head(h); })(x), batch.targets);
     return x;
   };
   // The loss lives on the last stage's ranks: the first of them tells everyone.
@@ -232,6 +254,7 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
         return chunk_forward(batches, 0, chunk, m, input);
       });
     }
+    if (gather) gather->finish_step();  // free what the last forward prefetched
     return share_loss(sum) / static_cast<double>(td.validation_batches * M);
   };
 
@@ -262,6 +285,7 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     const double loss_here = runtime.run([&](int chunk, int m, const Tensor& input) {
       return chunk_forward(batches, step, chunk, m, input);
     });
+    if (gather) gather->finish_step();
     const auto t_opt = Clock::now();
     const int64_t peak_activations = mem.peak.load() - base_bytes;
     const double norm = optimizer.step(lr, t.grad_clip);

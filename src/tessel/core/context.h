@@ -23,6 +23,7 @@ struct RankContext {
   int world_size = 1;
   bool grad_enabled = true;
   uint64_t next_seq_nr = 0;                // autograd tape position of the next recorded op
+  int backward_depth = 0;                  // backward passes running on this rank (nested: recompute)
   std::shared_ptr<ThreadPool> pool;        // intra-op threads owned by this rank (null: process pool)
   std::shared_ptr<MemoryStats> memory;     // bytes allocated by this rank
   MemoryKind memory_kind = MemoryKind::other;  // what this rank's allocations hold now

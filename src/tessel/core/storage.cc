@@ -2,6 +2,7 @@
 #include "tessel/core/storage.h"
 
 #include "tessel/core/context.h"
+#include "tessel/core/error.h"
 
 namespace tessel {
 
@@ -74,11 +75,28 @@ std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, Device device,
   return s;
 }
 
+void Storage::release() {
+  TESSEL_CHECK(!release_, "release: a borrowed storage cannot give its memory back");
+  if (released_) return;
+  if (data_ != nullptr) device_allocator(device_.type).deallocate(data_, nbytes_);
+  data_ = nullptr;
+  if (charged_) charged_->sub(static_cast<int64_t>(nbytes_), kind_);
+  released_ = true;
+}
+
+void Storage::restore() {
+  if (!released_) return;
+  data_ = device_allocator(device_.type).allocate(nbytes_);
+  if (charged_) charged_->add(static_cast<int64_t>(nbytes_), kind_);
+  released_ = false;
+}
+
 Storage::~Storage() {
   if (release_) {
     release_();
     return;
   }
+  if (released_) return;
   if (data_ != nullptr) device_allocator(device_.type).deallocate(data_, nbytes_);
   if (charged_) charged_->sub(static_cast<int64_t>(nbytes_), kind_);
 }

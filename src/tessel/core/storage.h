@@ -52,6 +52,12 @@ class Storage {
   MemoryKind kind() const { return kind_; }
   // Moves this storage's bytes to `kind`'s counters.
   void charge_as(MemoryKind kind);
+  // Gives an owned block's memory back while the tensors viewing it live on (ZeRO-3 frees a
+  // gathered weight between its uses this way); nothing may read or write it until restore()
+  // allocates it again, uninitialised. Both are no-ops when already in that state.
+  void release();
+  void restore();
+  bool released() const { return released_; }
 
  private:
   Storage() = default;
@@ -60,6 +66,7 @@ class Storage {
   Device device_;
   std::shared_ptr<MemoryStats> charged_;
   MemoryKind kind_ = MemoryKind::other;
+  bool released_ = false;
   std::function<void()> release_;
 };
 
