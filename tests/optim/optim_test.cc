@@ -7,6 +7,8 @@
 #include <string>
 
 #include "tessel/core/error.h"
+#include "tessel/comm/thread_backend.h"
+#include "tessel/dist/dtensor.h"
 #include "tessel/optim/optimizer.h"
 
 namespace tessel::optim {
@@ -172,6 +174,66 @@ TEST(StateDict, RoundTripsAndRejectsMismatches) {
   integral["w.exp_avg"] = Tensor::zeros({2, 2}, DType::i32);
   EXPECT_THROW(b.load_state_dict(integral), CheckpointError);
   EXPECT_EQ(b.steps(), 1);  // a refused state leaves the optimizer as it was
+}
+
+}  // namespace
+}  // namespace tessel::optim
+
+namespace tessel::optim {
+namespace {
+
+// AdamW and SGD take distributed parameters as they are: on a [dp=2, tp=2] mesh of thread
+// ranks a weight column-sharded over tp whose gradient arrives as a Partial sum over dp (each
+// dp rank's half of the batch), clipped by the global norm, updates exactly as one rank does on
+// the summed gradient; the state is distributed like the weight.
+TEST(Optimizer, StepsDistributedParametersLikeOneRank) {
+  const Shape shape{4, 6};
+  auto value = [](int64_t i) { return std::sin(0.3 * static_cast<double>(i)); };
+  auto grad_half = [](int64_t i, int64_t dp) { return std::cos(0.7 * static_cast<double>(i) + static_cast<double>(dp)); };
+  std::vector<double> v(24), g(24);
+  for (int64_t i = 0; i < 24; ++i) {
+    v[static_cast<size_t>(i)] = value(i);
+    g[static_cast<size_t>(i)] = grad_half(i, 0) + grad_half(i, 1);
+  }
+  for (const std::string kind : {"adamw", "sgd"}) {
+    SCOPED_TRACE(kind);
+    auto make = [&](std::vector<ParamRef> ps) -> std::unique_ptr<Optimizer> {
+      if (kind == "adamw") return std::make_unique<AdamW>(std::move(ps), AdamWOptions{.lr = 0.05, .weight_decay = 0.1});
+      return std::make_unique<Sgd>(std::move(ps), SgdOptions{.lr = 0.05, .momentum = 0.9});
+    };
+    // One rank.
+    Tensor w = param(v, shape);
+    auto one = make({{"w", w}});
+    std::vector<double> norms;
+    for (int s = 0; s < 3; ++s) {
+      set_grad(w, g);
+      norms.push_back(std::sqrt(grad_sum_squares({w})));
+      one->step(clip_coefficient(norms.back(), 1.0));
+    }
+    const std::vector<double> want = w.to_doubles();
+    spawn(4, [&](int rank) {
+      const ProcessMesh mesh = ProcessMesh::iota({2, 2}, {"dp", "tp"});
+      Tensor full = Tensor::from_doubles(v, shape, DType::f32);
+      Tensor d = shard_tensor(full, mesh, {Replicate(), Shard(1)});
+      d.set_requires_grad(true);
+      auto opt = make({{"w", d}});
+      const int64_t dp = mesh.coord(rank)[0];
+      std::vector<double> half(24);
+      for (int64_t i = 0; i < 24; ++i) half[static_cast<size_t>(i)] = grad_half(i, dp);
+      for (int s = 0; s < 3; ++s) {
+        // This dp rank's contribution, a partial sum over dp, split over tp like the weight.
+        Tensor mine = shard_tensor(Tensor::from_doubles(half, shape, DType::f32), mesh, {Replicate(), Shard(1)});
+        d.set_grad(dtensor_from_local(local_piece(mine), mesh, {Partial(), Shard(1)}, shape));
+        const double norm = std::sqrt(grad_sum_squares({d}));
+        EXPECT_NEAR(norm, norms[static_cast<size_t>(s)], 1e-5 * norms[static_cast<size_t>(s)]) << "rank " << rank;
+        opt->step(clip_coefficient(norm, 1.0));
+      }
+      const std::vector<double> got = full_tensor(d).to_doubles();
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6) << "rank " << rank << " element " << i;
+      const Tensor state = opt->state_dict().at(kind == "adamw" ? "w.exp_avg" : "w.momentum_buffer");
+      EXPECT_EQ(dist_attr(state).placements, (Placements{Replicate(), Shard(1)}));
+    });
+  }
 }
 
 }  // namespace

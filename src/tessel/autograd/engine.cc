@@ -12,6 +12,7 @@
 #include "tessel/core/view.h"
 #include "tessel/ops/elementwise.h"
 #include "tessel/ops/inplace.h"
+#include "tessel/sharding/spmd.h"
 
 namespace tessel {
 
@@ -79,7 +80,19 @@ void accumulate_leaf(const std::shared_ptr<AutogradMeta>& leaf, const TensorMeta
   if (g.dtype() != meta.dtype) g = is_distributed(g) ? cast(g, meta.dtype) : view::to_dtype(g, meta.dtype);
   if (is_distributed(g) && !cap.active) {
     // Distributed gradients keep the layout they arrive in (often Partial); adding two layouts
-    // goes through the op, which reshards as its rule says.
+    // goes through the op, which reshards as its rule says. Two pieces of one layout add in
+    // place when nobody else sees the held one (a tied embedding's two gradients).
+    if (leaf->grad.defined() && is_distributed(leaf->grad)) {
+      const DistSpec& have = *leaf->grad.impl_ptr()->dist;
+      const DistSpec& more = *g.impl_ptr()->dist;
+      if (have.attr == more.attr && leaf->grad.use_count() == 1 && have.local.defined() &&
+          have.local.storage().use_count() == 1 && have.local.is_contiguous() &&
+          have.local.shape() == more.local.shape() && have.local.dtype() == more.local.dtype()) {
+        add_(have.local, more.local);
+        for (const auto& hook : leaf->post_accumulate_hooks) hook(leaf->grad);
+        return;
+      }
+    }
     leaf->grad = leaf->grad.defined() ? add(leaf->grad, g) : g;
     for (const auto& hook : leaf->post_accumulate_hooks) hook(leaf->grad);
     return;

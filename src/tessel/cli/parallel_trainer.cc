@@ -1,6 +1,7 @@
 // The hybrid-parallel training loop.
 #include "tessel/cli/parallel_trainer.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -335,6 +336,17 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
       log_info("{}", step_line(rec, t.steps, recent * static_cast<double>(t.steps - step - 1)));
   }
   result.train.seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
+  if (!options.base.quiet) {
+    const RankMemory& m = result.memory;
+    std::string os;
+    if (world->backend() != "thread") {  // one process per rank: the OS's figure is this rank's
+      struct rusage usage {};
+      getrusage(RUSAGE_SELF, &usage);
+      os = fmt::format("; peak resident {} (the OS's)", bytes_str(static_cast<int64_t>(usage.ru_maxrss) * 1024));
+    }
+    log_info("rank {} peak memory over the run: parameters {}, gradients {}, optimizer states {}, all {}{}",
+             world->rank(), bytes_str(m.params), bytes_str(m.grads), bytes_str(m.optimizer), bytes_str(m.total), os);
+  }
   if (!options.trace_path.empty()) {
     write_trace(options.trace_path, trace, pc.str());
     say(fmt::format("timeline written to {} (open it in https://ui.perfetto.dev or chrome://tracing)", options.trace_path));

@@ -1,11 +1,15 @@
 // Optimizer state, update kernels, clipping and schedules.
 #include "tessel/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "tessel/core/context.h"
 #include "tessel/core/profile.h"
 #include "tessel/core/thread_pool.h"
 #include "tessel/core/view.h"
+#include "tessel/dist/dtensor.h"
+#include "tessel/dist/mesh_comm.h"
 #include "tessel/ops/inplace.h"
 
 namespace tessel::optim {
@@ -43,6 +47,26 @@ void sgd_chunk(float* __restrict p, const float* __restrict g, float* __restrict
   }
 }
 
+// What an update reads and writes of parameter `p`: its data (this rank's piece when it is
+// distributed) and its gradient laid out like it, f32 and contiguous; undefined `grad` when it
+// has none.
+struct Operands {
+  Tensor data, grad;
+};
+
+Operands operands(const Tensor& p) {
+  Tensor g = p.grad();
+  if (!is_dist(p)) return {p, g.defined() ? view::contiguous(view::to_dtype(g, DType::f32)) : Tensor()};
+  if (!g.defined()) return {local_piece(p), Tensor()};
+  const DistAttr& want = dist_attr(p);
+  if (!is_dist(g) || !(dist_attr(g) == want)) {
+    NoGradGuard no_grad;
+    g = is_dist(g) ? reshard(g, want.mesh, want.placements) : shard_tensor(g, want.mesh, want.placements);
+    p.set_grad(g);  // resharded once: the norm and the update read the same
+  }
+  return {local_piece(p), view::contiguous(view::to_dtype(local_piece(g), DType::f32))};
+}
+
 }  // namespace
 
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step, const AdamWOptions& o, double lr,
@@ -74,7 +98,8 @@ Optimizer::Optimizer(std::vector<ParamRef> params, double lr, std::vector<std::s
     : params_(std::move(params)), lr_(lr), slot_names_(std::move(slots)) {
   for (const ParamRef& p : params_) {
     TESSEL_CHECK(p.param.defined(), "optimizer: parameter '{}' is undefined", p.name);
-    TESSEL_CHECK(p.param.dtype() == DType::f32 && p.param.is_contiguous(),
+    const Tensor& data = is_dist(p.param) ? local_piece(p.param) : p.param;
+    TESSEL_CHECK(p.param.dtype() == DType::f32 && data.is_contiguous(),
                  "optimizer: parameter '{}' must be a contiguous f32 tensor (got {})", p.name, p.param.str());
   }
 }
@@ -85,9 +110,19 @@ void Optimizer::zero_grad() {
 
 Tensor& Optimizer::slot(size_t i, const std::string& slot) {
   Tensor& t = state_[params_[i].name + "." + slot];
-  if (!t.defined()) t = Tensor::zeros(params_[i].param.shape(), DType::f32);
+  if (t.defined()) return t;
+  const Tensor& p = params_[i].param;
+  if (is_dist(p)) {  // laid out like the parameter: each rank keeps the state of its piece
+    const DistAttr& a = dist_attr(p);
+    t = dtensor_from_local(Tensor::zeros(local_piece(p).shape(), DType::f32), a.mesh, a.placements, p.shape());
+  } else {
+    t = Tensor::zeros(p.shape(), DType::f32);
+  }
   return t;
 }
+
+// The data of a state slot: its piece when distributed.
+static float* slot_data(Tensor& t) { return (is_dist(t) ? local_piece(t) : t).data<float>(); }
 
 std::map<std::string, Tensor> Optimizer::state_dict() const {
   std::map<std::string, Tensor> out = state_;
@@ -135,15 +170,14 @@ void AdamW::apply(float grad_scale) {
   ProfileScope profile_scope("optimizer.adamw");
   ++step_;
   for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor g = params_[i].param.grad();
+    const auto [data, g] = operands(params_[i].param);
     if (!g.defined()) continue;
-    g = view::contiguous(view::to_dtype(g, DType::f32));
     Tensor& m = slot(i, "exp_avg");
     Tensor& v = slot(i, "exp_avg_sq");
     // Decoupled weight decay on matrices (embeddings, projections), not on biases and norms.
     bool decay = params_[i].param.dim() >= 2;
-    adamw_update(params_[i].param.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(),
-                 params_[i].param.numel(), step_, options_, lr_, decay, grad_scale);
+    adamw_update(data.data<float>(), g.data<float>(), slot_data(m), slot_data(v), data.numel(), step_, options_, lr_,
+                 decay, grad_scale);
   }
 }
 
@@ -159,13 +193,11 @@ Sgd::Sgd(std::vector<ParamRef> params, SgdOptions options)
 void Sgd::apply(float grad_scale) {
   ++step_;
   for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor g = params_[i].param.grad();
+    const auto [data, g] = operands(params_[i].param);
     if (!g.defined()) continue;
-    g = view::contiguous(view::to_dtype(g, DType::f32));
     bool first = options_.momentum != 0.0 && !state_.count(params_[i].name + ".momentum_buffer");
-    float* buf = options_.momentum != 0.0 ? slot(i, "momentum_buffer").data<float>() : nullptr;
-    sgd_update(params_[i].param.data<float>(), g.data<float>(), buf, params_[i].param.numel(), first, options_, lr_,
-               grad_scale);
+    float* buf = options_.momentum != 0.0 ? slot_data(slot(i, "momentum_buffer")) : nullptr;
+    sgd_update(data.data<float>(), g.data<float>(), buf, data.numel(), first, options_, lr_, grad_scale);
   }
 }
 
@@ -182,14 +214,33 @@ double sum_squares(const float* __restrict x, int64_t n) {
 
 double grad_sum_squares(const std::vector<Tensor>& params) {
   ProfileScope profile_scope("optimizer.grad_norm");
-  double total = 0;
+  double total = 0, local = 0;  // over distributed parameters, and over the others
+  // Distributed parameters: their ranks' sums, each element once, summed over every rank of
+  // their meshes (the ranks of each mesh, in one group of all of them).
+  std::vector<int64_t> ranks;
+  bool any_dist = false;
   for (const Tensor& p : params) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    Tensor c = view::contiguous(view::to_dtype(g, DType::f32));
-    total += sum_squares(c.data<float>(), c.numel());
+    const auto [data, g] = operands(p);
+    if (!is_dist(p)) {
+      if (g.defined()) local += sum_squares(g.data<float>(), g.numel());
+      continue;
+    }
+    const DistAttr& a = dist_attr(p);
+    any_dist = true;
+    for (int64_t r : a.mesh.process_ids()) ranks.push_back(r);
+    if (!g.defined() || !a.mesh.contains(current_world_rank())) continue;
+    const std::vector<int64_t> at = a.mesh.coord(current_world_rank());
+    bool counts = true;  // a replica counts on mesh coordinate 0 of each dim it is replicated over
+    for (size_t d = 0; d < at.size(); ++d) counts = counts && (a.placements[d].is_shard() || at[d] == 0);
+    if (counts) total += sum_squares(g.data<float>(), g.numel());
   }
-  return total;
+  if (any_dist) {
+    std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+    auto group = mesh_dim_group(ProcessMesh({static_cast<int64_t>(ranks.size())}, ranks, {"all"}), 0);
+    group->all_reduce(&total, 1, DType::f64, ReduceOp::sum);
+  }
+  return total + local;
 }
 
 float clip_coefficient(double norm, double max_norm) {
@@ -202,7 +253,7 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm, double
   const float coef = clip_coefficient(norm, max_norm);
   if (coef < 1.0f)
     for (const Tensor& p : params)
-      if (p.grad().defined()) scale_(p.grad(), coef);
+      if (p.grad().defined()) scale_(is_dist(p.grad()) ? local_piece(p.grad()) : p.grad(), coef);
   return norm;
 }
 

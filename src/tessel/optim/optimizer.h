@@ -3,6 +3,12 @@
 // schedules. The update rules are also exposed as kernels over flat spans so a sharded
 // optimizer can run them on its shard alone. Optimizer state is a dict of named tensors
 // ("<parameter>.exp_avg", ...) that checkpoints save and load.
+//
+// Parameters may be distributed tensors (on any mesh, as a program written with shard_tensor
+// makes them): each rank then updates its piece, the state tensors are distributed with the
+// parameter's placements, a gradient arriving in another layout (a Partial sum, say) is first
+// resharded to the parameter's, and the gradient norm counts every element once across ranks
+// (all of a mesh's ranks must call step() and clipping together, as they run the backward).
 #pragma once
 
 #include <cstdint>
@@ -94,7 +100,9 @@ class Sgd : public Optimizer {
 double sum_squares(const float* x, int64_t n);
 
 // Σ over parameters of Σ grad² (in f64) — the square of the global gradient norm. Parameters
-// without a gradient count zero.
+// without a gradient count zero. For distributed parameters every element counts once: each
+// gradient is resharded to its parameter's layout, replicas count on their mesh coordinate 0
+// only, and the sum is all-reduced over the ranks of the parameters' meshes.
 double grad_sum_squares(const std::vector<Tensor>& params);
 // The factor torch.nn.utils.clip_grad_norm_ scales gradients by: max_norm / (norm + 1e-6)
 // when that is below 1, else 1 (also 1 for max_norm 0, no clipping); as f32, the precision
