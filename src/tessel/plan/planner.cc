@@ -116,6 +116,10 @@ GroupSpan RankMapping::span(const std::string& dim, const Layout& l, const Clust
 
 namespace {
 
+// The runtime's gradient bucket (parallel.bucket_mb's default): what ZeRO stages 1 and 2 hold
+// of whole-size gradients while a bucket is packed and another is on the wire.
+constexpr double kBucketBytes = 4.0 * (1 << 20);
+
 // The most communicating dim goes innermost (consecutive ranks: one node, the fastest links),
 // then the next; ties keep tp, dp, pp order.
 RankMapping map_ranks(const Cluster& c, const Layout& l, double tp_bytes, double dp_bytes, double pp_bytes) {
@@ -162,6 +166,8 @@ struct Prepared {
   double capacity = 0;                   // stages that run at full speed at once when devices
                                          // share cores (simulate's capacity); 0: all of them
   std::vector<double> params_per_rank;   // parameters held by each pipeline rank (before ZeRO)
+  std::vector<double> largest_unit;      // per pipeline rank: the most parameters one call uses (ZeRO-3 gathers)
+  std::vector<double> largest_grad;      // ... and the largest gradient alive whole at once
   std::vector<int64_t> layers_per_vstage;
   double act_per_layer = 0, working = 0, head_act = 0;
 };
@@ -241,6 +247,9 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
   // ZeRO-3 gathers a stage's parameters before its forward and again before its backward.
   const GroupSpan dp_span = p.mapping.span("dp", l, c);
   p.params_per_rank.assign(static_cast<size_t>(l.pp), 0.0);
+  p.largest_unit.assign(static_cast<size_t>(l.pp), layer_params);
+  // A layer's largest matrix: the MLP's (4h or ffn wide; Llama's up and gate are two).
+  p.largest_grad.assign(static_cast<size_t>(l.pp), static_cast<double>(m.ffn * m.hidden) / l.tp);
   const double embed_params = static_cast<double>(m.vocab * m.hidden) / l.tp +
                               (m.position_embedding ? static_cast<double>(m.seq * m.hidden) : 0.0);
   const double head_params = static_cast<double>(m.vocab * m.hidden) / l.tp + 2.0 * static_cast<double>(m.hidden);
@@ -251,11 +260,15 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
     double f = ld * (lc.fwd + lc.tp_fwd), b = ld * (lc.bwd_input + lc.tp_bwd + lc.recompute), w = ld * lc.bwd_weight;
     double tp = ld * (lc.tp_fwd + lc.tp_bwd + (l.recompute == "full" ? lc.tp_fwd : 0));
     double params = ld * layer_params;
+    const size_t rank = static_cast<size_t>(vs % l.pp);
+    const double table = static_cast<double>(m.vocab * m.hidden) / l.tp;
     if (vs == 0) {
       f += emb.fwd + emb.tp_fwd;
       b += emb.bwd_input + emb.tp_bwd;
       tp += emb.tp_fwd + emb.tp_bwd;
       params += embed_params;
+      p.largest_unit[rank] = std::max(p.largest_unit[rank], embed_params);
+      p.largest_grad[rank] = std::max(p.largest_grad[rank], table);
     }
     if (vs == vs_count - 1) {
       f += head.fwd + head.tp_fwd;
@@ -265,6 +278,9 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
       // A tied head on another rank than the embedding keeps its own copy (gradients summed).
       if (!m.tied_embedding || l.pp > 1) params += head_params;
       else params += 2.0 * static_cast<double>(m.hidden);
+      p.largest_unit[rank] = std::max(p.largest_unit[rank], head_params);
+      // One rank holding a tied table has both uses' gradients of it at once before they add.
+      p.largest_grad[rank] = std::max(p.largest_grad[rank], (m.tied_embedding && l.pp == 1 ? 2.0 : 1.0) * table);
     }
     if (l.sharding_stage >= 3 && l.dp > 1) {
       const double gather = all_gather_time(c, params * prec.param, dp_span);
@@ -375,10 +391,22 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
     MemoryBreakdown mem;
     const double params = p.params_per_rank[static_cast<size_t>(r)];
     const int dp = l.dp;
+    // As the runtime holds them (docs/parallel.md): stage 0 keeps whole gradients; stages 1 (with
+    // one micro-batch) and 2 reduce them bucket by bucket as the backward makes them, so besides
+    // the 1/dp shard only two buckets and the largest gradient alive whole are held; stage 1 over
+    // several micro-batches sums whole gradients until the step. Stage 3 holds 1/dp of the
+    // parameters plus two units gathered (the one in use and the next, prefetched), and one
+    // unit's whole gradients while its backward runs.
+    const size_t ru = static_cast<size_t>(r);
+    const bool sharded_grads = dp > 1 && (l.sharding_stage >= 2 || (l.sharding_stage == 1 && l.micro_batches == 1));
+    const double in_flight = 2 * kBucketBytes + p.largest_grad[ru] * prec.grad;
     mem.params = params * prec.param / (l.sharding_stage >= 3 ? dp : 1);
-    mem.grads = params * prec.grad / (l.sharding_stage >= 2 ? dp : 1);
+    mem.grads = sharded_grads ? params * prec.grad / dp + in_flight : params * prec.grad;
     mem.optimizer = params * prec.optimizer / (l.sharding_stage >= 1 ? dp : 1);
-    if (l.sharding_stage >= 3 && dp > 1) mem.params += params * prec.param / l.vpp;  // one chunk gathered
+    if (l.sharding_stage >= 3 && dp > 1) {
+      mem.params += 2 * p.largest_unit[ru] * prec.param;
+      mem.grads = params * prec.grad / dp + p.largest_unit[ru] * prec.grad;
+    }
     double layers_per_chunk = 0;
     for (int ch = 0; ch < l.vpp; ++ch)
       layers_per_chunk = std::max(layers_per_chunk, static_cast<double>(p.layers_per_vstage[static_cast<size_t>(ch * l.pp + r)]));
