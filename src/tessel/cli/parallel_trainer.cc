@@ -183,7 +183,8 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
   ShardedLoader loader(td.train, sampler, layout, t.global_batch, first_stage, last_stage);
   const int64_t M = pc.micro_batches, mb = t.global_batch / M;
   const int64_t width = cfg.model.arch == "gpt2" ? cfg.model.gpt2.n_embd : cfg.model.llama.hidden_size;
-  PipelineRuntime runtime(schedule, layout, {mb, t.seq_len, width}, DType::f32);
+  // What crosses a stage boundary: the hidden states.
+  PipelineRuntime runtime(schedule, layout, {Payload{{mb, t.seq_len, width}, DType::f32, layout.activation_placements()}});
   say(fmt::format("{} model, {:.3f}M parameters; {} ranks: {}; {} step{} of {} x {} tokens{}", model->arch(),
                   static_cast<double>(model->num_parameters()) / 1e6, pc.world_size(), pc.str(), t.steps,
                   t.steps == 1 ? "" : "s", t.global_batch, t.seq_len, t.warmup_note()));
@@ -212,7 +213,7 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
   }
   // Model chunk `chunk` of micro-batch `m` of `batches` (training step `step`).
   auto chunk_forward = [&](const std::vector<MicroBatch>& batches, int64_t step, int chunk, int m,
-                           const Tensor& input) -> Tensor {
+                           const std::vector<Tensor>& inputs) -> std::vector<Tensor> {
     const int vs = schedule.virtual_stage(static_cast<int>(layout.coord("pp")), chunk);
     const nn::DropoutState ds{.seed = t.seed, .step = static_cast<uint64_t>(step), .global_rows = t.global_batch,
                               .row_offset = batches[static_cast<size_t>(m)].first_row};
@@ -223,7 +224,8 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     };
     size_t unit = 0;  // the next unit of this chunk
     const MicroBatch& batch = batches[static_cast<size_t>(m)];
-    Tensor x = vs == 0 ? in_unit(unit++, [&](const Tensor&) { return model->embed(batch.inputs); })(Tensor()) : input;
+    Tensor x = vs == 0 ? in_unit(unit++, [&](const Tensor&) { return model->embed(batch.inputs); })(Tensor())
+                       : inputs.at(0);
     for (int64_t b = blocks[static_cast<size_t>(vs)].first; b < blocks[static_cast<size_t>(vs)].second; ++b, ++unit) {
       auto block = in_unit(unit, [&model, b](const Tensor& h) { return model->block(b, h); });
       if (pc.recompute == "full" && grad_enabled())
@@ -232,8 +234,8 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
         x = block(x);
     }
     if (vs == V - 1)
-      return cross_entropy(in_unit(unit, [&model](const Tensor& h) { return model->head(h); })(x), batch.targets);
-    return x;
+      return {cross_entropy(in_unit(unit, [&model](const Tensor& h) { return model->head(h); })(x), batch.targets)};
+    return {x};
   };
   // The loss lives on the last stage's ranks: the first of them tells everyone.
   auto share_loss = [&](double here) {
@@ -251,8 +253,8 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     double sum = 0;
     for (int64_t b = 0; b < td.validation_batches; ++b) {
       const std::vector<MicroBatch> batches = val_loader->batch(b);
-      sum += runtime.evaluate([&](int chunk, int m, const Tensor& input) {
-        return chunk_forward(batches, 0, chunk, m, input);
+      sum += runtime.evaluate([&](int chunk, int m, const std::vector<Tensor>& inputs) {
+        return chunk_forward(batches, 0, chunk, m, inputs);
       });
     }
     if (gather) gather->finish_step();  // free what the last forward prefetched
@@ -283,8 +285,8 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
     };
     std::vector<MicroBatch> batches = loader.batch(step);
     const double lr = lr_schedule.at(step);
-    const double loss_here = runtime.run([&](int chunk, int m, const Tensor& input) {
-      return chunk_forward(batches, step, chunk, m, input);
+    const double loss_here = runtime.run([&](int chunk, int m, const std::vector<Tensor>& inputs) {
+      return chunk_forward(batches, step, chunk, m, inputs);
     });
     if (gather) gather->finish_step();
     const auto t_opt = Clock::now();

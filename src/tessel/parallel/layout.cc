@@ -136,6 +136,10 @@ std::shared_ptr<ProcessGroup> Layout::group(std::string_view dim) const {
   return mesh_dim_group(stage_mesh(), stage_dim(dim));
 }
 
+std::shared_ptr<ProcessGroup> Layout::world_group_along(std::string_view dim) const {
+  return mesh_dim_group(world_, world_.dim_index(dim));
+}
+
 Placements Layout::activation_placements() const {
   return placements({{"dp", Shard(0)}, {"tp", config_.sp ? Placement(Shard(1)) : Placement(Replicate())}});
 }

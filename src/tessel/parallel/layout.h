@@ -77,6 +77,9 @@ class Layout {
   Placements placements(std::initializer_list<std::pair<std::string_view, Placement>> by_dim) const;
   // This rank's process group along the stage mesh dim `dim`.
   std::shared_ptr<ProcessGroup> group(std::string_view dim) const;
+  // This rank's group along the world mesh dim `dim` (pp: the ranks of this rank's pipeline,
+  // group rank = pp coordinate).
+  std::shared_ptr<ProcessGroup> world_group_along(std::string_view dim) const;
 
   // Placements on a stage mesh: the activations between blocks ([B, T, C]: batch over dp; the
   // sequence over tp with sequence parallel) and the token ids ([B, T]).
