@@ -141,7 +141,7 @@ void AdamW::apply(float grad_scale) {
     Tensor& m = slot(i, "exp_avg");
     Tensor& v = slot(i, "exp_avg_sq");
     // Decoupled weight decay on matrices (embeddings, projections), not on biases and norms.
-    bool decay = params_[i].param.dim() >= 2;
+    bool decay = params_[i].decay.value_or(params_[i].param.dim() >= 2);
     adamw_update(params_[i].param.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(),
                  params_[i].param.numel(), step_, options_, lr_, decay, grad_scale);
   }

@@ -51,7 +51,8 @@ ParallelPlan plan_for(const std::string& arch);
 void parallelize(nn::LanguageModel& model, const std::vector<nn::Parameter*>& params, const ProcessMesh& mesh,
                  const ParallelPlan& plan, const Layout& layout, uint64_t seed);
 
-// The placements a plan gives a parameter on [dp, tp] (before ZeRO stage 3's dp sharding).
-Placements param_placements(const nn::Parameter& p, Style style, bool in_out_layout);
+// The placements a plan gives a parameter (a Linear's weight, or its bias when `bias`) on
+// [dp, tp] (before ZeRO stage 3's dp sharding). ColWise shards the last output dim.
+Placements param_placements(const nn::Parameter& p, Style style, bool in_out_layout, bool bias = false);
 
 }  // namespace tessel::parallel

@@ -41,7 +41,7 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
     TESSEL_CHECK(p->value.dtype() == DType::f32, "shard_optimizer: parameter '{}' is {}, only f32 is supported", p->name,
                  p->value.dtype());
     s.stored = dist_attr(p->value).placements;
-    s.decay = p->shape.size() >= 2;
+    s.decay = p->stored_shape().size() >= 2;  // matrices as checkpoints hold them (c_attn's bias [3, C] is a vector)
     for (nn::Parameter* t : tied) s.tied = s.tied || t == p;
     s.numel = local_piece(p->value).numel();
     if (stage == 1 || stage == 2) {
