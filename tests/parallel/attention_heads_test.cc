@@ -90,7 +90,7 @@ TEST(AttentionHeads, TensorParallelGpt2AttendsOverItsOwnHeadsWithoutGatheringQkv
 
     // Each rank holds the q, k and v columns of its heads: [C, 3, C/tp].
     const Tensor& w = model.parameter("transformer.h.0.attn.c_attn.weight").value;
-    EXPECT_EQ(dist_attr(w).placements, (Placements{Replicate(), Shard(2)}));
+    EXPECT_EQ(placements_str(dist_attr(w).placements), placements_str({Replicate(), Shard(2)}));
     EXPECT_EQ(local_piece(w).shape(), (Shape{kC, 3, kC / 2}));
     EXPECT_EQ(local_piece(model.parameter("transformer.h.0.attn.c_attn.bias").value).shape(), (Shape{3, kC / 2}));
 
@@ -133,11 +133,11 @@ TEST(AttentionHeads, HeadsShardOntoTheHeadDimOfTheReshape) {
     ProcessMesh mesh = ProcessMesh::iota({1, 2}, {"dp", "tp"});
     Tensor qkv = shard_tensor(Tensor::zeros({kB, kT, 3, kC}, DType::f32), mesh, {Replicate(), Shard(3)});
     Tensor heads = reshape(qkv, {kB, kT, 3, kH, kD});
-    EXPECT_EQ(dist_attr(heads).placements, (Placements{Replicate(), Shard(3)}));
+    EXPECT_EQ(placements_str(dist_attr(heads).placements), placements_str({Replicate(), Shard(3)}));
     EXPECT_EQ(local_piece(heads).shape(), (Shape{kB, kT, 3, kH / 2, kD}));
     std::vector<Tensor> parts = split(heads, {1, 1, 1}, 2);
     Tensor q = permute(squeeze(parts[0], 2), {0, 2, 1, 3});
-    EXPECT_EQ(dist_attr(q).placements, (Placements{Replicate(), Shard(1)}));
+    EXPECT_EQ(placements_str(dist_attr(q).placements), placements_str({Replicate(), Shard(1)}));
     EXPECT_EQ(local_piece(q).shape(), (Shape{kB, kH / 2, kT, kD}));
   });
 }
