@@ -33,9 +33,11 @@ TEST(LoadModel, AcceptsHuggingFaceGpt2FilesAsTheyAre) {
   nn::Gpt2 src(tiny());
   src.materialize(1);
   // The layout of openai-community/gpt2's model.safetensors: no "transformer." prefix, plus
-  // the attention mask buffers.
   std::map<std::string, Tensor> hf;
-  for (nn::Parameter* p : src.parameters()) hf[p->name.substr(std::string("transformer.").size())] = p->value;
+  // the attention mask buffers; c_attn as the Conv1D matrix [C, 3C] (tessel holds [C, 3, C]).
+  for (nn::Parameter* p : src.parameters())
+    hf[p->name.substr(std::string("transformer.").size())] = view::reshape(p->value, p->stored_shape());
+  EXPECT_EQ(hf.at("h.0.attn.c_attn.weight").shape(), (Shape{8, 24}));
   for (int i = 0; i < 2; ++i) hf[fmt::format("h.{}.attn.bias", i)] = Tensor::ones({1, 1, 4, 4});
   std::string path = temp("hf.safetensors");
   save_safetensors(path, hf, {{"format", "pt"}});

@@ -332,6 +332,7 @@ TEST(Config, RejectsTrainAndParallelValuesNamingTheKeyPath) {
       {"train.min_lr=1", "'train.min_lr' (1) must be in [0, 'train.lr' (0.003)]"},
       {"parallel.dp=0", "cfg.yaml: config parallel.dp must be at least 1, got 0"},
       {"parallel.tp=-1", "cfg.yaml: config parallel.tp must be at least 1, got -1"},
+      {"parallel.tp=4", "config 'model.n_head' (2) must be a multiple of 'parallel.tp' (4)"},
       {"parallel.vpp=2", "parallel.vpp = 2 needs parallel.pp > 1"},
       {"parallel.sharding_stage=4", "parallel.sharding_stage must be 0, 1, 2 or 3, got 4"},
       {"parallel.schedule=GPipes", "unknown pipeline schedule 'GPipes'"},

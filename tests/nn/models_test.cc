@@ -54,8 +54,12 @@ TEST(Gpt2, HuggingFaceNamesAndLayouts) {
   EXPECT_EQ(s.size(), 4u + 2 * 12);  // wte, wpe, ln_f.{weight,bias} + 12 per block
   EXPECT_EQ(s.at("transformer.wte.weight"), (Shape{11, 8}));
   EXPECT_EQ(s.at("transformer.wpe.weight"), (Shape{6, 8}));
-  EXPECT_EQ(s.at("transformer.h.0.attn.c_attn.weight"), (Shape{8, 24}));  // Conv1D: [in, out]
-  EXPECT_EQ(s.at("transformer.h.0.attn.c_attn.bias"), (Shape{24}));
+  // Conv1D [in, out] split as [in, q|k|v, out] so tp can shard heads; files keep [in, out].
+  EXPECT_EQ(s.at("transformer.h.0.attn.c_attn.weight"), (Shape{8, 3, 8}));
+  EXPECT_EQ(s.at("transformer.h.0.attn.c_attn.bias"), (Shape{3, 8}));
+  EXPECT_EQ(m.parameter("transformer.h.0.attn.c_attn.weight").stored_shape(), (Shape{8, 24}));
+  EXPECT_EQ(m.parameter("transformer.h.0.attn.c_attn.bias").stored_shape(), (Shape{24}));
+  EXPECT_EQ(m.parameter("transformer.h.1.attn.c_proj.weight").stored_shape(), (Shape{8, 8}));
   EXPECT_EQ(s.at("transformer.h.1.attn.c_proj.weight"), (Shape{8, 8}));
   EXPECT_EQ(s.at("transformer.h.1.mlp.c_fc.weight"), (Shape{8, 32}));
   EXPECT_EQ(s.at("transformer.h.1.mlp.c_proj.weight"), (Shape{32, 8}));
@@ -106,6 +110,22 @@ TEST(Init, DeterministicByNameAndScaledResiduals) {
   // Same-shaped parameters with different names differ.
   EXPECT_NE(a.parameter("transformer.h.0.attn.c_proj.weight").value.to_doubles(),
             a.parameter("transformer.h.1.attn.c_proj.weight").value.to_doubles());
+}
+
+// c_attn [C, 3, C] has the row-major element indices of Hugging Face's [C, 3C], so its
+// initial values are bit for bit those a [C, 3C] parameter of the same name gets.
+TEST(Init, PackedQkvInitEqualsTheHuggingFaceShapedInit) {
+  Gpt2Config c = tiny_gpt2();
+  Gpt2 m(c);
+  m.materialize(5);
+  const Parameter& p = m.parameter("transformer.h.1.attn.c_attn.weight");
+  Tensor flat = Tensor::empty({8, 24}, DType::f32);
+  init_fill(flat, p.init, 5, p.name);
+  EXPECT_EQ(view::contiguous(p.value).to_doubles(), flat.to_doubles());
+  // A tp shard of heads (the last dim split in 2) is the matching column blocks of [C, 3C].
+  Tensor piece = Tensor::empty({8, 3, 4}, DType::f32);
+  init_fill(piece, p.init, 5, p.name, GlobalBox{{8, 3, 8}, {0, 0, 4}});
+  EXPECT_EQ(piece.to_doubles(), view::contiguous(view::slice(p.value, 2, 4, 8)).to_doubles());
 }
 
 TEST(Init, AShardInitialisedAloneEqualsTheSliceOfTheFullInit) {

@@ -41,12 +41,16 @@ Tensor ref_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return r.tensor();
 }
 
-// y[..., o] = Σ_i x[..., i] W[i, o] + bias[o].
+// The output dims of a linear weight: w[1:] (in_out, one or several) or w[0].
+Shape linear_out(const Shape& w, bool in_out) { return in_out ? Shape(w.begin() + 1, w.end()) : Shape{w[0]}; }
+
+// y[..., o] = Σ_i x[..., i] W[i, o] + bias[o], o running over all output dims in order.
 Tensor ref_linear(const Tensor& x, const Tensor& w, const Tensor* bias, bool in_out) {
   Nd xn(x), wn(w);
-  int64_t I = x.shape().back(), O = in_out ? w.shape()[1] : w.shape()[0];
-  Shape out = x.shape();
-  out.back() = O;
+  const Shape od = linear_out(w.shape(), in_out);
+  int64_t I = x.shape().back(), O = shape_numel(od);
+  Shape out(x.shape().begin(), x.shape().end() - 1);
+  out.insert(out.end(), od.begin(), od.end());
   Nd r(out);
   Nd b = bias ? Nd(*bias) : Nd(Shape{O}, 0.0);
   int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
@@ -105,14 +109,17 @@ std::vector<OpCase> matmul_cases() {
                        LinearCase{"no_bias", {3, 4}, {5, 4}, false, false},
                        LinearCase{"vector", {4}, {5, 4}, true, false},
                        LinearCase{"empty_rows", {0, 4}, {5, 4}, true, false},
-                       LinearCase{"empty_features", {3, 0}, {5, 0}, true, false}}) {
+                       LinearCase{"empty_features", {3, 0}, {5, 0}, true, false},
+                       // Several output dims (GPT-2's c_attn [C, 3, C]): y[..., 3, 2].
+                       LinearCase{"in_out_3d_bias", {2, 3, 4}, {4, 3, 2}, true, true},
+                       LinearCase{"in_out_3d", {3, 4}, {4, 2, 3}, false, true}}) {
     out.push_back(OpCase{
         .name = fmt::format("linear/{}", l.tag),
         .op = "linear",
         .make_inputs =
             [l](DType d) {
               Tensors in{rand_tensor(l.x, d, 13), rand_tensor(l.w, d, 14)};
-              if (l.bias) in.push_back(rand_tensor({l.in_out ? l.w[1] : l.w[0]}, d, 15));
+              if (l.bias) in.push_back(rand_tensor(linear_out(l.w, l.in_out), d, 15));
               return in;
             },
         .run = [l](const Tensors& in) { return Tensors{linear(in[0], in[1], l.bias ? in[2] : Tensor(), l.in_out)}; },
@@ -130,6 +137,9 @@ std::vector<ErrorCase> matmul_errors() {
       {"matmul_batch", [] { matmul(Tensor::zeros({2, 3, 4}), Tensor::zeros({3, 4, 5})); }, {"matmul", "[2]", "[3]"}},
       {"linear_features", [] { linear(Tensor::zeros({2, 3}), Tensor::zeros({5, 4})); }, {"linear", "[2, 3]", "[5, 4]"}},
       {"linear_bias", [] { linear(Tensor::zeros({2, 4}), Tensor::zeros({5, 4}), Tensor::zeros({4})); }, {"linear", "bias", "[4]"}},
+      {"linear_bias_3d", [] { linear(Tensor::zeros({2, 4}), Tensor::zeros({4, 3, 2}), Tensor::zeros({6}), true); },
+       {"linear", "bias", "[6]", "[3, 2]"}},
+      {"linear_out_in_3d", [] { linear(Tensor::zeros({2, 4}), Tensor::zeros({3, 2, 4})); }, {"linear", "[3, 2, 4]"}},
   };
 }
 

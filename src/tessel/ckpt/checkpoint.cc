@@ -12,16 +12,44 @@
 #include "tessel/core/view.h"
 #include "tessel/dist/dtensor.h"
 #include "tessel/ops/inplace.h"
+#include "tessel/ops/shape.h"
 
 namespace tessel {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// `t` — a tensor of `from`'s elements (a parameter or an optimizer state of one) — viewed with
+// the shape `to`: the same row-major bytes. The one place where a parameter's shape and its
+// checkpoint-file shape (nn::Parameter::file_shape, e.g. GPT-2's c_attn [C, 3, C] vs Hugging
+// Face's [C, 3C]) meet.
+Tensor reshaped(const Tensor& t, const Shape& to) {
+  if (t.shape() == to) return t;
+  return is_dist(t) ? reshape(t, to) : view::reshape(t, to);
+}
+
+// Optimizer states are named "<parameter>.<slot>": those of parameters with a file shape are
+// converted between it and the parameter's shape (`to_file`: towards the file).
+std::map<std::string, Tensor> optimizer_file_layout(nn::Module& model, std::map<std::string, Tensor> state,
+                                                    bool to_file) {
+  for (nn::Parameter* p : model.parameters()) {
+    if (p->file_shape.empty()) continue;
+    const std::string prefix = p->name + ".";
+    for (auto it = state.lower_bound(prefix); it != state.end() && it->first.rfind(prefix, 0) == 0; ++it)
+      if (it->first.find('.', prefix.size()) == std::string::npos && it->second.numel() == shape_numel(p->shape))
+        it->second = reshaped(it->second, to_file ? p->file_shape : p->shape);
+  }
+  return state;
+}
+
+}  // namespace
+
 std::map<std::string, Tensor> model_state(nn::Module& model) {
   std::map<std::string, Tensor> out;
   for (nn::Parameter* p : model.parameters()) {
     TESSEL_CHECK_AS(CheckpointError, p->value.defined(), "save: parameter '{}' is not materialised", p->name);
-    out[p->name] = p->value;
+    out[p->name] = reshaped(p->value, p->stored_shape());
   }
   return out;
 }
@@ -46,12 +74,12 @@ void load_model(const std::string& path, nn::LanguageModel& model) {
                     entry.dtype == "F32" || entry.dtype == "F64" || entry.dtype == "BF16" || entry.dtype == "F16",
                     "checkpoint '{}': tensor \"{}\" is {}, but parameter '{}' takes floating-point weights", path, key,
                     entry.dtype, p->name);
-    TESSEL_CHECK_AS(CheckpointError, shape == p->shape,
+    TESSEL_CHECK_AS(CheckpointError, shape == p->stored_shape(),
                     "checkpoint '{}': tensor \"{}\" has shape {} but parameter '{}' has {}", path, key,
-                    shape_str(shape), p->name, shape_str(p->shape));
+                    shape_str(shape), p->name, shape_str(p->stored_shape()));
     used[key] = true;
     if (!p->value.defined()) continue;  // held by another rank
-    Tensor t = f.load(key);
+    Tensor t = reshaped(f.load(key), p->shape);
     if (is_dist(p->value)) {
       const DistAttr& a = dist_attr(p->value);
       copy_(local_piece(p->value), local_piece(shard_tensor(t, a.mesh, a.placements)));
@@ -83,7 +111,9 @@ std::string save_checkpoint(const std::string& dir, nn::LanguageModel& model, co
   fs::create_directories(tmp, ec);
   TESSEL_CHECK_AS(CheckpointError, !ec, "checkpoint: cannot create '{}': {}", tmp.string(), ec.message());
   save_model((tmp / "model.safetensors").string(), model, {{"step", std::to_string(state.step)}});
-  if (optimizer != nullptr) save_safetensors((tmp / "optimizer.safetensors").string(), optimizer->state_dict());
+  if (optimizer != nullptr)
+    save_safetensors((tmp / "optimizer.safetensors").string(),
+                     optimizer_file_layout(model, optimizer->state_dict(), /*to_file=*/true));
   Json meta = Json::Object{};
   meta["step"] = state.step;
   meta["seed"] = static_cast<int64_t>(state.seed);
@@ -167,7 +197,8 @@ TrainerState load_checkpoint(const std::string& path, nn::LanguageModel& model, 
   if (optimizer != nullptr) {
     fs::path opt = dir / "optimizer.safetensors";
     TESSEL_CHECK_AS(CheckpointError, fs::exists(opt), "checkpoint '{}' has no optimizer.safetensors", dir.string());
-    std::map<std::string, Tensor> st = SafetensorsFile::open(opt.string()).load_all();
+    std::map<std::string, Tensor> st =
+        optimizer_file_layout(model, SafetensorsFile::open(opt.string()).load_all(), /*to_file=*/false);
     try {
       optimizer->load_state_dict(st);
     } catch (const Error& e) {

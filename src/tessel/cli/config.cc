@@ -513,6 +513,10 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   } catch (const Error& e) {
     TESSEL_THROW("{}: config {}", source, e.what());
   }
+  // GPT-2's attention is sharded by heads over tp (the parallel trainer checks again).
+  TESSEL_CHECK(c.model.arch != "gpt2" || pc.tp < 1 || c.model.gpt2.n_head % pc.tp == 0,
+               "{}: config 'model.n_head' ({}) must be a multiple of 'parallel.tp' ({}): tensor parallelism gives "
+               "each tp rank whole attention heads", source, c.model.gpt2.n_head, pc.tp);
   if (t.dropout >= 0) c.model.gpt2.dropout = t.dropout;
   int64_t max_len = c.model.arch == "gpt2" ? c.model.gpt2.n_positions : c.model.llama.max_position_embeddings;
   TESSEL_CHECK(t.seq_len <= max_len, "{}: config 'train.seq_len' ({}) exceeds the model's {} ({})", source, t.seq_len,

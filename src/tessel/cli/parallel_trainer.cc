@@ -124,6 +124,11 @@ ParallelTrainResult train_parallel_rank(const RunConfig& cfg, const ParallelTrai
   std::unique_ptr<nn::LanguageModel> model = build_model(cfg);
   const TrainingData td = open_training_data(cfg, model->vocab_size());
   pc.validate(model->num_blocks(), t.global_batch);
+  // Tensor parallelism gives each tp rank whole heads of GPT-2's attention (c_attn's columns).
+  if (const auto* gpt2 = dynamic_cast<const nn::Gpt2*>(model.get()))
+    TESSEL_CHECK(gpt2->config().n_head % pc.tp == 0,
+                 "model.n_head {} is not a multiple of parallel.tp {}: tensor parallelism gives each tp rank whole "
+                 "attention heads", gpt2->config().n_head, pc.tp);
   Layout layout(pc, world->rank());
   const ProcessMesh mesh = layout.stage_mesh();
 

@@ -21,7 +21,6 @@ plan::ModelSpec model_spec_of(const RunConfig& config) {
     const nn::Gpt2Config& g = config.model.gpt2;
     m = plan::gpt_spec(config.model.arch, g.n_layer, g.n_embd, g.n_head, g.vocab_size, seq);
     m.dropout = config.train.dropout >= 0 ? config.train.dropout : g.dropout;
-    m.packed_qkv_gather = true;  // how parallel::gpt2_plan shards c_attn
   }
   plan::validate(m);
   return m;

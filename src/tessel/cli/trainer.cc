@@ -173,7 +173,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
   std::vector<optim::ParamRef> refs;
   std::vector<Tensor> params;
   for (nn::Parameter* p : model->parameters()) {
-    refs.push_back({p->name, p->value});
+    refs.push_back({p->name, p->value, p->stored_shape().size() >= 2});  // c_attn's bias [3, C] is a vector
     params.push_back(p->value);
   }
   std::unique_ptr<optim::Optimizer> optimizer = make_optimizer(cfg, refs);

@@ -24,6 +24,14 @@ Linear::Linear(int64_t in, int64_t out, bool bias, Layout layout, double init_st
   if (bias) bias_ = &add_parameter("bias", {out}, Init::zeros());
 }
 
+Linear::Linear(int64_t in, const Shape& out, bool bias, double init_std) : layout_(Layout::in_out) {
+  Shape w{in};
+  w.insert(w.end(), out.begin(), out.end());
+  const int64_t outf = shape_numel(out);
+  weight_ = &add_parameter("weight", w, Shape{in, outf}, Init::normal(init_std));
+  if (bias) bias_ = &add_parameter("bias", out, Shape{outf}, Init::zeros());
+}
+
 Tensor Linear::forward(const Tensor& x) const {
   return prepare_output(
       linear(prepare_input(x), weight_->use(), bias_ ? bias_->use() : Tensor(), layout_ == Layout::in_out));
@@ -100,15 +108,18 @@ Tensor apply_rope(const Tensor& x, const Rope& rope) {
 
 Gpt2Attention::Gpt2Attention(int64_t dim, int64_t heads, double init_std, double proj_std) : heads_(heads) {
   TESSEL_CHECK(dim % heads == 0, "gpt2 attention: n_embd {} is not a multiple of n_head {}", dim, heads);
-  c_attn_ = &add_module("c_attn", std::make_unique<Linear>(dim, 3 * dim, true, Linear::Layout::in_out, init_std));
+  c_attn_ = &add_module("c_attn", std::make_unique<Linear>(dim, Shape{3, dim}, true, init_std));
   c_proj_ = &add_module("c_proj", std::make_unique<Linear>(dim, dim, true, Linear::Layout::in_out, proj_std));
 }
 
 Tensor Gpt2Attention::forward(const Tensor& x) const {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = heads_, D = C / H;
-  std::vector<Tensor> qkv = split(c_attn_->forward(x), {C, C, C}, -1);
-  auto heads = [&](const Tensor& t) { return permute(reshape(t, {B, T, H, D}), {0, 2, 1, 3}); };  // [B, H, T, D]
-  Tensor y = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*causal=*/true);
+  // [B, T, 3, C] -> [B, T, 3, H, D]: under tp, C is sharded and the shard moves onto H (each
+  // rank's columns are whole heads), so q, k and v stay sharded by heads; all are views.
+  Tensor qkv = reshape(c_attn_->forward(x), {B, T, 3, H, D});
+  std::vector<Tensor> parts = split(qkv, {1, 1, 1}, 2);
+  auto heads = [&](const Tensor& t) { return permute(squeeze(t, 2), {0, 2, 1, 3}); };  // [B, H, T, D]
+  Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), /*causal=*/true);
   return c_proj_->forward(reshape(permute(y, {0, 2, 1, 3}), {B, T, C}));
 }
 

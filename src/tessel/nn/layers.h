@@ -25,6 +25,9 @@ class Linear : public Module {
  public:
   enum class Layout { out_in, in_out };
   Linear(int64_t in, int64_t out, bool bias, Layout layout, double init_std);
+  // Several output dims, [in, O1, O2, ...] layout: y[..., O1, O2, ...]. Checkpoint files keep
+  // the Conv1D matrix [in, O1·O2·...] and bias [O1·O2·...] (the same bytes).
+  Linear(int64_t in, const Shape& out, bool bias, double init_std);
   Tensor forward(const Tensor& x) const;
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }
@@ -110,6 +113,8 @@ struct Rope {
 Tensor apply_rope(const Tensor& x, const Rope& rope);
 
 // GPT-2 attention: fused qkv projection (c_attn), causal multi-head attention, c_proj.
+// c_attn's weight is [C, 3, C] (bias [3, C]): Hugging Face's [C, 3C] with q, k, v on their own
+// dim, so sharding its last dim over tp gives each rank the q, k and v columns of its heads.
 class Gpt2Attention : public Module {
  public:
   Gpt2Attention(int64_t dim, int64_t heads, double init_std, double proj_std);

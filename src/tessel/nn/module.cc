@@ -30,6 +30,14 @@ Parameter& Module::add_parameter(std::string name, Shape shape, Init init, DType
   return ref;
 }
 
+Parameter& Module::add_parameter(std::string name, Shape shape, Shape file_shape, Init init) {
+  TESSEL_ASSERT(shape_numel(shape) == shape_numel(file_shape), "parameter '{}': shape {} and file shape {} differ in size",
+                name, shape_str(shape), shape_str(file_shape));
+  Parameter& p = add_parameter(std::move(name), std::move(shape), init);
+  if (file_shape != p.shape) p.file_shape = std::move(file_shape);
+  return p;
+}
+
 std::vector<Parameter*> Module::parameters() {
   std::vector<Parameter*> out;
   for (auto& [n, p] : params_) out.push_back(p.get());

@@ -35,6 +35,10 @@ void init_fill(const Tensor& local, const Init& init, uint64_t seed, const std::
 struct Parameter {
   std::string name;  // full name, set when the owning tree is finalised
   Shape shape;       // global shape
+  // The shape a checkpoint file gives it (Hugging Face's), when that differs from `shape`:
+  // the same row-major bytes, so a tensor of one views as the other (GPT-2's c_attn is
+  // [C, 3, C] here, so tensor parallelism can shard it by heads, and [C, 3C] in the file).
+  Shape file_shape;
   DType dtype = DType::f32;
   Init init;
   Tensor value;  // this rank's tensor; undefined until materialised
@@ -44,6 +48,8 @@ struct Parameter {
 
   // The tensor a forward computes with: `value`, or its gathered form.
   Tensor use() const { return gather ? gather(value) : value; }
+  // The shape it has in a checkpoint file.
+  const Shape& stored_shape() const { return file_shape.empty() ? shape : file_shape; }
 };
 
 class Module {
@@ -85,6 +91,8 @@ class Module {
 
  protected:
   Parameter& add_parameter(std::string name, Shape shape, Init init, DType dtype = DType::f32);
+  // A parameter whose checkpoint files hold it as `file_shape` (same elements, same order).
+  Parameter& add_parameter(std::string name, Shape shape, Shape file_shape, Init init);
   template <typename M>
   M& add_module(std::string name, std::unique_ptr<M> m) {
     M& ref = *m;

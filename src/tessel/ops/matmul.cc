@@ -4,6 +4,9 @@
 //
 // Shapes: matmul out[..., M, N] = A[..., M, K] @ B[..., K, N]
 //         linear y[R, O] = x[R, I] @ W[I, O] + bias[O]   (R = rows of x flattened)
+//         linear with several output dims (in_out layout only): y[..., O1, O2] = x[..., I] @
+//         W[I, O1, O2] + bias[O1, O2] — one GEMM with O = O1·O2, W's contiguous local piece
+//         read as the matrix [I, O] (GPT-2's c_attn [C, 3, C], sharded by heads on its last dim).
 #include "tessel/core/strided.h"
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/kernel_util.h"
@@ -148,6 +151,9 @@ Cost matmul_cost(const MetaCall& c, std::span<const TensorMeta> out) {
 
 // ---------------------------------------------------------------- linear
 
+// The output dims of a linear weight: w[1:] (in_out) or w[0] (out_in).
+Shape linear_out_dims(const Shape& w, bool in_out) { return in_out ? Shape(w.begin() + 1, w.end()) : Shape{w[0]}; }
+
 std::vector<TensorMeta> linear_infer(const MetaCall& c) {
   TESSEL_CHECK(c.inputs.size() == 2 || c.inputs.size() == 3, "linear: expected x, w and an optional bias; got {} inputs",
                c.inputs.size());
@@ -156,26 +162,28 @@ std::vector<TensorMeta> linear_infer(const MetaCall& c) {
     kernels::check_same_dtype(c, 0, i);
   }
   kernels::check_ndim(c, 0, 1, true);
-  kernels::check_ndim(c, 1, 2);
+  bool in_out = c.attrs.b("weight_in_out");
+  kernels::check_ndim(c, 1, 2, /*at_least=*/in_out);
   const Shape& x = c.inputs[0].shape;
   const Shape& w = c.inputs[1].shape;
-  bool in_out = c.attrs.b("weight_in_out");
-  int64_t in = in_out ? w[0] : w[1], outf = in_out ? w[1] : w[0];
+  int64_t in = in_out ? w[0] : w[1];
+  const Shape outd = linear_out_dims(w, in_out);
   TESSEL_CHECK(x.back() == in, "linear: x {} has {} features but weight {} ({}) takes {}", shape_str(x), x.back(),
-               shape_str(w), in_out ? "[in, out]" : "[out, in]", in);
+               shape_str(w), in_out ? "[in, out...]" : "[out, in]", in);
   if (c.inputs.size() == 3)
-    TESSEL_CHECK(c.inputs[2].shape == Shape{outf}, "linear: bias {} does not match {} output features",
-                 shape_str(c.inputs[2].shape), outf);
-  Shape out = x;
-  out.back() = outf;
+    TESSEL_CHECK(c.inputs[2].shape == outd, "linear: bias {} does not match the output features {} of weight {}",
+                 shape_str(c.inputs[2].shape), shape_str(outd), shape_str(w));
+  Shape out(x.begin(), x.end() - 1);
+  out.insert(out.end(), outd.begin(), outd.end());
   return {TensorMeta{out, c.inputs[0].dtype, {}}};
 }
 
 template <typename T>
 void linear_kernel(const Tensor& x, const Tensor& w, const Tensor* bias, bool in_out, const Tensor& out) {
   // Rows from the leading dims: with I == 0 (an empty shard of the contraction) x has no
-  // elements but the output still has R rows (the bias).
-  const int64_t I = x.size(-1), O = out.size(-1), R = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  // elements but the output still has R rows (the bias). O: all of W's output dims.
+  const int64_t I = x.size(-1), R = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  const int64_t O = shape_numel(linear_out_dims(w.shape(), in_out));
   Tensor xc = kernels::contig(x), wc = kernels::contig(w);
   T* y = out.data<T>();
   T beta = T(0);
@@ -198,13 +206,14 @@ std::vector<Tensor> linear_forward(const OpCall& c) {
   return {out};
 }
 
-// dx[R, I] = g[R, O] @ W^T;  dW = x^T @ g stored as w is;  dbias[O] = Σ_rows g.
+// dx[R, I] = g[R, O] @ W^T;  dW = x^T @ g stored as w is;  dbias[O] = Σ_rows g (O: all output dims).
 template <typename T>
 std::vector<Tensor> linear_backward_t(const GradCall& g) {
   const Tensor& x = g.inputs[0];
   const Tensor& w = g.inputs[1];
   bool in_out = g.attrs.b("weight_in_out");
-  const int64_t I = x.size(-1), O = g.grad_outputs[0].size(-1), R = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  const int64_t I = x.size(-1), R = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  const int64_t O = shape_numel(linear_out_dims(w.shape(), in_out));
   Tensor go = kernels::contig(g.grad_outputs[0]);
   const T* pg = go.data<T>();
   std::vector<Tensor> grads(g.input_metas.size());
@@ -227,7 +236,7 @@ std::vector<Tensor> linear_backward_t(const GradCall& g) {
     grads[1] = dw;
   }
   if (grads.size() == 3 && g.needs_grad[2]) {
-    Tensor db = Tensor::zeros({O}, go.dtype());
+    Tensor db = Tensor::zeros(g.input_metas[2].shape, go.dtype());
     T* pb = db.data<T>();
     // Columns split over threads, one block each, so that each reads whole row segments in
     // memory order; each column sums its rows in order (deterministic).
@@ -257,7 +266,8 @@ Cost linear_cost(const MetaCall& c, std::span<const TensorMeta> out) {
 
 // ---------------------------------------------------------------- SPMD rules
 // As einsum: matmul "...mk,...kn->...mn" (batch dims broadcast, transposes swap the last two
-// labels), linear "...i,oi->...o" (or "...i,io->...o"). A sharded k gives Partial(sum)
+// labels), linear "...i,oi->...o" (or "...i,io->...o", "...i,iop->...op" for a weight with
+// several output dims, so a shard of W's dim 2 is a shard of y's last dim). A sharded k gives Partial(sum)
 // outputs; one Partial operand passes through (bilinear). Linear's bias follows the output:
 // sharded with it along o, and Partial where the output is (kept on the first rank only, so
 // the sum adds it once).
@@ -286,17 +296,20 @@ SpmdDecision matmul_spmd(const SpmdCall& c) {
 
 SpmdDecision linear_spmd(const SpmdCall& c) {
   const size_t xr = c.inputs[0].shape.size();
+  const bool in_out = c.attrs.b("weight_in_out");
   spmd::LabelRule r;
   std::string batch = spmd::dim_labels(xr - 1, 'A');
-  r.inputs = {batch + "i", c.attrs.b("weight_in_out") ? "io" : "oi"};
-  r.output = batch + "o";
+  const std::string outs = spmd::dim_labels(in_out ? c.inputs[1].shape.size() - 1 : 1, 'o');
+  r.inputs = {batch + "i", in_out ? "i" + outs : outs + "i"};
+  r.output = batch + outs;
   const bool bias = c.inputs.size() == 3;
   r.linearity = bias ? spmd::Linearity::none : spmd::Linearity::single;
   SpmdDecision d = spmd::label_rule(c, r);
-  if (bias) {
+  if (bias) {  // bias[outs]: y's output dims shifted to 0
     Placements bp;
-    for (const Placement& o : d.outputs[0]) bp.push_back(o.is_shard(static_cast<int64_t>(xr - 1)) ? Shard(0)
-                                                         : o.is_partial() ? Partial(ReduceOp::sum)
+    for (const Placement& o : d.outputs[0])
+      bp.push_back(o.is_shard() && o.dim >= static_cast<int64_t>(xr - 1) ? Shard(o.dim - static_cast<int64_t>(xr - 1))
+                   : o.is_partial()                                       ? Partial(ReduceOp::sum)
                                                                           : Replicate());
     d.inputs.push_back(bp);
   }

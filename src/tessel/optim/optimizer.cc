@@ -175,7 +175,7 @@ void AdamW::apply(float grad_scale) {
     Tensor& m = slot(i, "exp_avg");
     Tensor& v = slot(i, "exp_avg_sq");
     // Decoupled weight decay on matrices (embeddings, projections), not on biases and norms.
-    bool decay = params_[i].param.dim() >= 2;
+    bool decay = params_[i].decay.value_or(params_[i].param.dim() >= 2);
     adamw_update(data.data<float>(), g.data<float>(), slot_data(m), slot_data(v), data.numel(), step_, options_, lr_,
                  decay, grad_scale);
   }

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +25,8 @@ namespace tessel::optim {
 struct ParamRef {
   std::string name;
   Tensor param;  // a leaf; its .grad() is read by step()
+  // Whether weight decay applies; unset: to matrices (dim >= 2) — not to biases and norms.
+  std::optional<bool> decay = std::nullopt;
 };
 
 struct AdamWOptions {

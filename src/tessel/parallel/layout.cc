@@ -86,10 +86,14 @@ std::vector<std::pair<int64_t, int64_t>> stage_blocks(const ParallelConfig& c, i
   return out;
 }
 
-int64_t dp_shard_dim(const Placement& tp, size_t ndim) {
-  for (size_t d = 0; d < ndim; ++d)
-    if (!tp.is_shard(static_cast<int64_t>(d))) return static_cast<int64_t>(d);
-  return 0;
+int64_t dp_shard_dim(const Placement& tp, const Shape& shape, int64_t dp) {
+  int64_t largest = -1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (tp.is_shard(static_cast<int64_t>(d))) continue;
+    if (shape[d] >= dp) return static_cast<int64_t>(d);
+    if (largest < 0 || shape[d] > shape[static_cast<size_t>(largest)]) largest = static_cast<int64_t>(d);
+  }
+  return largest < 0 ? 0 : largest;
 }
 
 Layout::Layout(ParallelConfig config, int64_t world_rank) : rank(world_rank), config_(std::move(config)) {

@@ -50,9 +50,11 @@ struct ParallelConfig {
 // Which blocks each virtual stage runs: [first, last) per virtual stage (pp · vpp of them).
 std::vector<std::pair<int64_t, int64_t>> stage_blocks(const ParallelConfig& c, int64_t num_blocks);
 
-// The tensor dim ZeRO shards over dp for a parameter of `ndim` dims whose placement over tp is
-// `tp`: the first dim tp does not shard (dim 0 when tp shards the only one).
-int64_t dp_shard_dim(const Placement& tp, size_t ndim);
+// The tensor dim ZeRO shards over `dp` ranks for a parameter of `shape` whose placement over tp
+// is `tp`: the first dim tp does not shard that has at least dp rows (its pieces then lie one
+// after another in memory when it is dim 0), else the largest dim tp does not shard, so no rank
+// is left with nothing when another dim would do (dim 0 when tp shards the only one).
+int64_t dp_shard_dim(const Placement& tp, const Shape& shape, int64_t dp);
 
 class Layout {
  public:

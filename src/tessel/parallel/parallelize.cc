@@ -73,15 +73,17 @@ ParallelPlan plan_for(const std::string& arch) {
   TESSEL_THROW("no parallel plan for model.arch '{}' (have: gpt2, llama)", arch);
 }
 
-Placement tp_placement(const nn::Parameter& p, Style style, bool in_out_layout) {
+Placement tp_placement(const nn::Parameter& p, Style style, bool in_out_layout, bool bias) {
   const bool matrix = p.shape.size() == 2;
-  // The tensor dims holding a Linear's output and input features.
-  const int64_t out_dim = in_out_layout ? 1 : 0, in_dim = in_out_layout ? 0 : 1;
+  // The tensor dims holding a Linear's (last) output and its input features: a weight
+  // [in, O1, O2, ...] (in_out) shards its last dim, so GPT-2's c_attn [C, 3, C] splits by heads.
+  const int64_t last = static_cast<int64_t>(p.shape.size()) - 1;
+  const int64_t out_dim = in_out_layout || bias ? last : 0, in_dim = in_out_layout ? 0 : 1;
   Placement tp = Replicate();
   switch (style) {
     case Style::replicate: break;
-    case Style::colwise: tp = Shard(matrix ? out_dim : 0); break;  // weight, or bias [out]
-    case Style::rowwise: tp = matrix ? Placement(Shard(in_dim)) : Placement(Replicate()); break;
+    case Style::colwise: tp = Shard(out_dim); break;  // weight, or bias [out...]
+    case Style::rowwise: tp = bias ? Placement(Replicate()) : Placement(Shard(in_dim)); break;
     case Style::vocabwise: tp = matrix ? Placement(Shard(0)) : Placement(Replicate()); break;
   }
   return tp;
@@ -102,11 +104,13 @@ void parallelize(nn::LanguageModel& model, const std::vector<nn::Parameter*>& pa
       const bool in_out = linear != nullptr && linear->layout() == nn::Linear::Layout::in_out;
       TESSEL_CHECK(style == Style::replicate || style == Style::vocabwise || linear != nullptr,
                    "parallel plan: '{}' is not a Linear, so it cannot be ColWise/RowWise", m->path());
-      const Placement tp = tp_placement(*p, style, in_out);
+      const Placement tp = tp_placement(*p, style, in_out, linear != nullptr && p == linear->bias());
       const Placements gathered = layout.placements({{"tp", tp}});
       Placements stored = gathered;
-      if (zero3 && !p->shape.empty())  // ZeRO-3
-        stored = layout.placements({{"dp", Shard(dp_shard_dim(tp, p->shape.size()))}, {"tp", tp}});
+      if (zero3 && !p->shape.empty()) {  // ZeRO-3; a placement over a tp of one rank splits nothing
+        const Placement splits = layout.degree("tp") > 1 ? tp : Replicate();
+        stored = layout.placements({{"dp", Shard(dp_shard_dim(splits, p->shape, layout.degree("dp")))}, {"tp", tp}});
+      }
       const nn::Init init = p->init;
       const std::string name = p->name;
       Tensor v;

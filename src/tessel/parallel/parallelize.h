@@ -51,8 +51,9 @@ ParallelPlan plan_for(const std::string& arch);
 void parallelize(nn::LanguageModel& model, const std::vector<nn::Parameter*>& params, const ProcessMesh& mesh,
                  const ParallelPlan& plan, const Layout& layout, uint64_t seed);
 
-// The placement a plan gives a parameter over tp (over dp it is replicated, or with ZeRO stage 3
-// sharded on dp_shard_dim).
-Placement tp_placement(const nn::Parameter& p, Style style, bool in_out_layout);
+// The placement a plan gives a parameter over tp (a Linear's weight, or its bias when `bias`;
+// ColWise shards the last output dim). Over dp it is replicated, or with ZeRO stage 3 sharded on
+// dp_shard_dim.
+Placement tp_placement(const nn::Parameter& p, Style style, bool in_out_layout, bool bias = false);
 
 }  // namespace tessel::parallel

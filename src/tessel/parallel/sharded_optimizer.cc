@@ -90,11 +90,11 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
     TESSEL_CHECK(p->value.dtype() == DType::f32, "shard_optimizer: parameter '{}' is {}, only f32 is supported", p->name,
                  p->value.dtype());
     s.stored = s.shard = dist_attr(p->value).placements;
-    s.decay = p->shape.size() >= 2;
+    s.decay = p->stored_shape().size() >= 2;  // matrices as checkpoints hold them (c_attn's bias [3, C] is a vector)
     for (nn::Parameter* t : tied) s.tied = s.tied || t == p;
     // A placement over a tp of one rank splits nothing.
     const Placement tp = layout_.degree("tp") > 1 ? s.stored[tp_dim] : Placement(Replicate());
-    const int64_t d = dp_shard_dim(tp, p->shape.size());
+    const int64_t d = dp_shard_dim(tp, p->shape, dp);
     if ((stage == 1 || stage == 2) && dp > 1 && !p->shape.empty() && !tp.is_shard(d)) {
       s.split = true;
       s.dim = d;

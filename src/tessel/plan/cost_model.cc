@@ -223,23 +223,7 @@ LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) 
   } else {
     linear(p, tokens, h, 3 * hq * d, true);
   }
-  double qkv_gather = 0, qkv_gather_bwd = 0;
-  if (m.packed_qkv_gather && t > 1) {
-    // The packed projection is gathered whole (reshard S->R along the feature dim; the
-    // collective lays every rank's column block into place) and every rank attends over all
-    // heads; the output projection takes its slice (a copy).
-    const double bytes = static_cast<double>(tokens * 3 * h) * prec.activation;
-    qkv_gather = all_gather_time(c, bytes, s.tp_group);
-    attention(p, m, b, m.heads, m.kv_heads, m.dropout);
-    streaming(p, "contiguous", {tokens, hq * d});
-    // Backward: the projection input's gradient is gathered back to every rank (S->R, in place
-    // as above) and the QKV gradient sliced to this rank's columns (read and written once).
-    const double out_bytes = static_cast<double>(tokens * h) * prec.activation;
-    qkv_gather_bwd = all_gather_time(c, out_bytes, s.tp_group);
-    p.cost.bwd_input += p.stream(2 * static_cast<double>(tokens * 3 * hq * d) * prec.activation);
-  } else {
-    attention(p, m, b, hq, hkv, m.dropout);
-  }
+  attention(p, m, b, hq, hkv, m.dropout);  // each tensor-parallel rank attends over its own heads
   linear(p, tokens, hq * d, h, !llama);
   residual();
   // MLP block.
@@ -260,8 +244,6 @@ LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) 
 
   LayerCost lc = p.cost;
   tp_comm(lc, c, s, static_cast<double>(tokens * h) * prec.activation);
-  lc.tp_fwd += qkv_gather;
-  lc.tp_bwd += qkv_gather_bwd;
   if (s.recompute == "full") lc.recompute = lc.fwd + lc.tp_fwd;
   else if (s.recompute == "selective") lc.recompute = p.attention_fwd;
   return lc;

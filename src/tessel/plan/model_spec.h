@@ -17,10 +17,6 @@ struct ModelSpec {
   double dropout = 0;         // > 0: dropout after attention probabilities and residual branches
   bool tied_embedding = true; // LM head shares the token embedding
   bool position_embedding = true;  // learned positions (GPT); Llama uses RoPE
-  // The runtime gathers the packed QKV projection over tensor-parallel ranks before splitting it
-  // (tessel's GPT-2 keeps Hugging Face's single c_attn [C, 3C], sharded over its output), so
-  // attention runs whole on every tensor-parallel rank. false: heads are sharded (Megatron).
-  bool packed_qkv_gather = false;
 
   int64_t head_dim() const { return hidden / heads; }
   double layer_parameters() const;  // one transformer block
