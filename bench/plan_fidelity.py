@@ -25,11 +25,18 @@ not report it), median of the rounds. Stolen time slows every step, and a layout
 meet in a collective many times a step (tensor parallelism) more than the detect's kernels
 that predict it: a rank whose core is taken holds up its partners.
 
+The memory columns compare the plan's per-rank memory (its fullest rank: parameters, gradients,
+optimizer states and activations as the runtime holds them) with the highest mark any rank's
+allocator reached during the run (the `rank N peak memory over the run: ... all X` lines the
+trainer logs), medians of the rounds; the summary counts the layouts within 15% and lists the
+ratio per ZeRO stage.
+
   bench/plan_fidelity.py [--steps 12] [--warmup 2] [--repeats 3] [--layouts all|quick|I,J,...]
                          [--tessel build/release/tessel]
 """
 import argparse
 import json
+import re
 import os
 import statistics
 import subprocess
@@ -58,15 +65,28 @@ LAYOUTS = [
     (2, 2, 2, 1, 1, False, 4, "1F1B", "none"),
     (2, 2, 2, 1, 0, True, 4, "ZBH1", "none"),
     (8, 1, 1, 1, 0, False, 1, "1F1B", "none"),
+    (2, 1, 1, 1, 3, False, 1, "1F1B", "none"),
+    (4, 1, 1, 1, 3, False, 1, "1F1B", "none"),
 ]
 QUICK = [LAYOUTS[i] for i in (0, 1, 3, 10, 13)]
 
 
-def run(cmd, what):
+def run(cmd, what, want_stderr=False):
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"error: {what} failed ({' '.join(cmd)}):\n{out.stderr[-3000:]}")
-    return out.stdout
+    return (out.stdout, out.stderr) if want_stderr else out.stdout
+
+
+UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def measured_peak_bytes(log):
+    """The highest 'all' mark of the ranks' `peak memory over the run` lines."""
+    peaks = [float(v) * UNITS[u] for v, u in re.findall(r"peak memory over the run: .* all ([0-9.]+) ([KMG]iB)", log)]
+    if not peaks:
+        sys.exit("error: tessel train logged no `peak memory over the run` line")
+    return max(peaks)
 
 
 def cpu_times():
@@ -99,9 +119,11 @@ def layout_text(dp, tp, pp, vpp, stage, sp, mb, schedule, recompute):
 
 
 def predict(args, cluster, layout):
+    """(step time in s, memory of the fullest rank in bytes) the planner predicts."""
     plan = json.loads(run([args.tessel, "plan", "--model", CONFIG, "--cluster", cluster, "--layout", layout,
                            "--format", "json"], "tessel plan"))
-    return plan["plans"][0]["step_time_s"]
+    best = plan["plans"][0]
+    return best["step_time_s"], best["memory_gb"]["total"] * 1e9
 
 
 def one_round(args, tmp, spec):
@@ -125,7 +147,8 @@ def one_round(args, tmp, spec):
               f"parallel.recompute={recompute}"]:
         cmd += ["--set", s]
     before, t0, stat0 = os.times(), time.monotonic(), cpu_times()
-    run(cmd, "tessel train")
+    _, log = run(cmd, "tessel train", want_stderr=True)
+    memory = measured_peak_bytes(log)
     after, wall, stat1 = os.times(), time.monotonic() - t0, cpu_times()
     steal = steal_share(stat0, stat1)
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
@@ -134,7 +157,8 @@ def one_round(args, tmp, spec):
         steps = [json.loads(line) for line in f if line.strip()]
     measured = statistics.mean(s["step_time_s"] for s in steps[args.warmup:])
     detect_and_predict()
-    return statistics.mean(predictions), measured, busy, steal
+    return (statistics.mean(p for p, _ in predictions), measured, busy, steal,
+            statistics.mean(m for _, m in predictions), memory)
 
 
 def choose_layouts(text):
@@ -159,7 +183,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2, help="steps left out of the mean (default 2)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds per layout (default 3)")
     ap.add_argument("--layouts", default="all",
-                    help="all (the 16 layouts), quick (5 of them) or comma-separated indices into the 16 (default all)")
+                    help="all (the 18 layouts), quick (5 of them) or comma-separated indices into the 18 (default all)")
     ap.add_argument("--tessel", default=os.path.join(ROOT, "build/release/tessel"), help="the tessel binary")
     args = ap.parse_args()
     if not os.path.exists(args.tessel):
@@ -172,31 +196,40 @@ def main():
     total = args.repeats * len(layouts)
     for r in range(args.repeats):
         for i, spec in enumerate(layouts):
-            predicted, measured, busy, steal = one_round(args, tmp, spec)
-            rounds[spec].append((predicted, measured, busy, steal))
+            predicted, measured, busy, steal, mem_pred, mem_meas = one_round(args, tmp, spec)
+            rounds[spec].append((predicted, measured, busy, steal, mem_pred, mem_meas))
             done = r * len(layouts) + i + 1
             print(f"[{done}/{total}] {layout_text(*spec)}: predicted {predicted:.4f} s, measured {measured:.4f} s, "
-                  f"cpu {100 * busy:.0f}%, steal {percent(steal)}", file=sys.stderr, flush=True)
+                  f"memory {mem_pred / 2**20:.1f} vs {mem_meas / 2**20:.1f} MiB, cpu {100 * busy:.0f}%, "
+                  f"steal {percent(steal)}", file=sys.stderr, flush=True)
     print(f"GPT-2 tiny ({CONFIG}), thread backend; mean step time over steps {args.warmup}..{args.steps - 1}; "
           f"medians of {args.repeats} rounds")
     print(f"{'layout':<72} {'ranks':>5} {'predicted s':>12} {'measured s':>11} {'pred/meas':>10} {'range':>11} {'cpu':>5} "
-          f"{'steal':>6}")
-    ratios = []
+          f"{'steal':>6} {'mem pred MiB':>13} {'mem meas MiB':>13} {'mem ratio':>10}")
+    ratios, mem_ratios, by_stage = [], [], {}
     for spec in layouts:
         dp, tp, pp = spec[:3]
-        per_round = [p / m for p, m, _, _ in rounds[spec]]
-        predicted = statistics.median(p for p, _, _, _ in rounds[spec])
-        measured = statistics.median(m for _, m, _, _ in rounds[spec])
-        busy = statistics.median(b for _, _, b, _ in rounds[spec])
-        steals = [st for _, _, _, st in rounds[spec] if st is not None]
+        per_round = [p / m for p, m, *_ in rounds[spec]]
+        predicted = statistics.median(p for p, *_ in rounds[spec])
+        measured = statistics.median(r[1] for r in rounds[spec])
+        busy = statistics.median(r[2] for r in rounds[spec])
+        mem_pred = statistics.median(r[4] for r in rounds[spec])
+        mem_meas = statistics.median(r[5] for r in rounds[spec])
+        mem_ratios.append(mem_pred / mem_meas)
+        by_stage.setdefault(spec[4], []).append(mem_pred / mem_meas)
+        steals = [r[3] for r in rounds[spec] if r[3] is not None]
         steal = statistics.median(steals) if steals else None
         ratio = statistics.median(per_round)
         ratios.append(ratio)
         spread = f"{min(per_round):.2f}-{max(per_round):.2f}"
         print(f"{layout_text(*spec):<72} {dp * tp * pp:>5} {predicted:>12.4f} {measured:>11.4f} {ratio:>9.2f}x "
-              f"{spread:>11} {100 * busy:>4.0f}% {percent(steal):>6}")
+              f"{spread:>11} {100 * busy:>4.0f}% {percent(steal):>6} {mem_pred / 2**20:>13.1f} {mem_meas / 2**20:>13.1f} "
+              f"{mem_pred / mem_meas:>9.2f}x")
     within = sum(1 for r in ratios if abs(r - 1) <= 0.2)
     print(f"median predicted/measured {statistics.median(ratios):.2f}x; {within} of {len(ratios)} layouts within 20%")
+    mem_within = sum(1 for r in mem_ratios if abs(r - 1) <= 0.15)
+    stages = ", ".join(f"stage {st}: {min(v):.2f}-{max(v):.2f}x" for st, v in sorted(by_stage.items()))
+    print(f"memory: predicted/measured peak per rank, {mem_within} of {len(mem_ratios)} layouts within 15% ({stages})")
 
 
 if __name__ == "__main__":
