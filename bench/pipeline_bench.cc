@@ -12,7 +12,8 @@
 #include <cstring>
 
 #include "bench_util.h"
-#include "tessel/cli/parallel_trainer.h"
+#include "tessel/cli/config.h"
+#include "tessel/engine/engine.h"
 #include "tessel/parallel/schedule.h"
 
 using namespace tessel;

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "tessel/ckpt/safetensors.h"
+#include "tessel/cli/config.h"
 #include "tessel/cli/trainer.h"
 #include "tessel/core/view.h"
 #include "tessel/data/loader.h"

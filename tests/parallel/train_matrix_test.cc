@@ -15,7 +15,8 @@
 
 #include <fmt/ranges.h>
 
-#include "tessel/cli/parallel_trainer.h"
+#include "tessel/engine/engine.h"
+#include "tessel/cli/config.h"
 #include "tessel/cli/trainer.h"
 
 namespace tessel {

@@ -5,7 +5,7 @@
 
 #include "tessel/cli/bench_train.h"
 #include "tessel/cli/commands.h"
-#include "tessel/cli/parallel_trainer.h"
+#include "tessel/engine/engine.h"
 #include "tessel/cli/plan_support.h"
 #include "tessel/cli/cluster_detect.h"
 #include "tessel/cli/trainer.h"
@@ -99,7 +99,7 @@ std::vector<Command> register_train(CLI::App& app) {
                  if (world->size() != ranks)
                    throw BadInput(fmt::format("the config's parallel section needs dp·tp·pp = {} ranks but `tessel "
                                               "launch` started {}", ranks, world->size()));
-                 r = train_parallel_rank(cfg, po);
+                 r = Engine(cfg).fit(po);
                } else {
                  const int nproc = a->nproc > 0 ? a->nproc : static_cast<int>(ranks);
                  if (nproc != ranks)

@@ -1,5 +1,5 @@
-// Training configs: a YAML file with sections model, data, train, log (and parallel, once
-// parallel training lands), read strictly — an unknown key or a value of the wrong type is an
+// Training configs: a YAML file with sections model, data, train, parallel and log (the values:
+// tessel/engine/run_config.h), read strictly — an unknown key or a value of the wrong type is an
 // error naming its key path and line — with `--set key.path=value` overrides applied first.
 // Model sizes use Hugging Face's config names, and `model.hf_config: config.json` takes them
 // from a Hugging Face config file.
@@ -8,88 +8,14 @@
 #include <string>
 #include <vector>
 
-#include "tessel/core/json.h"
-#include "tessel/data/dataset.h"
-#include "tessel/nn/models.h"
-#include "tessel/optim/optimizer.h"
-#include "tessel/parallel/layout.h"
+#include "tessel/engine/run_config.h"
 
 namespace tessel {
-
-struct ModelSection {
-  std::string arch;        // gpt2 | llama
-  nn::Gpt2Config gpt2;
-  nn::LlamaConfig llama;
-  std::string init_from;   // optional safetensors weights (Hugging Face names)
-};
-
-struct DataSection {
-  std::string path;
-  TokenFormat format = TokenFormat::text;
-  SampleOrder order = SampleOrder::random;
-  // Validation tokens: a file of the same format, or the last `val_fraction` of `path` held
-  // out (training then reads only the part before it). Neither: no evaluation.
-  std::string val_path;
-  double val_fraction = 0;
-  bool has_validation() const { return !val_path.empty() || val_fraction > 0; }
-};
-
-struct TrainSection {
-  int64_t steps = 100, global_batch = 8, micro_batch = 0, seq_len = 128;
-  double lr = 1e-3, min_lr = -1;  // -1: lr / 10
-  std::string schedule = "cosine";
-  int64_t warmup = 0;
-  double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
-  uint64_t seed = 1337;
-  double dropout = -1;  // -1: the model section's own
-  std::string optimizer = "adamw";  // adamw | sgd
-  double momentum = 0.9;
-  bool nesterov = false;
-  int64_t save_every = 0;  // 0: only at the end
-  bool save_init = false;
-  int64_t threads = 0;  // 0: TESSEL_NUM_THREADS / OMP_NUM_THREADS / all cores
-  // With validation data: the validation loss every `eval_every` steps (0: at the start and the
-  // end only) over `eval_batches` fixed global batches read in order from the validation tokens.
-  int64_t eval_every = 0, eval_batches = 4;
-  // Whether the validation loss is taken after step `step` (0-based): every eval_every steps
-  // and after the last.
-  bool evaluates_after(int64_t step) const {
-    return (eval_every > 0 && (step + 1) % eval_every == 0) || step + 1 == steps;
-  }
-
-  // "" or, when warm-up outlasts the run, a clause for the run's first log line saying so.
-  std::string warmup_note() const;
-};
-
-struct LogSection {
-  int64_t every = 10;
-  std::string metrics;  // JSONL path (or --metrics)
-};
-
-struct RunConfig;
-// The values a run's trajectory depends on, as the run uses them (defaults filled in), by key
-// path: {"train.lr": "0.002", "model.n_layer": "4", ...}. Kept in checkpoints, so a resume can
-// name what it changes.
-Json trajectory_settings(const RunConfig& c);
-
-struct RunConfig {
-  ModelSection model;
-  DataSection data;
-  TrainSection train;
-  LogSection log;
-  parallel::ParallelConfig parallel;  // degrees 1 when the config has no `parallel:` section
-  Json resolved;  // every setting after defaults and overrides, for the checkpoint's record
-
-  int64_t micro_batches() const { return train.global_batch / train.micro_batch; }
-};
 
 // Reads and validates a config file (paths in it are relative to the file's folder).
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // Same from YAML text; `base_dir` resolves relative paths.
 RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
                            const std::string& base_dir, const std::string& source_name);
-
-// Builds the model the config describes (not materialised).
-std::unique_ptr<nn::LanguageModel> build_model(const RunConfig& config);
 
 }  // namespace tessel

@@ -1,0 +1,442 @@
+// The engine's step loop.
+#include "tessel/engine/engine.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include "tessel/autograd/engine.h"
+#include "tessel/ckpt/checkpoint.h"
+#include "tessel/comm/thread_backend.h"
+#include "tessel/comm/world.h"
+#include "tessel/core/context.h"
+#include "tessel/core/log.h"
+#include "tessel/core/storage.h"
+#include "tessel/core/thread_pool.h"
+#include "tessel/dist/dtensor.h"
+#include "tessel/ops/ops.h"
+#include "tessel/parallel/data.h"
+#include "tessel/parallel/param_gather.h"
+#include "tessel/parallel/parallelize.h"
+#include "tessel/parallel/pipeline.h"
+#include "tessel/parallel/sharded_optimizer.h"
+
+namespace tessel {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace parallel;
+
+double micros_since_epoch(Clock::time_point t) {
+  return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count();
+}
+
+// One timeline slice.
+struct TraceEvent {
+  std::string name, category;
+  double start_us = 0, dur_us = 0;
+};
+
+// Every rank's events to rank 0 (as JSON text), which writes the Chrome-trace file: one row
+// (pid) per rank.
+void write_trace(const std::string& path, const std::vector<TraceEvent>& events, const std::string& label) {
+  auto world = world_group();
+  Json mine = Json::Array{};
+  for (const TraceEvent& e : events) {
+    Json j = Json::Object{};
+    j["name"] = e.name;
+    j["cat"] = e.category;
+    j["ph"] = "X";
+    j["ts"] = e.start_us;
+    j["dur"] = e.dur_us;
+    j["pid"] = world->rank();
+    j["tid"] = 0;
+    mine.push_back(j);
+  }
+  std::string text = mine.dump();
+  const int n = world->size();
+  std::vector<int64_t> sizes(static_cast<size_t>(n));
+  int64_t my_size = static_cast<int64_t>(text.size());
+  world->all_gather(&my_size, sizes.data(), 1, DType::i64);
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  std::string all(static_cast<size_t>(total), ' ');
+  world->all_gather_v(text.data(), all.data(), sizes, DType::b8);
+  if (world->rank() != 0) return;
+  std::ofstream out(path);
+  TESSEL_CHECK(out.good(), "cannot write trace file '{}'", path);
+  out << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"layout\":" << Json(label).dump() << "},\"traceEvents\":[";
+  int64_t at = 0;
+  bool first = true;
+  for (int r = 0; r < n; ++r) {
+    std::string part = all.substr(static_cast<size_t>(at), static_cast<size_t>(sizes[static_cast<size_t>(r)]));
+    at += sizes[static_cast<size_t>(r)];
+    Json meta = Json::Object{};
+    meta["name"] = "process_name";
+    meta["ph"] = "M";
+    meta["pid"] = r;
+    Json args = Json::Object{};
+    args["name"] = fmt::format("rank {}", r);
+    meta["args"] = args;
+    out << (first ? "" : ",") << meta.dump();
+    first = false;
+    if (part.size() > 2) out << "," << part.substr(1, part.size() - 2);
+  }
+  out << "]}\n";
+  TESSEL_CHECK(out.good(), "failed writing trace file '{}'", path);
+}
+
+std::string bytes_str(int64_t b) {
+  if (b >= (int64_t{1} << 30)) return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1 << 30));
+  if (b >= (int64_t{1} << 20)) return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1 << 20));
+  return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024);
+}
+
+}  // namespace
+
+void check_parallel_supports(const ParallelTrainOptions& options) {
+  TESSEL_CHECK(options.base.save_dir.empty() && options.base.resume_dir.empty(),
+               "--save/--resume are not supported with parallel layouts yet (train on one rank to checkpoint)");
+}
+
+// Everything a rank sets up once: its model pieces, layout, schedule, optimizer shard, loaders.
+struct Engine::State {
+  RunConfig cfg;
+  std::shared_ptr<ProcessGroup> world;
+  std::unique_ptr<nn::LanguageModel> model;
+  TrainingData data;
+  std::unique_ptr<Layout> layout;
+  Schedule schedule;
+  int V = 1;
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  std::vector<nn::Parameter*> params;  // this rank's, in stage order
+  bool first_stage = false, last_stage = false;
+  std::unique_ptr<ShardedOptimizer> optimizer;
+  optim::LrSchedule lr_schedule;
+  std::optional<Sampler> sampler;
+  std::optional<ShardedLoader> loader, val_loader;
+  std::unique_ptr<PipelineRuntime> runtime;
+  std::unique_ptr<ParamGather> gather;  // ZeRO-3: each unit's parameters gathered around its use
+  int64_t next_step = 0;                // the step a fit starts from
+
+  bool lead() const { return world->rank() == 0; }
+  int pp_rank() const { return static_cast<int>(layout->coord("pp")); }
+
+  // Model chunk `chunk` of micro-batch `m` of `batches` (training step `step`).
+  std::vector<Tensor> chunk_forward(const std::vector<MicroBatch>& batches, int64_t step, int chunk, int m,
+                                    const std::vector<Tensor>& inputs) {
+    const TrainSection& t = cfg.train;
+    const int vs = schedule.virtual_stage(pp_rank(), chunk);
+    const nn::DropoutState ds{.seed = t.seed, .step = static_cast<uint64_t>(step), .global_rows = t.global_batch,
+                              .row_offset = batches[static_cast<size_t>(m)].first_row};
+    nn::dropout_state() = ds;
+    // Unit `u` of this chunk applied to `h` (by value: recompute runs it again in the backward).
+    auto in_unit = [g = gather.get(), chunk](size_t u, std::function<Tensor(const Tensor&)> fn) {
+      return [g, chunk, u, fn](const Tensor& h) { return g ? g->run(chunk, u, h, fn) : fn(h); };
+    };
+    nn::LanguageModel* lm = model.get();
+    size_t unit = 0;  // the next unit of this chunk
+    const MicroBatch& batch = batches[static_cast<size_t>(m)];
+    Tensor x = vs == 0 ? in_unit(unit++, [&](const Tensor&) { return lm->embed(batch.inputs); })(Tensor())
+                       : inputs.at(0);
+    for (int64_t b = blocks[static_cast<size_t>(vs)].first; b < blocks[static_cast<size_t>(vs)].second; ++b, ++unit) {
+      auto block = in_unit(unit, [lm, b](const Tensor& h) { return lm->block(b, h); });
+      if (cfg.parallel.recompute == "full" && grad_enabled())
+        x = recompute(block, x, [ds] { nn::dropout_state() = ds; });
+      else
+        x = block(x);
+    }
+    if (vs == V - 1) return {cross_entropy(in_unit(unit, [lm](const Tensor& h) { return lm->head(h); })(x), batch.targets)};
+    return {x};
+  }
+
+  // The loss lives on the last stage's ranks: the first of them tells everyone.
+  double share_loss(double here) const {
+    double v = pp_rank() == cfg.parallel.pp - 1 && layout->first_along_all_but({"pp"}) ? here : 0.0;
+    world->all_reduce(&v, 1, DType::f64, ReduceOp::sum);
+    return v;
+  }
+
+  double validation_loss() {
+    TESSEL_CHECK(val_loader.has_value(), "evaluate: the config has no validation data (data.val_path or "
+                 "data.val_fraction)");
+    nn::EvalModeGuard eval_mode(*model);
+    double sum = 0;
+    for (int64_t b = 0; b < data.validation_batches; ++b) {
+      const std::vector<MicroBatch> batches = val_loader->batch(b);
+      sum += runtime->evaluate([&](int chunk, int m, const std::vector<Tensor>& inputs) {
+        return chunk_forward(batches, 0, chunk, m, inputs);
+      });
+    }
+    if (gather) gather->finish_step();  // free what the last forward prefetched
+    return share_loss(sum) / static_cast<double>(data.validation_batches * cfg.parallel.micro_batches);
+  }
+};
+
+Engine::~Engine() = default;
+
+Engine::Engine(RunConfig config, std::unique_ptr<nn::LanguageModel> model) : s_(std::make_unique<State>()) {
+  State& s = *s_;
+  s.cfg = std::move(config);
+  const TrainSection& t = s.cfg.train;
+  const ParallelConfig& pc = s.cfg.parallel;
+  s.world = world_group();
+  TESSEL_CHECK(s.world->size() == pc.world_size(),
+               "the config's parallel section needs dp·tp·pp = {}·{}·{} = {} ranks, but {} were started", pc.dp, pc.tp,
+               pc.pp, pc.world_size(), s.world->size());
+  // Thread ranks get their intra-op threads from spawn; a process rank sets its own.
+  if (t.threads > 0 && s.world->backend() != "thread") set_default_num_threads(static_cast<int>(t.threads));
+  s.model = model ? std::move(model) : build_model(s.cfg);
+  s.data = open_training_data(s.cfg, s.model->vocab_size());
+  pc.validate(s.model->num_blocks(), t.global_batch);
+  // Tensor parallelism gives each tp rank whole heads of GPT-2's attention (c_attn's columns).
+  if (const auto* gpt2 = dynamic_cast<const nn::Gpt2*>(s.model.get()))
+    TESSEL_CHECK(gpt2->config().n_head % pc.tp == 0,
+                 "model.n_head {} is not a multiple of parallel.tp {}: tensor parallelism gives each tp rank whole "
+                 "attention heads", gpt2->config().n_head, pc.tp);
+  s.layout = std::make_unique<Layout>(pc, s.world->rank());
+  const Layout& layout = *s.layout;
+  const ProcessMesh mesh = layout.stage_mesh();
+
+  // This rank's virtual stages and their parameters.
+  s.schedule = make_schedule(pc.pp == 1 && pc.schedule == "VPP" ? "1F1B" : pc.schedule, static_cast<int>(pc.pp),
+                             static_cast<int>(pc.micro_batches), static_cast<int>(pc.vpp));
+  s.V = s.schedule.virtual_stages();
+  s.blocks = stage_blocks(pc, s.model->num_blocks());
+  using Part = nn::LanguageModel::Part;
+  std::set<nn::Parameter*> seen;
+  auto take = [&](const std::vector<nn::Parameter*>& ps) {
+    for (nn::Parameter* p : ps)
+      if (seen.insert(p).second) s.params.push_back(p);
+  };
+  std::vector<std::vector<std::vector<nn::Parameter*>>> units;  // per chunk, per unit
+  for (int c = 0; c < s.schedule.chunks; ++c) {
+    const int vs = s.schedule.virtual_stage(s.pp_rank(), c);
+    units.emplace_back();
+    if (vs == 0) {
+      take(s.model->part_parameters(Part::embed));
+      units.back().push_back(s.model->part_parameters(Part::embed));
+      s.first_stage = true;
+    }
+    for (int64_t b = s.blocks[static_cast<size_t>(vs)].first; b < s.blocks[static_cast<size_t>(vs)].second; ++b) {
+      take(s.model->part_parameters(Part::block, b));
+      units.back().push_back(s.model->part_parameters(Part::block, b));
+    }
+    if (vs == s.V - 1) {
+      take(s.model->part_parameters(Part::head));
+      units.back().push_back(s.model->part_parameters(Part::head));
+      s.last_stage = true;
+    }
+  }
+  parallelize(*s.model, s.params, mesh, plan_for(s.model->arch()), layout, t.seed);
+  if (!s.cfg.model.init_from.empty()) {  // every rank reads its pieces from the one file
+    load_model(s.cfg.model.init_from, *s.model);
+    if (s.lead()) log_info("loaded weights from {}", s.cfg.model.init_from);
+  }
+  s.model->train(true);
+
+  // GPT-2's token embedding is also its head: with several pipeline ranks the first and the
+  // last hold a copy each, kept equal by summing their gradients.
+  std::vector<nn::Parameter*> tied;
+  std::shared_ptr<ProcessGroup> tied_group;
+  if (s.model->arch() == "gpt2" && pc.pp > 1 && (s.first_stage || s.last_stage)) {
+    tied.push_back(s.model->part_parameters(Part::embed)[0]);
+    tied_group = s.world->new_group({static_cast<int>(layout.peer("pp", 0)), static_cast<int>(layout.peer("pp", pc.pp - 1))});
+  }
+  OptimizerOptions oo{.kind = t.optimizer,
+                      .adamw = {.lr = t.lr, .beta1 = t.beta1, .beta2 = t.beta2, .eps = t.eps, .weight_decay = t.weight_decay},
+                      .sgd = {.lr = t.lr, .momentum = t.momentum, .weight_decay = t.weight_decay, .nesterov = t.nesterov},
+                      .bucket_bytes = static_cast<int64_t>(pc.bucket_mb * (1 << 20))};
+  s.optimizer = std::make_unique<ShardedOptimizer>(s.params, layout, oo, tied, tied_group, s.first_stage);
+  s.lr_schedule = optim::LrSchedule{.kind = optim::LrSchedule::parse_kind(t.schedule),
+                                    .lr = t.lr,
+                                    .min_lr = t.min_lr,
+                                    .warmup = t.warmup,
+                                    .total = t.steps};
+  s.sampler.emplace(s.data.train->size(), t.seq_len, t.global_batch, s.cfg.data.order, t.seed);
+  s.loader.emplace(s.data.train, *s.sampler, layout, t.global_batch, s.first_stage, s.last_stage);
+  if (s.data.validation)
+    s.val_loader.emplace(s.data.validation, *s.data.validation_order, layout, t.global_batch, s.first_stage,
+                         s.last_stage);
+  const int64_t mb = t.global_batch / pc.micro_batches;
+  const int64_t width = s.cfg.model.arch == "gpt2" ? s.cfg.model.gpt2.n_embd : s.cfg.model.llama.hidden_size;
+  // What crosses a stage boundary: the hidden states.
+  s.runtime = std::make_unique<PipelineRuntime>(
+      s.schedule, layout, std::vector<Payload>{{{mb, t.seq_len, width}, DType::f32, layout.activation_placements()}});
+  if (pc.sharding_stage == 3 && pc.dp > 1) s.gather = std::make_unique<ParamGather>(layout, std::move(units));
+}
+
+double Engine::evaluate() { return s_->validation_loss(); }
+
+Tensor Engine::predict(const Tensor& ids) {
+  State& s = *s_;
+  TESSEL_CHECK(s.cfg.parallel.pp == 1, "predict: layouts with pipeline stages (parallel.pp = {}) are not supported "
+               "yet; use a layout without pp", s.cfg.parallel.pp);
+  TESSEL_CHECK(ids.dim() == 2, "predict: token ids must be [batch, seq], got {}", shape_str(ids.shape()));
+  nn::EvalModeGuard eval_mode(*s.model);
+  NoGradGuard no_grad;
+  const Layout& layout = *s.layout;
+  // The batch over dp, as training reads it; the logits come back whole.
+  const Tensor x = shard_tensor(ids, layout.stage_mesh(), layout.ids_placements());
+  auto in_unit = [&](size_t u, const Tensor& h, const std::function<Tensor(const Tensor&)>& fn) {
+    return s.gather ? s.gather->run(0, u, h, fn) : fn(h);
+  };
+  size_t unit = 0;
+  Tensor h = in_unit(unit++, Tensor(), [&](const Tensor&) { return s.model->embed(x); });
+  for (int64_t b = 0; b < s.model->num_blocks(); ++b, ++unit)
+    h = in_unit(unit, h, [&](const Tensor& in) { return s.model->block(b, in); });
+  Tensor logits = in_unit(unit, h, [&](const Tensor& in) { return s.model->head(in); });
+  if (s.gather) s.gather->finish_step();
+  return full_tensor(logits);
+}
+
+ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
+  State& s = *s_;
+  const RunConfig& cfg = s.cfg;
+  const TrainSection& t = cfg.train;
+  const ParallelConfig& pc = cfg.parallel;
+  check_parallel_supports(options);
+  auto say = [&](const std::string& m) {
+    if (s.lead() && !options.base.quiet) log_info("{}", m);
+  };
+  const int64_t M = pc.micro_batches;
+  say(fmt::format("{} model, {:.3f}M parameters; {} ranks: {}; {} step{} of {} x {} tokens{}", s.model->arch(),
+                  static_cast<double>(s.model->num_parameters()) / 1e6, pc.world_size(), pc.str(), t.steps,
+                  t.steps == 1 ? "" : "s", t.global_batch, t.seq_len, t.warmup_note()));
+  if (pc.pp > 1 && s.lead() && !options.base.quiet) log_info("pipeline schedule (unit-time view):\n{}", s.schedule.grid());
+
+  std::ofstream metrics;
+  const std::string metrics_path = options.base.metrics_path.empty() ? cfg.log.metrics : options.base.metrics_path;
+  if (s.lead() && !metrics_path.empty()) {
+    metrics.open(metrics_path, std::ios::trunc);
+    TESSEL_CHECK(metrics.good(), "cannot write metrics file '{}'", metrics_path);
+  }
+
+  std::vector<TraceEvent> trace;
+  ParallelTrainResult result;
+  MemoryStats& mem = *rank_context().memory;
+  if (s.data.validation && s.next_step == 0) {
+    const double v = s.validation_loss();
+    result.train.validation.emplace_back(0, v);
+    say(initial_validation_line(v, cfg));
+  }
+  const auto run_start = Clock::now();
+  double recent = 0;  // smoothed seconds per step for the ETA
+  for (int64_t step = s.next_step; step < t.steps; ++step) {
+    const auto t0 = Clock::now();
+    const int64_t base_bytes = mem.current.load();
+    mem.reset_peak();
+    std::vector<MicroBatch> batches = s.loader->batch(step);
+    const double lr = s.lr_schedule.at(step);
+    const double loss_here = s.runtime->run([&](int chunk, int m, const std::vector<Tensor>& inputs) {
+      return s.chunk_forward(batches, step, chunk, m, inputs);
+    });
+    if (s.gather) s.gather->finish_step();
+    const auto t_opt = Clock::now();
+    const int64_t peak_activations = mem.peak.load() - base_bytes;
+    const double norm = s.optimizer->step(lr, t.grad_clip);
+    RankMemory& peaks = result.memory;
+    peaks.params = std::max(peaks.params, mem.peak_of(MemoryKind::params));
+    peaks.grads = std::max(peaks.grads, mem.peak_of(MemoryKind::grads));
+    peaks.optimizer = std::max(peaks.optimizer, mem.peak_of(MemoryKind::optimizer));
+    peaks.other = std::max(peaks.other, mem.peak_of(MemoryKind::other));
+    peaks.total = std::max(peaks.total, mem.peak.load());
+    if (options.trace_path.empty()) s.optimizer->take_waits();
+    const double loss = s.share_loss(loss_here) / static_cast<double>(M);
+    TESSEL_CHECK(std::isfinite(loss),
+                 "training diverged: the loss is {} at step {} (try a lower train.lr or train.grad_clip)", loss, step);
+    s.next_step = step + 1;
+    const auto t1 = Clock::now();
+    const double secs = std::chrono::duration<double>(t1 - t0).count();
+    StepRecord rec{step, loss, lr, norm, static_cast<double>(t.global_batch * t.seq_len) / secs, secs};
+    if (s.data.validation && t.evaluates_after(step)) {
+      rec.val_loss = s.validation_loss();
+      result.train.validation.emplace_back(step + 1, *rec.val_loss);
+    }
+    result.train.steps.push_back(rec);
+    result.idle_shares.push_back(s.runtime->idle_share());
+
+    if (!options.trace_path.empty()) {
+      const double base_us = micros_since_epoch(t0);
+      for (const ActionTiming& a : s.runtime->timings()) {
+        const bool compute = a.kind == ActionKind::F || a.kind == ActionKind::B || a.kind == ActionKind::W;
+        if (!compute && a.end - a.start < 1e-6) continue;
+        trace.push_back({a.name, compute ? "compute" : "communication", base_us + a.start * 1e6, (a.end - a.start) * 1e6});
+      }
+      trace.push_back({"optimizer step", "compute", micros_since_epoch(t_opt),
+                       std::chrono::duration<double, std::micro>(t1 - t_opt).count()});
+      // Where the rank waited on gradient sync (in the backward or the step): the exposed part.
+      for (const ShardedOptimizer::Wait& w : s.optimizer->take_waits())
+        trace.push_back({w.what, "grad sync", micros_since_epoch(w.start),
+                         std::chrono::duration<double, std::micro>(w.end - w.start).count()});
+    }
+    if (step == 0 && !options.base.quiet) {
+      // Per-rank memory as the allocator saw it in the first step: every rank logs its own line.
+      log_info("rank {} memory: parameters {}, gradients {} at most, optimizer states {}, peak activations {}",
+               s.world->rank(), bytes_str(peaks.params), bytes_str(peaks.grads), bytes_str(peaks.optimizer),
+               bytes_str(peak_activations));
+    }
+    if (s.lead() && metrics.is_open()) {
+      metrics << step_metrics(rec, std::chrono::duration<double>(Clock::now() - run_start).count()).dump() << '\n';
+      metrics.flush();
+    }
+    recent = recent == 0 ? secs : 0.9 * recent + 0.1 * secs;
+    if (s.lead() && !options.base.quiet &&
+        (step == 0 || (step + 1) % cfg.log.every == 0 || step + 1 == t.steps || rec.val_loss))
+      log_info("{}", step_line(rec, t.steps, recent * static_cast<double>(t.steps - step - 1)));
+  }
+  result.train.seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
+  if (!options.base.quiet) {
+    const RankMemory& m = result.memory;
+    std::string os;
+    if (s.world->backend() != "thread") {  // one process per rank: the OS's figure is this rank's
+      struct rusage usage {};
+      getrusage(RUSAGE_SELF, &usage);
+      os = fmt::format("; peak resident {} (the OS's)", bytes_str(static_cast<int64_t>(usage.ru_maxrss) * 1024));
+    }
+    log_info("rank {} peak memory over the run: parameters {}, gradients {}, optimizer states {}, all {}{}",
+             s.world->rank(), bytes_str(m.params), bytes_str(m.grads), bytes_str(m.optimizer), bytes_str(m.total), os);
+  }
+  if (!options.trace_path.empty()) {
+    write_trace(options.trace_path, trace, pc.str());
+    say(fmt::format("timeline written to {} (open it in https://ui.perfetto.dev or chrome://tracing)", options.trace_path));
+  }
+  if (options.base.collect_params)
+    for (nn::Parameter* p : s.params) result.final_params[p->name] = full_tensor(p->value);
+  return result;
+}
+
+ParallelTrainResult train_parallel_threads(const RunConfig& cfg, int nproc, const ParallelTrainOptions& options) {
+  ParallelTrainResult out;
+  std::mutex mu;
+  // The cores are split among the ranks unless the config gives threads per rank.
+  SpawnOptions so;
+  so.threads_per_rank = static_cast<int>(cfg.train.threads);
+  spawn(nproc, [&](int rank) {
+    Engine engine(cfg);
+    ParallelTrainResult r = engine.fit(options);
+    std::lock_guard<std::mutex> lock(mu);
+    out.rank_idle_shares.resize(static_cast<size_t>(nproc));
+    std::vector<std::vector<double>> idle = std::move(out.rank_idle_shares);
+    idle[static_cast<size_t>(rank)] = r.idle_shares;
+    std::map<std::string, Tensor> params = std::move(r.final_params);
+    if (rank == 0) {
+      params.merge(out.final_params);
+      out = std::move(r);
+      out.final_params = std::move(params);
+    } else {
+      out.final_params.merge(params);
+    }
+    out.rank_idle_shares = std::move(idle);
+  }, so);
+  return out;
+}
+
+}  // namespace tessel
