@@ -595,8 +595,12 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 }
 
 std::unique_ptr<nn::LanguageModel> build_model(const RunConfig& config) {
-  if (config.model.arch == "gpt2") return std::make_unique<nn::Gpt2>(config.model.gpt2);
-  return std::make_unique<nn::Llama>(config.model.llama);
+  std::unique_ptr<nn::LanguageModel> model;
+  if (config.model.arch == "gpt2") model = std::make_unique<nn::Gpt2>(config.model.gpt2);
+  else model = std::make_unique<nn::Llama>(config.model.llama);
+  // Both trainers build their model here, so parallel.recompute: selective holds on one rank too.
+  model->set_selective_recompute(config.parallel.recompute == "selective");
+  return model;
 }
 
 }  // namespace tessel
