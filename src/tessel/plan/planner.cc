@@ -496,16 +496,13 @@ std::vector<int> divisors(int n) {
 
 }  // namespace
 
-SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) {
+std::vector<Layout> candidate_layouts(const ModelSpec& m, const Cluster& c, const PlanOptions& o) {
   validate(m);
-  const auto t0 = std::chrono::steady_clock::now();
   const int n = c.devices();
   TESSEL_CHECK(o.global_batch > 0, "plan: the global batch must be positive");
-  SearchResult result;
-  CostCache cache;
-  std::vector<Estimate> feasible;
   std::vector<std::string> recomputes = {"none", "selective", "full"};
   if (!o.recompute.empty()) recomputes = o.recompute;
+  std::vector<Layout> out;
   for (int tp : divisors(std::min(n, c.devices_per_node))) {
     if (n % tp != 0 || m.heads % tp != 0 || m.kv_heads % tp != 0) continue;
     for (int pp : divisors(n / tp)) {
@@ -539,18 +536,30 @@ SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) 
                 l.pp = pp;
                 l.vpp = vpp;
                 l.micro_batch = mbs;
+                l.micro_batches = micro;
                 l.schedule = schedule;
                 l.recompute = rc;
                 l.sp = sp == 1;
                 l.sharding_stage = stage;
-                ++result.candidates;
-                Estimate e = evaluate_with(m, c, l, o.global_batch, false, &cache);
-                if (!e.fits) continue;
-                ++result.feasible;
-                feasible.push_back(std::move(e));
+                out.push_back(std::move(l));
               }
       }
     }
+  }
+  return out;
+}
+
+SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SearchResult result;
+  CostCache cache;
+  std::vector<Estimate> feasible;
+  for (const Layout& l : candidate_layouts(m, c, o)) {
+    ++result.candidates;
+    Estimate e = evaluate_with(m, c, l, o.global_batch, false, &cache);
+    if (!e.fits) continue;
+    ++result.feasible;
+    feasible.push_back(std::move(e));
   }
   std::sort(feasible.begin(), feasible.end(), faster);
   // Play the schedules of the best candidates, fastest closed-form first, until enough are
