@@ -294,7 +294,9 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
     p.params_per_rank[static_cast<size_t>(vs % l.pp)] += params;
   }
   p.act_per_layer = layer_activation_bytes(m, prec, shape);
-  p.working = l.recompute == "none" ? 0 : layer_working_bytes(m, prec, shape);
+  // Full recompute rebuilds a whole layer's activations for its backward; selective rebuilds P
+  // one block of queries at a time inside the attention's backward (no layer-sized working set).
+  p.working = l.recompute == "full" ? layer_working_bytes(m, prec, shape) : 0;
   // Logits and their gradient in f32 on the last stage, one micro-batch at a time.
   p.head_act = 2.0 * static_cast<double>(l.micro_batch * m.seq) * static_cast<double>(m.vocab) / l.tp * 4;
   return p;
