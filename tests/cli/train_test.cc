@@ -337,7 +337,7 @@ TEST(Config, RejectsTrainAndParallelValuesNamingTheKeyPath) {
       {"parallel.vpp=2", "parallel.vpp = 2 needs parallel.pp > 1"},
       {"parallel.sharding_stage=4", "parallel.sharding_stage must be 0, 1, 2 or 3, got 4"},
       {"parallel.schedule=GPipes", "unknown pipeline schedule 'GPipes'"},
-      {"parallel.recompute=selective", "parallel.recompute must be none or full, got 'selective'"},
+      {"parallel.recompute=attention", "parallel.recompute must be none, selective or full, got 'attention'"},
       {"parallel.pp=3", "the model has 2 blocks, fewer than pp · vpp = 3 virtual stages"},
       {"train.eval_every=10", "'train.eval_every' needs validation tokens: 'data.val_path' or 'data.val_fraction'"},
       {"data.val_fraction=0.6", "'data.val_fraction' must be in [0, 0.5], got 0.6"},
@@ -359,6 +359,8 @@ TEST(Config, RejectsTrainAndParallelValuesNamingTheKeyPath) {
   EXPECT_EQ(config_error(gpt2, {"train.optimizer=sgd", "train.momentum=0"}), "<no error>");
   EXPECT_EQ(config_error(gpt2, {"train.grad_clip=0", "train.weight_decay=0", "train.min_lr=0"}), "<no error>");
   EXPECT_EQ(config_error(gpt2, {"parallel.dp=2", "parallel.pp=2", "parallel.schedule=ZB-H1"}), "<no error>");
+  for (const char* kind : {"none", "selective", "full"})
+    EXPECT_EQ(config_error(gpt2, {fmt::format("parallel.recompute={}", kind)}), "<no error>") << kind;
   EXPECT_EQ(config_error(gpt2, {"parallel.dp=2", "parallel.mesh=[tp, dp, pp]"}), "<no error>");
   e = config_error(gpt2, {"data.val_fraction=0.1", "data.val_path=x.bin"});
   EXPECT_NE(e.find("'data.val_path' and 'data.val_fraction' are two sources of validation tokens"), std::string::npos)

@@ -2,7 +2,7 @@
 // T < S (causal offset S - T) and T > S (queries that see no key), grouped-query heads (also
 // with batch 2 and head counts that split unevenly), an explicit scale, and a non-contiguous q
 // made by permuting [B, T, H, D], q, k and v as the heads of one fused projection, and one
-// tensor passed as all three.
+// tensor passed as all three; some again with recompute_probs (P rebuilt in the backward).
 #include <cmath>
 
 #include "op_cases.h"
@@ -49,6 +49,7 @@ struct SdpaCase {
   Shape q, kv;
   bool causal;
   double scale = 0.0;
+  bool recompute = false;  // recompute_probs: P rebuilt in the backward, not kept
 };
 // The rule validator runs the first two: grouped-query heads that split unevenly (H=6 over
 // Hkv=3 keeps its groups on 3 ranks, not on 2 or 4), batch 2, causal with T < S.
@@ -73,6 +74,11 @@ const SdpaCase kSdpaCases[] = {
     // product — scores, P·V and the four of backward — runs on full tiles and on the tail.
     {"wide_heads_causal_gqa", {1, 4, 37, 20}, {1, 2, 37, 20}, true},
     {"wide_heads", {2, 1, 9, 19}, {2, 1, 13, 19}, false},
+    // Selective recompute: the backward rebuilds P block by block (blocks that see no key,
+    // grouped heads, several blocks, one non-causal block with wide heads).
+    {"recompute_causal_blocks_gqa", {1, 4, 40, 2}, {1, 2, 40, 2}, true, 0.0, true},
+    {"recompute_causal_blocks_t_gt_s", {1, 1, 80, 2}, {1, 1, 40, 2}, true, 0.0, true},
+    {"recompute_wide_heads", {2, 1, 9, 19}, {2, 1, 13, 19}, false, 0.7, true},
 };
 
 }  // namespace
@@ -90,7 +96,7 @@ std::vector<OpCase> attention_cases() {
             },
         .run =
             [s](const Tensors& in) {
-              return Tensors{scaled_dot_product_attention(in[0], in[1], in[2], s.causal, s.scale)};
+              return Tensors{scaled_dot_product_attention(in[0], in[1], in[2], s.causal, s.scale, s.recompute)};
             },
         .reference = [s](const Tensors& in) { return Tensors{ref_sdpa(in[0], in[1], in[2], s.causal, s.scale)}; },
         .f32_rtol = 1e-4,

@@ -66,7 +66,6 @@ plan::Estimate auto_layout(const RunConfig& config, int ranks, bool verbose) {
   plan::PlanOptions o;
   o.global_batch = config.train.global_batch;
   o.top = 1;
-  o.recompute = {"none", "full"};  // what the runtime implements
   plan::SearchResult r = plan::search(m, c, o);
   TESSEL_CHECK(!r.best.empty(), "--plan auto: no layout of {} ranks fits the model (global batch {}, {} layouts tried)",
                ranks, o.global_batch, r.candidates);

@@ -19,8 +19,8 @@ plan::ModelSpec resolve_model(const std::string& text, RunConfig* config_out = n
 // "PRESET[:N]", "local[:N]" (this machine, measured, N thread ranks) or a cluster YAML file.
 plan::Cluster resolve_cluster(const std::string& text, bool verbose);
 
-// The fastest layout for `ranks` thread ranks of this machine that the runtime can execute
-// (recompute none or full), with the planner's estimate; throws when none fits.
+// The fastest layout for `ranks` thread ranks of this machine, with the planner's estimate;
+// throws when none fits.
 plan::Estimate auto_layout(const RunConfig& config, int ranks, bool verbose);
 
 // Copies a planned layout into a config's parallel section.

@@ -194,6 +194,7 @@ Engine::Engine(RunConfig config, std::unique_ptr<nn::LanguageModel> model) : s_(
   // Thread ranks get their intra-op threads from spawn; a process rank sets its own.
   if (t.threads > 0 && s.world->backend() != "thread") set_default_num_threads(static_cast<int>(t.threads));
   s.model = model ? std::move(model) : build_model(s.cfg);
+  s.model->set_selective_recompute(pc.recompute == "selective");
   s.data = open_training_data(s.cfg, s.model->vocab_size());
   pc.validate(s.model->num_blocks(), t.global_batch);
   // Tensor parallelism gives each tp rank whole heads of GPT-2's attention (c_attn's columns).

@@ -67,8 +67,12 @@ Json trajectory_settings(const RunConfig& c) {
 }
 
 std::unique_ptr<nn::LanguageModel> build_model(const RunConfig& config) {
-  if (config.model.arch == "gpt2") return std::make_unique<nn::Gpt2>(config.model.gpt2);
-  return std::make_unique<nn::Llama>(config.model.llama);
+  std::unique_ptr<nn::LanguageModel> model;
+  if (config.model.arch == "gpt2") model = std::make_unique<nn::Gpt2>(config.model.gpt2);
+  else model = std::make_unique<nn::Llama>(config.model.llama);
+  // Both training loops build their model here, so parallel.recompute: selective holds on one rank too.
+  model->set_selective_recompute(config.parallel.recompute == "selective");
+  return model;
 }
 
 }  // namespace tessel

@@ -119,7 +119,8 @@ Tensor Gpt2Attention::forward(const Tensor& x) const {
   Tensor qkv = reshape(c_attn_->forward(x), {B, T, 3, H, D});
   std::vector<Tensor> parts = split(qkv, {1, 1, 1}, 2);
   auto heads = [&](const Tensor& t) { return permute(squeeze(t, 2), {0, 2, 1, 3}); };  // [B, H, T, D]
-  Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), /*causal=*/true);
+  Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), /*causal=*/true,
+                                            /*scale=*/0.0, recompute_probs_);
   return c_proj_->forward(reshape(permute(y, {0, 2, 1, 3}), {B, T, C}));
 }
 
@@ -140,7 +141,7 @@ Tensor LlamaAttention::forward(const Tensor& x, const Rope& rope) const {
   Tensor q = apply_rope(heads(q_->forward(x), heads_), rope);
   Tensor k = apply_rope(heads(k_->forward(x), kv_heads_), rope);
   Tensor v = heads(v_->forward(x), kv_heads_);
-  Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true);
+  Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true, /*scale=*/0.0, recompute_probs_);
   return o_->forward(reshape(permute(y, {0, 2, 1, 3}), {B, T, heads_ * D}));
 }
 

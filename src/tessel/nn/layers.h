@@ -119,9 +119,12 @@ class Gpt2Attention : public Module {
  public:
   Gpt2Attention(int64_t dim, int64_t heads, double init_std, double proj_std);
   Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
+  // Selective recompute: keep no [B, H, T, T] probabilities for the backward, rebuild them there.
+  void set_recompute_probs(bool on) { recompute_probs_ = on; }
 
  private:
   int64_t heads_;
+  bool recompute_probs_ = false;
   Linear* c_attn_;
   Linear* c_proj_;
 };
@@ -131,9 +134,12 @@ class LlamaAttention : public Module {
  public:
   LlamaAttention(int64_t dim, int64_t heads, int64_t kv_heads, double init_std);
   Tensor forward(const Tensor& x, const Rope& rope) const;
+  // Selective recompute: keep no [B, H, T, T] probabilities for the backward, rebuild them there.
+  void set_recompute_probs(bool on) { recompute_probs_ = on; }
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
+  bool recompute_probs_ = false;
   Linear* q_;
   Linear* k_;
   Linear* v_;

@@ -89,6 +89,10 @@ bool Gpt2::ignorable_checkpoint_key(const std::string& name) const {
   return ends_with(".attn.bias") || ends_with(".attn.masked_bias") || name == "lm_head.weight";
 }
 
+void Gpt2::set_selective_recompute(bool on) {
+  for (size_t i = 0; i < h_->size(); ++i) (*h_)[i].attn().set_recompute_probs(on);
+}
+
 // ---------------------------------------------------------------- Llama
 
 LlamaBlock::LlamaBlock(const LlamaConfig& c) {
@@ -165,6 +169,10 @@ double Llama::train_flops_per_token(int64_t seq_len) const {
 
 bool Llama::ignorable_checkpoint_key(const std::string& name) const {
   return name.find("rotary_emb.inv_freq") != std::string::npos;
+}
+
+void Llama::set_selective_recompute(bool on) {
+  for (size_t i = 0; i < layers_->size(); ++i) (*layers_)[i].self_attn().set_recompute_probs(on);
 }
 
 Tensor LanguageModel::forward(const Tensor& ids) {

@@ -43,12 +43,16 @@ class LanguageModel : public Module {
   virtual double train_flops_per_token(int64_t seq_len) const = 0;
   // Parameter names a checkpoint may hold that this model does not (buffers, tied heads).
   virtual bool ignorable_checkpoint_key(const std::string& name) const = 0;
+  // Selective activation recompute (parallel.recompute: selective): every block's attention
+  // keeps no probabilities between its forward and backward and rebuilds them in the backward.
+  virtual void set_selective_recompute(bool on) = 0;
 };
 
 class Gpt2Block : public Module {
  public:
   explicit Gpt2Block(const Gpt2Config& c);
   Tensor forward(const Tensor& x) const;
+  Gpt2Attention& attn() { return *attn_; }
 
  private:
   LayerNorm* ln_1_;
@@ -73,6 +77,7 @@ class Gpt2 : public LanguageModel {
   int64_t max_seq_len() const override { return config_.n_positions; }
   double train_flops_per_token(int64_t seq_len) const override;
   bool ignorable_checkpoint_key(const std::string& name) const override;
+  void set_selective_recompute(bool on) override;
   const Gpt2Config& config() const { return config_; }
 
  private:
@@ -88,6 +93,7 @@ class LlamaBlock : public Module {
  public:
   explicit LlamaBlock(const LlamaConfig& c);
   Tensor forward(const Tensor& x, const Rope& rope) const;
+  LlamaAttention& self_attn() { return *self_attn_; }
 
  private:
   RMSNorm* input_layernorm_;
@@ -111,6 +117,7 @@ class Llama : public LanguageModel {
   int64_t max_seq_len() const override { return config_.max_position_embeddings; }
   double train_flops_per_token(int64_t seq_len) const override;
   bool ignorable_checkpoint_key(const std::string& name) const override;
+  void set_selective_recompute(bool on) override;
   const LlamaConfig& config() const { return config_; }
 
  private:

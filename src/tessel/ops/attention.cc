@@ -1,6 +1,12 @@
 // Scaled dot-product attention, the plain (non-flash) form: per (batch, head, block of
 // queries) two gemms around a row softmax, with the probabilities P kept as a hidden output
-// for backward. q, k and v are read in place in any layout whose head dim is contiguous
+// for backward — or, with the attribute recompute_probs (selective activation recompute,
+// Korthikanti et al. 2022), not kept: the hidden output is then empty [B, H, T, 0], the
+// forward writes each block of P into a scratch of the task's, and the backward rebuilds the
+// block from q and k with the same kernels in the same order, so its gradients are the same
+// bits as the saving path's. Only the quadratic P is dropped; q, k, v and out are kept either
+// way (the projection after attention saves out), so P·V is not redone. There is no dropout
+// on P (GPT-2's attn_pdrop is not modelled), so nothing random needs replaying. q, k and v are read in place in any layout whose head dim is contiguous
 // (heads permuted out of a fused qkv projection cost no copy), and out, dq, dk, dv are
 // written laid out [B, T, H, D] in memory, so merging the heads afterwards is a view (dq, dk
 // and dv of a fused projection's heads share one buffer laid out like it instead). The
@@ -9,7 +15,7 @@
 // Grouped-query attention reads kv head h / (H / Hkv), and the backward accumulates dK and dV
 // over the query heads of a group in head order (its query blocks last to first).
 //
-// Shapes: q[B, H, T, D], k and v[B, Hkv, S, D], P[B, H, T, S], out[B, H, T, D]
+// Shapes: q[B, H, T, D], k and v[B, Hkv, S, D], P[B, H, T, S] (or [B, H, T, 0]), out[B, H, T, D]
 //   forward   P = softmax(q k^T · scale + causal mask),  out = P v
 //   backward  dV += P^T dO;  dP = dO V^T;  dS = P ⊙ (dP - rowsum(dP ⊙ P))
 //             dQ = dS K · scale;  dK += dS^T Q · scale
@@ -48,6 +54,9 @@ struct Dims {
 
 Dims dims_of(const Shape& q, const Shape& k) { return Dims{q[0], q[1], k[1], q[2], k[2], q[3]}; }
 
+// Whether P is rebuilt in the backward instead of kept (absent: kept).
+bool recompute_probs(const Attrs& attrs) { return attrs.b_or("recompute_probs", false); }
+
 double scale_of(const Attrs& attrs, int64_t D) {
   double s = attrs.f("scale");
   return s != 0.0 ? s : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(D, 1)));
@@ -77,7 +86,8 @@ std::vector<TensorMeta> sdpa_infer(const MetaCall& c) {
                "sdpa: query heads H={} (q {}) must be a multiple of kv heads Hkv={} (k {})", q[1], shape_str(q), k[1],
                shape_str(k));
   DType dt = c.inputs[0].dtype;
-  return {TensorMeta{q, dt, {}}, TensorMeta{{q[0], q[1], q[2], k[2]}, dt, {}}};
+  const int64_t p_cols = recompute_probs(c.attrs) ? 0 : k[2];
+  return {TensorMeta{q, dt, {}}, TensorMeta{{q[0], q[1], q[2], p_cols}, dt, {}}};
 }
 
 // p[0, S) = softmax(p[0, n)) in place, p[n, S) = 0 (all 0 when n = 0).
@@ -174,6 +184,19 @@ void transpose_rows(const T* k, int64_t ld, int64_t S, int64_t D, T* kt) {
         for (int64_t d = d0; d < std::min(D, d0 + kTile); ++d) kt[d * S + s] = k[s * ld + d];
 }
 
+// P[rows, S] of query rows [t0, t0 + rows) of head h (rows ld_s = S apart), from q and the
+// transposed keys kt[D, S] of its kv head: the forward's computation, which the backward
+// repeats when P was not kept. Masked and unseen keys get 0.
+template <typename T>
+void probs_block(const Dims& d, bool causal, T scale, const Heads<T>& q, const T* kt, int64_t b, int64_t h, int64_t t0,
+                 int64_t rows, T* pt) {
+  const int64_t ld_s = std::max<int64_t>(d.S, 1), n = visible_keys(d, causal, t0 + rows - 1);
+  // scores[rows, n] = q[rows, D] @ kt[D, n] · scale
+  if (n > 0) small_gemm<T>(rows, n, d.D, scale, q.at(b, h) + t0 * q.ld, q.ld, 1, kt, ld_s, T(0), pt, ld_s);
+  for (int64_t t = 0; t < rows; ++t) masked_softmax_row(pt + t * d.S, visible_keys(d, causal, t0 + t), d.S);
+}
+
+// P null: P is not kept, each block goes to a scratch of qb × S per task.
 template <typename T>
 void sdpa_forward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, const Heads<T>& k, const Heads<T>& v,
                     const Heads<T>& out, T* P) {
@@ -181,17 +204,15 @@ void sdpa_forward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, cons
   // One task per (batch, kv head): its group of query heads shares the transposed keys.
   parallel_for(0, d.B * d.Hkv, 1, [&](int64_t lo, int64_t hi) {
     std::vector<T> kt(static_cast<size_t>(d.D * d.S));
+    std::vector<T> scratch(P == nullptr ? static_cast<size_t>(qb * d.S) : 0);
     for (int64_t unit = lo; unit < hi; ++unit) {
       const int64_t b = unit / d.Hkv, kvh = unit % d.Hkv;
       transpose_rows(k.at(b, kvh), k.ld, d.S, d.D, kt.data());
       for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
-        T* pb = P + (b * d.H + h) * d.T * d.S;
         for (int64_t t0 = 0; t0 < d.T; t0 += qb) {
           const int64_t rows = std::min(qb, d.T - t0), n = visible_keys(d, causal, t0 + rows - 1);
-          T* pt = pb + t0 * d.S;
-          // scores[rows, n] = q[rows, D] @ kt[D, n] · scale
-          if (n > 0) small_gemm<T>(rows, n, d.D, scale, q.at(b, h) + t0 * q.ld, q.ld, 1, kt.data(), ld_s, T(0), pt, ld_s);
-          for (int64_t t = 0; t < rows; ++t) masked_softmax_row(pt + t * d.S, visible_keys(d, causal, t0 + t), d.S);
+          T* pt = P != nullptr ? P + (b * d.H + h) * d.T * d.S + t0 * d.S : scratch.data();
+          probs_block(d, causal, scale, q, kt.data(), b, h, t0, rows, pt);
           // out[rows, D] = P[rows, n] @ v[n, D]
           T* ot = out.at(b, h) + t0 * out.ld;
           if (n > 0) {
@@ -210,11 +231,12 @@ std::vector<Tensor> sdpa_forward(const OpCall& c) {
   bool causal = c.attrs.b("causal");
   double scale = scale_of(c.attrs, d.D);
   Tensor out = heads_major(d.B, d.H, d.T, d.D, c.outputs[0].dtype);
-  Tensor P = Tensor::empty(c.outputs[1]);
+  Tensor P = Tensor::empty(c.outputs[1]);  // [B, H, T, 0] when P is not kept
+  const bool keep_p = !recompute_probs(c.attrs);
   TESSEL_DISPATCH_FLOAT(c.inputs[0].dtype(), "sdpa", [&]<typename T>() {
     Tensor kq, kk, kv, ko;
     Heads<T> q = heads_of<T>(c.inputs[0], kq), k = heads_of<T>(c.inputs[1], kk), v = heads_of<T>(c.inputs[2], kv);
-    sdpa_forward_t<T>(d, causal, static_cast<T>(scale), q, k, v, heads_of<T>(out, ko), P.data<T>());
+    sdpa_forward_t<T>(d, causal, static_cast<T>(scale), q, k, v, heads_of<T>(out, ko), keep_p ? P.data<T>() : nullptr);
   });
   return {out, P};
 }
@@ -222,7 +244,8 @@ std::vector<Tensor> sdpa_forward(const OpCall& c) {
 // Query blocks run last to first: the last block sees every key, so the first head of a kv
 // group writes all of dK and dV there (beta 0) and the rest accumulate, with no zero-fill.
 // One task per (batch, kv head) runs the group's query heads in order, so dK and dV sum over
-// them the same way whatever the thread count.
+// them the same way whatever the thread count. P null: each block of P is rebuilt from q and
+// k (probs_block) just before its use.
 template <typename T>
 void sdpa_backward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, const Heads<T>& k, const Heads<T>& v,
                      const T* P, const Heads<T>& dO, const Heads<T>* dq, const Heads<T>* dk, const Heads<T>* dv) {
@@ -235,10 +258,12 @@ void sdpa_backward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, con
       for (int64_t s = seen; s < d.S; ++s) std::fill_n(g->at(b, kvh) + s * g->ld, d.D, T(0));
   };
   parallel_for(0, d.B * d.Hkv, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<T> ds(static_cast<size_t>(d.T * d.S)), vt(static_cast<size_t>(d.D * d.S));
+    std::vector<T> ds(static_cast<size_t>(qb * d.S)), vt(static_cast<size_t>(d.D * d.S));
+    std::vector<T> kt(P == nullptr ? static_cast<size_t>(d.D * d.S) : 0), scratch(P == nullptr ? ds.size() : 0);
     for (int64_t unit = lo; unit < hi; ++unit) {
       const int64_t b = unit / d.Hkv, kvh = unit % d.Hkv;
       if (dq != nullptr || dk != nullptr) transpose_rows(v.at(b, kvh), v.ld, d.S, d.D, vt.data());
+      if (P == nullptr) transpose_rows(k.at(b, kvh), k.ld, d.S, d.D, kt.data());
       zero_unseen(dk, b, kvh);
       zero_unseen(dv, b, kvh);
       for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
@@ -248,14 +273,15 @@ void sdpa_backward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, con
           const int64_t rows = std::min(qb, d.T - t0), n = visible_keys(d, causal, t0 + rows - 1);
           // The group's first product into dK and dV writes rows [0, seen) (n = seen here).
           const T kv_beta = first_of_group && blk == blocks - 1 ? T(0) : T(1);
-          const T* pt = P + (b * d.H + h) * d.T * d.S + t0 * d.S;
           const T* gt = dO.at(b, h) + t0 * dO.ld;
-          T* dst = ds.data() + t0 * d.S;
+          T* dst = ds.data();
           if (n == 0) {  // these queries see no key: P = 0, so dQ = 0 and nothing flows to K or V
             if (dq != nullptr)
               for (int64_t t = 0; t < rows; ++t) std::fill_n(dq->at(b, h) + (t0 + t) * dq->ld, d.D, T(0));
             continue;
           }
+          const T* pt = P != nullptr ? P + (b * d.H + h) * d.T * d.S + t0 * d.S : scratch.data();
+          if (P == nullptr) probs_block(d, causal, scale, q, kt.data(), b, h, t0, rows, scratch.data());
           // dV[n, D] += P^T[n, rows] @ dO[rows, D]
           if (dv != nullptr)
             small_gemm<T>(n, d.D, rows, T(1), pt, 1, ld_s, gt, dO.ld, kv_beta, dv->at(b, kvh), dv->ld);
@@ -327,7 +353,8 @@ std::vector<Tensor> sdpa_backward(const GradCall& c) {
     if (c.needs_grad[1]) dk = heads_major(d.B, d.Hkv, d.S, d.D, dt);
     if (c.needs_grad[2]) dv = heads_major(d.B, d.Hkv, d.S, d.D, dt);
   }
-  Tensor P = kernels::contig(c.outputs[1]);
+  const bool kept = !recompute_probs(c.attrs);
+  Tensor P = kept ? kernels::contig(c.outputs[1]) : Tensor();
   TESSEL_DISPATCH_FLOAT(dt, "sdpa", [&]<typename T>() {
     Tensor keep[7];
     Heads<T> q = heads_of<T>(c.inputs[0], keep[0]), k = heads_of<T>(c.inputs[1], keep[1]),
@@ -336,7 +363,7 @@ std::vector<Tensor> sdpa_backward(const GradCall& c) {
     if (dq.defined()) hq = heads_of<T>(dq, keep[4]);
     if (dk.defined()) hk = heads_of<T>(dk, keep[5]);
     if (dv.defined()) hv = heads_of<T>(dv, keep[6]);
-    sdpa_backward_t<T>(d, c.attrs.b("causal"), static_cast<T>(scale), q, k, v, P.data<T>(), dO,
+    sdpa_backward_t<T>(d, c.attrs.b("causal"), static_cast<T>(scale), q, k, v, kept ? P.data<T>() : nullptr, dO,
                        dq.defined() ? &hq : nullptr, dk.defined() ? &hk : nullptr, dv.defined() ? &hv : nullptr);
   });
   return {dq, dk, dv};
@@ -390,12 +417,16 @@ SpmdDecision sdpa_spmd(const SpmdCall& c) {
 
 }  // namespace
 
-// Hidden output 1: the probabilities P [B, H, T, S], saved with q, k and v.
+// Hidden output 1: the probabilities P [B, H, T, S], saved with q, k and v ([B, H, T, 0] with
+// recompute_probs).
 const OpDef op_sdpa{.name = "sdpa", .num_inputs = 3, .num_hidden = 1, .infer = sdpa_infer, .forward = sdpa_forward,
                     .backward = sdpa_backward, .cost = sdpa_cost, .spmd = sdpa_spmd, .save = {0b111, 0b10}};
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
-  return call_op1(op_sdpa, {q, k, v}, Attrs{{"causal", causal}, {"scale", scale}});
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                                    bool recompute_probs) {
+  Attrs attrs{{"causal", causal}, {"scale", scale}};
+  if (recompute_probs) attrs.set("recompute_probs", true);
+  return call_op1(op_sdpa, {q, k, v}, attrs);
 }
 
 }  // namespace tessel

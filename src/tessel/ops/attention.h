@@ -10,7 +10,9 @@ namespace tessel {
 // head h / (H / Hkv)). Causal hides key j from query i when j > i + (S - T); a query that
 // sees no key (causal with T > S) gets zeros. scale 0 means 1/sqrt(D). q, k, v may be strided
 // views (e.g. a permuted [B, T, H, D]).
+// recompute_probs: keep no [B, H, T, S] probabilities for the backward but rebuild them there
+// block by block (selective activation recompute); the gradients are the same bits.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
-                                    double scale = 0.0);
+                                    double scale = 0.0, bool recompute_probs = false);
 
 }  // namespace tessel

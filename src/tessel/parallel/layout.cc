@@ -30,7 +30,8 @@ void ParallelConfig::validate(int64_t num_blocks, int64_t global_batch) const {
     TESSEL_CHECK(v >= 1, "parallel.{} must be at least 1, got {}", key, v);
   TESSEL_CHECK(sharding_stage >= 0 && sharding_stage <= 3, "parallel.sharding_stage must be 0, 1, 2 or 3, got {}",
                sharding_stage);
-  TESSEL_CHECK(recompute == "none" || recompute == "full", "parallel.recompute must be none or full, got '{}'", recompute);
+  TESSEL_CHECK(recompute == "none" || recompute == "selective" || recompute == "full",
+               "parallel.recompute must be none, selective or full, got '{}'", recompute);
   TESSEL_CHECK(bucket_mb > 0 && bucket_mb <= 4096, "parallel.bucket_mb must be in (0, 4096], got {}", bucket_mb);
   TESSEL_CHECK(global_batch % micro_batches == 0,
                "train.global_batch {} is not a multiple of parallel.micro_batches {}", global_batch, micro_batches);

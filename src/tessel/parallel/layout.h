@@ -29,7 +29,7 @@ struct ParallelConfig {
   bool sp = false;             // sequence parallel (needs tp > 1 to matter)
   int64_t micro_batches = 1;
   std::string schedule = "1F1B";   // FThenB | 1F1B | VPP | ZBH1
-  std::string recompute = "none";  // none | full (per transformer block)
+  std::string recompute = "none";  // none | selective (attention probabilities) | full (per block)
   double bucket_mb = 4;            // gradient bytes per data-parallel collective (MiB)
   std::vector<int64_t> stage_layers;  // blocks per virtual stage (empty: as even as possible)
   // The mesh dims, outermost first: an order of every name in kMeshDims. World ranks are

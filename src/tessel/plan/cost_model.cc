@@ -82,7 +82,10 @@ struct Pass {
   DType dtype;
   double share;  // of a device's compute (thread ranks sharing cores)
   LayerCost cost;
-  double attention_fwd = 0, attention_bwd = 0;  // the attention core, for selective recompute
+  double attention_fwd = 0, attention_bwd = 0;  // the attention core
+  // What selective recompute redoes in the backward: the probabilities (QK^T, softmax, dropout
+  // on them), not P·V — the attention's output is kept for the projection after it.
+  double attention_recompute = 0;
 
   TensorMeta meta(std::vector<int64_t> shape) const { return TensorMeta{Shape(shape.begin(), shape.end()), dtype, {}}; }
 
@@ -97,8 +100,9 @@ struct Pass {
   // One op by name through the registry. `gemm_dim`: the size d of a GEMM (0 for
   // streaming ops). Backward: twice the forward for both (two GEMMs; streaming ops read the
   // gradient and a saved tensor and write a gradient).
-  void op(const char* name, std::vector<TensorMeta> in, const Attrs& attrs, double gemm_dim, bool has_weight,
-          bool attention_core = false, double kind_efficiency = 1) {
+  // Returns the forward time.
+  double op(const char* name, std::vector<TensorMeta> in, const Attrs& attrs, double gemm_dim, bool has_weight,
+            bool attention_core = false, double kind_efficiency = 1) {
     Cost k = op_cost(op_by_name(name), in, attrs);
     double t;
     if (gemm_dim > 0) {
@@ -123,6 +127,7 @@ struct Pass {
       attention_fwd += t;
       attention_bwd += bwd;
     }
+    return t;
   }
 };
 
@@ -156,18 +161,25 @@ void streaming(Pass& p, const char* name, std::vector<int64_t> shape, int inputs
 // The attention core of `b` sequences: q [b, hq, s, d], k/v [b, hkv, s, d]. Fused (one sdpa
 // kernel, scores never stored) when the calibration says so; otherwise as Megatron-LM 2021
 // runs it: batched QK^T, scale+mask+softmax, dropout, batched PV, the s x s scores in memory.
+// Selective recompute redoes the part before PV (tessel's sdpa with recompute_probs rebuilds P
+// in its backward: the QK^T product and the softmax, (2d + 5)/(4d + 5) of the kernel's count).
 void attention(Pass& p, const ModelSpec& m, int64_t b, int64_t hq, int64_t hkv, double dropout) {
   const int64_t s = m.seq, d = m.head_dim();
   if (p.c.calibration.fused_attention) {
     Attrs a{{"causal", true}, {"scale", 1.0 / std::sqrt(static_cast<double>(d))}};
-    p.op("sdpa", {p.meta({b, hq, s, d}), p.meta({b, hkv, s, d}), p.meta({b, hkv, s, d})}, a, static_cast<double>(s),
-         false, true, p.c.calibration.attention_efficiency);
+    const double t = p.op("sdpa", {p.meta({b, hq, s, d}), p.meta({b, hkv, s, d}), p.meta({b, hkv, s, d})}, a,
+                          static_cast<double>(s), false, true, p.c.calibration.attention_efficiency);
+    const double dd = static_cast<double>(d);
+    p.attention_recompute += t * (2 * dd + 5) / (4 * dd + 5);
     return;
   }
   Attrs mm{{"trans_a", false}, {"trans_b", true}};
-  p.op("matmul", {p.meta({b * hq, s, d}), p.meta({b * hq, s, d})}, mm, static_cast<double>(s), false, true);
-  p.op("softmax", {p.meta({b * hq, s, s})}, Attrs{{"dim", int64_t{-1}}}, 0, false, true);
-  if (dropout > 0) p.op("dropout", {p.meta({b * hq, s, s})}, dropout_attrs(dropout, {b * hq, s, s}), 0, false, true);
+  p.attention_recompute +=
+      p.op("matmul", {p.meta({b * hq, s, d}), p.meta({b * hq, s, d})}, mm, static_cast<double>(s), false, true);
+  p.attention_recompute += p.op("softmax", {p.meta({b * hq, s, s})}, Attrs{{"dim", int64_t{-1}}}, 0, false, true);
+  if (dropout > 0)
+    p.attention_recompute +=
+        p.op("dropout", {p.meta({b * hq, s, s})}, dropout_attrs(dropout, {b * hq, s, s}), 0, false, true);
   Attrs pv{{"trans_a", false}, {"trans_b", false}};
   p.op("matmul", {p.meta({b * hq, s, s}), p.meta({b * hq, s, d})}, pv, static_cast<double>(std::min(s, d * 4)),
        false, true);
@@ -245,7 +257,7 @@ LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) 
   LayerCost lc = p.cost;
   tp_comm(lc, c, s, static_cast<double>(tokens * h) * prec.activation);
   if (s.recompute == "full") lc.recompute = lc.fwd + lc.tp_fwd;
-  else if (s.recompute == "selective") lc.recompute = p.attention_fwd;
+  else if (s.recompute == "selective") lc.recompute = p.attention_recompute;
   return lc;
 }
 
@@ -327,7 +339,7 @@ double step_flops(const ModelSpec& m, int64_t global_batch, const std::string& r
   const double fwd = tokens * (2 * matmul * l + attention * l + 2 * static_cast<double>(m.vocab) * h);
   double total = 3 * fwd;
   if (recompute == "full") total += fwd - tokens * 2 * static_cast<double>(m.vocab) * h;
-  else if (recompute == "selective") total += tokens * attention * l;
+  else if (recompute == "selective") total += tokens * attention / 2 * l;  // QK^T again, not PV
   return total;
 }
 

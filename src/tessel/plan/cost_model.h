@@ -59,7 +59,8 @@ struct LayerCost {
   double bwd_weight = 0;   // backward, weight gradients
   double tp_fwd = 0;       // tensor-parallel collectives of the forward (exposed)
   double tp_bwd = 0;       // ... of the backward
-  double recompute = 0;    // forward work redone in the backward (selective or full), incl. its comm
+  double recompute = 0;    // forward work redone in the backward (full: the layer, incl. its comm;
+                           // selective: QK^T and softmax of the attention)
   double flops_fwd = 0;    // FLOPs of the forward on this device
   double tp_bytes = 0;     // bytes through tensor-parallel collectives per micro-batch, fwd + bwd
   int kernels = 0;         // forward kernels
@@ -89,8 +90,10 @@ double layer_working_bytes(const ModelSpec& m, const Precision& p, const LayerSh
 // Model FLOPs of one step, by Narayanan et al. 2021's count generalised to any MLP width and
 // grouped-query attention: per token 2 x (matmul parameters) + 4 x layers x seq x hidden
 // (attention scores and values) + 2 x vocab x hidden (logits), times 3 for forward and
-// backward; `recompute` adds the forward again (full) or the attention core (selective) —
-// with full recompute this is the paper's 96·B·s·l·h²(1 + s/6h + V/16lh) exactly.
+// backward; `recompute` adds the forward again (full) — then this is the paper's
+// 96·B·s·l·h²(1 + s/6h + V/16lh) exactly — or the attention's QK^T (selective: tessel's sdpa
+// rebuilds the probabilities but keeps its output, so P·V is not redone; Korthikanti et al.
+// count both).
 double step_flops(const ModelSpec& m, int64_t global_batch, const std::string& recompute);
 
 }  // namespace tessel::plan

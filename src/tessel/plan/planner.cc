@@ -294,7 +294,9 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
     p.params_per_rank[static_cast<size_t>(vs % l.pp)] += params;
   }
   p.act_per_layer = layer_activation_bytes(m, prec, shape);
-  p.working = l.recompute == "none" ? 0 : layer_working_bytes(m, prec, shape);
+  // Full recompute rebuilds a whole layer's activations for its backward; selective rebuilds P
+  // one block of queries at a time inside the attention's backward (no layer-sized working set).
+  p.working = l.recompute == "full" ? layer_working_bytes(m, prec, shape) : 0;
   // Logits and their gradient in f32 on the last stage, one micro-batch at a time.
   p.head_act = 2.0 * static_cast<double>(l.micro_batch * m.seq) * static_cast<double>(m.vocab) / l.tp * 4;
   return p;
@@ -496,16 +498,13 @@ std::vector<int> divisors(int n) {
 
 }  // namespace
 
-SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) {
+std::vector<Layout> candidate_layouts(const ModelSpec& m, const Cluster& c, const PlanOptions& o) {
   validate(m);
-  const auto t0 = std::chrono::steady_clock::now();
   const int n = c.devices();
   TESSEL_CHECK(o.global_batch > 0, "plan: the global batch must be positive");
-  SearchResult result;
-  CostCache cache;
-  std::vector<Estimate> feasible;
   std::vector<std::string> recomputes = {"none", "selective", "full"};
   if (!o.recompute.empty()) recomputes = o.recompute;
+  std::vector<Layout> out;
   for (int tp : divisors(std::min(n, c.devices_per_node))) {
     if (n % tp != 0 || m.heads % tp != 0 || m.kv_heads % tp != 0) continue;
     for (int pp : divisors(n / tp)) {
@@ -539,18 +538,30 @@ SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) 
                 l.pp = pp;
                 l.vpp = vpp;
                 l.micro_batch = mbs;
+                l.micro_batches = micro;
                 l.schedule = schedule;
                 l.recompute = rc;
                 l.sp = sp == 1;
                 l.sharding_stage = stage;
-                ++result.candidates;
-                Estimate e = evaluate_with(m, c, l, o.global_batch, false, &cache);
-                if (!e.fits) continue;
-                ++result.feasible;
-                feasible.push_back(std::move(e));
+                out.push_back(std::move(l));
               }
       }
     }
+  }
+  return out;
+}
+
+SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SearchResult result;
+  CostCache cache;
+  std::vector<Estimate> feasible;
+  for (const Layout& l : candidate_layouts(m, c, o)) {
+    ++result.candidates;
+    Estimate e = evaluate_with(m, c, l, o.global_batch, false, &cache);
+    if (!e.fits) continue;
+    ++result.feasible;
+    feasible.push_back(std::move(e));
   }
   std::sort(feasible.begin(), feasible.end(), faster);
   // Play the schedules of the best candidates, fastest closed-form first, until enough are

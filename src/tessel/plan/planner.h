@@ -86,6 +86,12 @@ struct SearchResult {
 };
 SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o);
 
+// Every layout search considers for `m` on `c` (before memory and speed rule any out): the
+// degrees that fit the device count, heads and layers, micro-batch sizes that divide the
+// global batch, o.schedules (vpp where the layers split evenly), o.recompute, sp with tp > 1,
+// ZeRO stages with dp > 1. So also every layout `tessel plan` can emit.
+std::vector<Layout> candidate_layouts(const ModelSpec& m, const Cluster& c, const PlanOptions& o);
+
 // The `parallel:` section of a training config for `l` (YAML text).
 std::string parallel_yaml(const Layout& l);
 
