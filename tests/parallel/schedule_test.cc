@@ -269,6 +269,16 @@ TEST(ScheduleTable, ZeroBubbleH1IdlesLessThanOneFOneB) {
   }
 }
 
+// A split backward holds each micro-batch's output gradients from its B until its W. Read off
+// the grid of ZB-H1 on 2 ranks and 4 micro-batches:
+//   rank 0 | F0 F1  .  B0 W0 F2 B1 W1 F3 B2 W2 B3 W3      at most 1 owed
+//   rank 1 |  . F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3      B0 and B1 before W0: 2
+// A schedule whose B does all the work owes none.
+TEST(Simulate, CountsTheWeightStepsASplitBackwardStillOwes) {
+  EXPECT_EQ(simulate(make_schedule("ZBH1", 2, 4), 1.0, 1.0, 1.0).peak_w_pending, (std::vector<int>{1, 2}));
+  EXPECT_EQ(simulate(make_schedule("1F1B", 2, 4), 1.0, 2.0, 0.0).peak_w_pending, (std::vector<int>{0, 0}));
+}
+
 TEST(Simulate, HandWorkedTimesWithPerStageCostsAndCommunication) {
   // 1F1B, p=2, m=1. Rank 0: F [0,1], SF at 1. Rank 1: RF at 1.5 (comm 0.5), F [1.5,3.5],
   // B [3.5,7.5] (b + w = 3 + 1), SB at 7.5. Rank 0: RB at 8, B [8,10] (b + w = 1.5 + 0.5).

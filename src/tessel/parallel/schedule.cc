@@ -509,11 +509,12 @@ SimResult simulate(const Schedule& s, const std::vector<double>& f, const std::v
   }
   out.busy.assign(s.stages, 0);
   out.peak_in_flight.assign(s.stages, 0);
+  out.peak_w_pending.assign(s.stages, 0);
   // Activations of a (micro-batch, chunk) are held from its F until the step that finishes
   // its backward: W when the backward is split, B otherwise.
   const ActionKind release = s.split_backward ? ActionKind::W : ActionKind::B;
   for (int r = 0; r < s.stages; ++r) {
-    int held = 0;
+    int held = 0, pending = 0;
     for (size_t i = 0; i < s.ranks[r].size(); ++i) {
       const Action& a = s.ranks[r][i];
       const auto [start, stop] = out.spans[r][i];
@@ -521,6 +522,8 @@ SimResult simulate(const Schedule& s, const std::vector<double>& f, const std::v
       if (is_compute(a.kind)) out.busy[r] += stop - start;
       if (a.kind == ActionKind::F) out.peak_in_flight[r] = std::max(out.peak_in_flight[r], ++held);
       if (a.kind == release) --held;
+      if (s.split_backward && a.kind == ActionKind::B) out.peak_w_pending[r] = std::max(out.peak_w_pending[r], ++pending);
+      if (s.split_backward && a.kind == ActionKind::W) --pending;
     }
   }
   for (double busy : out.busy) out.idle_share.push_back(out.makespan > 0 ? 1 - busy / out.makespan : 0.0);

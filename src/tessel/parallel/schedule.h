@@ -93,6 +93,8 @@ struct SimResult {
   std::vector<double> idle_share;       // per rank: 1 - busy/makespan (0 when makespan is 0)
   std::vector<int> peak_in_flight;      // per rank: most (microbatch, chunk) whose F is done
                                         // and whose B (W when split) is not: activations held
+  std::vector<int> peak_w_pending;      // per rank, split backward: most (microbatch, chunk) whose
+                                        // B is done and whose W is not: output gradients held
   std::vector<std::vector<std::pair<double, double>>> spans;  // per rank, per action in
                                         // order: (start, end); SEND/RECV zero-length
 };

@@ -170,6 +170,9 @@ struct Prepared {
   std::vector<double> largest_grad;      // ... and the largest gradient alive whole at once
   std::vector<int64_t> layers_per_vstage;
   double act_per_layer = 0, working = 0, head_act = 0;
+  // Split backward (ZB-H1): what one layer's W still reads after its B, per micro-batch — the
+  // gradients of its matmuls' outputs (their inputs are counted in act_per_layer).
+  double w_pending_per_layer = 0;
 };
 
 void check_layout(const ModelSpec& m, const Cluster& c, Layout& l, int64_t global_batch) {
@@ -294,6 +297,13 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
     p.params_per_rank[static_cast<size_t>(vs % l.pp)] += params;
   }
   p.act_per_layer = layer_activation_bytes(m, prec, shape);
+  {
+    const double tokens = static_cast<double>(l.micro_batch * m.seq), h = static_cast<double>(m.hidden);
+    const double kv = static_cast<double>(m.kv_heads * m.head_dim()), f = static_cast<double>(m.ffn);
+    // Column-parallel outputs are 1/tp wide; row-parallel ones are whole partial sums.
+    const double column = m.arch == "llama" ? h + 2 * kv + 2 * f : 3 * h + f;
+    p.w_pending_per_layer = tokens * (column / l.tp + 2 * h) * prec.activation;
+  }
   // Full recompute rebuilds a whole layer's activations for its backward; selective rebuilds P
   // one block of queries at a time inside the attention's backward (no layer-sized working set).
   p.working = l.recompute == "full" ? layer_working_bytes(m, prec, shape) : 0;
@@ -321,6 +331,7 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
     tp_time[vs % static_cast<size_t>(ranks)] += mb * p.tp_per_vstage[vs];
   }
   std::vector<int> flight(static_cast<size_t>(ranks));
+  std::vector<int> w_pending(static_cast<size_t>(ranks), l.schedule == "ZBH1" ? 1 : 0);
   double makespan;
   if (simulate || l.pp == 1) {
     const std::string kind = l.pp == 1 ? "1F1B" : l.schedule;
@@ -335,7 +346,10 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
         busy[k] = r.busy[k];
       }
     }
-    for (int i = 0; i < ranks; ++i) flight[static_cast<size_t>(i)] = r.peak_in_flight[static_cast<size_t>(i)];
+    for (int i = 0; i < ranks; ++i) {
+      flight[static_cast<size_t>(i)] = r.peak_in_flight[static_cast<size_t>(i)];
+      w_pending[static_cast<size_t>(i)] = r.peak_w_pending[static_cast<size_t>(i)];
+    }
     e.simulated = true;
   } else {
     // Closed form: the busiest rank's work plus the ramp of the schedule — (p-1) stage times
@@ -412,7 +426,8 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
     double layers_per_chunk = 0;
     for (int ch = 0; ch < l.vpp; ++ch)
       layers_per_chunk = std::max(layers_per_chunk, static_cast<double>(p.layers_per_vstage[static_cast<size_t>(ch * l.pp + r)]));
-    mem.activations = flight[static_cast<size_t>(r)] * layers_per_chunk * p.act_per_layer + p.working;
+    mem.activations = flight[static_cast<size_t>(r)] * layers_per_chunk * p.act_per_layer + p.working +
+                      w_pending[static_cast<size_t>(r)] * layers_per_chunk * p.w_pending_per_layer;
     if (r == ranks - 1) mem.activations += p.head_act;
     mem.other = c.calibration.reserved_bytes + c.calibration.fragmentation * c.device.memory_bytes;
     if (mem.total() > e.memory.total()) e.memory = mem;
