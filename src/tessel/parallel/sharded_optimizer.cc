@@ -43,6 +43,12 @@ struct ShardedOptimizer::Slot {
   Tensor box(const Tensor& piece, int64_t r) const {
     return split ? view::slice(piece, dim, offset(r), offset(r) + sizes[static_cast<size_t>(r)]) : piece;
   }
+  // The shape of dp rank r's shard of the parameter's local piece.
+  Shape shard_shape(int64_t r) const {
+    Shape shape = local_piece(p->value).shape();
+    if (split) shape[static_cast<size_t>(dim)] = sizes[static_cast<size_t>(r)];
+    return shape;
+  }
 };
 
 struct ShardedOptimizer::Bucket {
@@ -103,9 +109,7 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
       s.shard[dp_dim] = Shard(d);
     }
     auto zeros = [&] {
-      Shape local = local_piece(p->value).shape();
-      if (s.split) local[static_cast<size_t>(s.dim)] = s.sizes[static_cast<size_t>(layout_.coord("dp"))];
-      return dtensor_from_local(Tensor::zeros(local, DType::f32), mesh, s.shard, p->shape);
+      return dtensor_from_local(Tensor::zeros(s.shard_shape(layout_.coord("dp")), DType::f32), mesh, s.shard, p->shape);
     };
     s.m = zeros();
     if (options_.kind == "adamw") s.v = zeros();
@@ -239,8 +243,7 @@ void ShardedOptimizer::finish_oldest() {
   const bool stage0 = layout_.config().sharding_stage == 0;
   for (size_t k = 0; k < b.slots.size(); ++k) {
     Slot& s = slots_[b.slots[k]];
-    Shape shape = local_piece(s.p->value).shape();
-    if (s.split) shape[static_cast<size_t>(s.dim)] = s.sizes[me];
+    const Shape shape = s.shard_shape(static_cast<int64_t>(me));
     Tensor piece = stage0 ? unpack(b.flat, b.at[k][0], shape) : unpack(b.mine, b.at[k][me], shape);
     if (s.grad.defined()) {
       add_(local_piece(s.grad), piece);  // stage 2: this micro-batch's shard onto the earlier ones'
@@ -280,10 +283,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
     Tensor g = s.p->value.grad();
     s.p->value.set_grad(Tensor());
     if (!g.defined()) {
-      Placements pl = s.shard;
-      Shape local = local_piece(s.p->value).shape();
-      if (s.split) local[static_cast<size_t>(s.dim)] = s.sizes[static_cast<size_t>(me)];
-      s.grad = dtensor_from_local(Tensor::zeros(local, DType::f32), mesh, pl, s.p->shape);
+      s.grad = dtensor_from_local(Tensor::zeros(s.shard_shape(me), DType::f32), mesh, s.shard, s.p->shape);
       continue;
     }
     g = as_reduced(g, s.stored, dp_dim, tp_dim, over_dp, mesh, s.tp_partial);
