@@ -129,23 +129,19 @@ struct Engine::State {
   bool lead() const { return world->rank() == 0; }
   int pp_rank() const { return static_cast<int>(layout->coord("pp")); }
 
-  // Model chunk `chunk` of micro-batch `m` of `batches` (training step `step`).
-  std::vector<Tensor> chunk_forward(const std::vector<MicroBatch>& batches, int64_t step, int chunk, int m,
-                                    const std::vector<Tensor>& inputs) {
-    const TrainSection& t = cfg.train;
+  // Model chunk `chunk` on token ids `ids` (its first virtual stage) or on the hidden states
+  // `x` (the others): the hidden states it passes on, or the logits on the last virtual stage.
+  // Each unit runs through ZeRO-3's gathers when there are any; `ds` is restored before a
+  // block's rerun under full recompute.
+  Tensor run_chunk(int chunk, const Tensor& ids, Tensor x, const nn::DropoutState& ds) {
     const int vs = schedule.virtual_stage(pp_rank(), chunk);
-    const nn::DropoutState ds{.seed = t.seed, .step = static_cast<uint64_t>(step), .global_rows = t.global_batch,
-                              .row_offset = batches[static_cast<size_t>(m)].first_row};
-    nn::dropout_state() = ds;
     // Unit `u` of this chunk applied to `h` (by value: recompute runs it again in the backward).
     auto in_unit = [g = gather.get(), chunk](size_t u, std::function<Tensor(const Tensor&)> fn) {
       return [g, chunk, u, fn](const Tensor& h) { return g ? g->run(chunk, u, h, fn) : fn(h); };
     };
     nn::LanguageModel* lm = model.get();
     size_t unit = 0;  // the next unit of this chunk
-    const MicroBatch& batch = batches[static_cast<size_t>(m)];
-    Tensor x = vs == 0 ? in_unit(unit++, [&](const Tensor&) { return lm->embed(batch.inputs); })(Tensor())
-                       : inputs.at(0);
+    if (vs == 0) x = in_unit(unit++, [lm, &ids](const Tensor&) { return lm->embed(ids); })(Tensor());
     for (int64_t b = blocks[static_cast<size_t>(vs)].first; b < blocks[static_cast<size_t>(vs)].second; ++b, ++unit) {
       auto block = in_unit(unit, [lm, b](const Tensor& h) { return lm->block(b, h); });
       if (cfg.parallel.recompute == "full" && grad_enabled())
@@ -153,8 +149,22 @@ struct Engine::State {
       else
         x = block(x);
     }
-    if (vs == V - 1) return {cross_entropy(in_unit(unit, [lm](const Tensor& h) { return lm->head(h); })(x), batch.targets)};
-    return {x};
+    if (vs == V - 1) x = in_unit(unit, [lm](const Tensor& h) { return lm->head(h); })(x);
+    return x;
+  }
+
+  // Model chunk `chunk` of micro-batch `m` of `batches` (training step `step`): the payload for
+  // the next stage, or {the loss} on the last virtual stage.
+  std::vector<Tensor> chunk_forward(const std::vector<MicroBatch>& batches, int64_t step, int chunk, int m,
+                                    const std::vector<Tensor>& inputs) {
+    const TrainSection& t = cfg.train;
+    const MicroBatch& batch = batches[static_cast<size_t>(m)];
+    const nn::DropoutState ds{.seed = t.seed, .step = static_cast<uint64_t>(step), .global_rows = t.global_batch,
+                              .row_offset = batch.first_row};
+    nn::dropout_state() = ds;
+    Tensor y = run_chunk(chunk, batch.inputs, inputs.empty() ? Tensor() : inputs[0], ds);
+    if (schedule.virtual_stage(pp_rank(), chunk) == V - 1) return {cross_entropy(y, batch.targets)};
+    return {y};
   }
 
   // The loss lives on the last stage's ranks: the first of them tells everyone.
@@ -286,14 +296,7 @@ Tensor Engine::predict(const Tensor& ids) {
   const Layout& layout = *s.layout;
   // The batch over dp, as training reads it; the logits come back whole.
   const Tensor x = shard_tensor(ids, layout.stage_mesh(), layout.ids_placements());
-  auto in_unit = [&](size_t u, const Tensor& h, const std::function<Tensor(const Tensor&)>& fn) {
-    return s.gather ? s.gather->run(0, u, h, fn) : fn(h);
-  };
-  size_t unit = 0;
-  Tensor h = in_unit(unit++, Tensor(), [&](const Tensor&) { return s.model->embed(x); });
-  for (int64_t b = 0; b < s.model->num_blocks(); ++b, ++unit)
-    h = in_unit(unit, h, [&](const Tensor& in) { return s.model->block(b, in); });
-  Tensor logits = in_unit(unit, h, [&](const Tensor& in) { return s.model->head(in); });
+  const Tensor logits = s.run_chunk(0, x, Tensor(), nn::dropout_state());  // one stage: the whole model
   if (s.gather) s.gather->finish_step();
   return full_tensor(logits);
 }
