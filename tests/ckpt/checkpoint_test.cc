@@ -2,6 +2,7 @@
 // tessel file round-trips, and mismatches are named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/ckpt/safetensors.h"
 #include "tessel/core/view.h"
+#include "tessel/ops/inplace.h"
 
 namespace tessel {
 namespace {
@@ -111,15 +113,40 @@ TEST(LoadModel, RejectsIntegerWeights) {
   fs::remove(path);
 }
 
-TEST(ResolveCheckpoint, PicksTheNewestStepByNumber) {
+TEST(ResolveCheckpoint, PicksTheNewestCompleteStepByNumber) {
   fs::path dir = temp("resolve");
   fs::remove_all(dir);
-  for (const char* step : {"step-000002", "step-999999", "step-1000000", "step-1000000x", "step-"}) {
-    fs::create_directories(dir / step);
-    std::ofstream(dir / step / "trainer.json") << "{}";
+  nn::Gpt2 m(tiny());
+  m.materialize(1);
+  for (int64_t step : {2, 999999, 1000000}) save_checkpoint(dir.string(), m, nullptr, TrainerState{.step = step});
+  for (const char* bogus : {"step-1000000x", "step-"}) {  // not step folders at all
+    fs::create_directories(dir / bogus);
+    std::ofstream(dir / bogus / "trainer.json") << "{\"step\": 5}";
   }
-  fs::create_directories(dir / "step-2000000");  // no trainer.json: not a checkpoint
+  fs::create_directories(dir / "step-2000000");  // a folder with nothing in it: incomplete
+  fs::create_directories(dir / ".step-2000001.tmp");  // what a killed save leaves
   EXPECT_EQ(fs::path(resolve_checkpoint(dir.string())).filename(), "step-1000000");
+  EXPECT_FALSE(fs::exists(dir / ".step-2000001.tmp")) << "the killed save's folder is cleaned up";
+  EXPECT_NE(checkpoint_incomplete((dir / "step-2000000").string()), "");
+  EXPECT_EQ(checkpoint_incomplete((dir / "step-1000000").string()), "");
+  // A truncated file makes a step incomplete: resume falls back to the one before.
+  fs::resize_file(dir / "step-1000000" / "model.safetensors", 100);
+  EXPECT_NE(checkpoint_incomplete((dir / "step-1000000").string()).find("model.safetensors"), std::string::npos);
+  EXPECT_EQ(fs::path(resolve_checkpoint(dir.string())).filename(), "step-999999");
+  fs::remove_all(dir);
+}
+
+// keep_last: only the newest N step folders stay.
+TEST(SaveCheckpoint, KeepsTheLastN) {
+  fs::path dir = temp("keep");
+  fs::remove_all(dir);
+  nn::Gpt2 m(tiny());
+  m.materialize(1);
+  for (int64_t step = 1; step <= 4; ++step) save_checkpoint(dir.string(), m, nullptr, TrainerState{.step = step}, 2);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"step-000003", "step-000004"}));
   fs::remove_all(dir);
 }
 
@@ -131,6 +158,7 @@ TEST(LoadCheckpoint, RefusesInconsistentState) {
   nn::Gpt2 m(tiny());
   m.materialize(1);
   const std::string step1 = save_checkpoint(dir.string(), m, nullptr, TrainerState{.step = 1, .seed = 7});
+  copy_(m.parameters()[0]->value, Tensor::full(m.parameters()[0]->value.shape(), 0.25));
   const std::string step3 = save_checkpoint(dir.string(), m, nullptr, TrainerState{.step = 3, .seed = 7});
   const fs::path trainer = fs::path(step3) / "trainer.json";
   std::stringstream good;
@@ -147,20 +175,31 @@ TEST(LoadCheckpoint, RefusesInconsistentState) {
     return msg;
   };
   EXPECT_EQ(error_of(good.str()), "<no error>");
+  // Any change to trainer.json after the save is caught by the manifest.
   std::string with_step = good.str();
+  with_step.replace(with_step.find("\"step\":3"), 8, "\"step\":4");
+  std::string msg = error_of(with_step);
+  EXPECT_NE(msg.find("trainer.json does not match its checksum"), std::string::npos) << msg;
+  // Without a manifest (a checkpoint from before them) the fields themselves are checked.
+  const fs::path manifest = fs::path(step3) / "manifest.json";
+  const fs::path aside = fs::path(step3) / "manifest.aside";
+  fs::rename(manifest, aside);
+  with_step = good.str();
   with_step.replace(with_step.find("\"step\":3"), 8, "\"step\":-2");
   EXPECT_NE(error_of(with_step).find("negative"), std::string::npos) << error_of(with_step);
-  std::string msg = error_of("{\"step\":3,\"seed\":7,\"arch\":\"gpt2\",\"settings\":5}");
+  msg = error_of("{\"step\":3,\"seed\":7,\"arch\":\"gpt2\",\"settings\":5}");
   EXPECT_NE(msg.find("settings"), std::string::npos) << msg;
   EXPECT_NE(msg.find(trainer.string()), std::string::npos) << msg;
   msg = error_of("{\"step\":3,\"arch\":\"gpt2\"}");
   EXPECT_NE(msg.find("seed"), std::string::npos) << msg;
   EXPECT_NE(msg.find(trainer.string()), std::string::npos) << msg;
-  // step 1's weights in step 3's folder
+  fs::rename(aside, manifest);
+  // step 1's weights in step 3's folder: the pieces' checksums do not match.
   fs::copy_file(fs::path(step1) / "model.safetensors", fs::path(step3) / "model.safetensors",
                 fs::copy_options::overwrite_existing);
   msg = error_of(good.str());
-  EXPECT_NE(msg.find("saved at step 1 but trainer.json says 3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("checksum"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(m.parameters()[0]->name), std::string::npos) << msg;
   fs::remove_all(dir);
 }
 

@@ -20,15 +20,14 @@ expect_refusal() {
 }
 
 expect_refusal "needs 1 rank; give the layout (e.g. --set parallel.dp=2) or let --plan auto choose" --nproc 2
-expect_refusal "--trace runs even one rank on the parallel trainer, which cannot --save" --trace "$tmp/t.json" --save "$tmp/ck"
 expect_refusal "error: --nproc: must be a positive whole number, got '0'" --nproc 0
 expect_refusal "config parallel.tp must be at least 1, got 0" --set parallel.tp=0
-expect_refusal "--save/--resume are not supported with parallel layouts yet" --set parallel.dp=2 --save "$tmp/ck"
+expect_refusal "checkpoint path '$tmp/none' does not exist" --set parallel.dp=2 --resume "$tmp/none"
 expect_refusal "checkpoint folder '$config/ck' cannot be created" --save "$config/ck"
 expect_refusal "config model.init_from names '$tmp/none.safetensors', which cannot be read (no such file)" \
   --set parallel.dp=2 --set model.init_from="$tmp/none.safetensors"
 expect_refusal "config data.path names '$tmp', which cannot be read (not a readable file)" --set data.path="$tmp"
-expect_refusal "no checkpoint (step-NNNNNN folder with trainer.json) under '$tmp'" --resume "$tmp"
+expect_refusal "no complete checkpoint (step-NNNNNN folder) under '$tmp'" --resume "$tmp"
 [ ! -e "$tmp/ck" ] || { echo "a refused run created its checkpoint folder"; exit 1; }
 
 # The README's main command (./run.sh demo) parses and steps: its layout flags, taken from

@@ -6,9 +6,11 @@
 #include <charconv>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "tessel/ckpt/safetensors.h"
+#include "tessel/ckpt/sharded.h"
 #include "tessel/core/view.h"
 #include "tessel/dist/dtensor.h"
 #include "tessel/ops/inplace.h"
@@ -27,20 +29,6 @@ namespace {
 Tensor reshaped(const Tensor& t, const Shape& to) {
   if (t.shape() == to) return t;
   return is_dist(t) ? reshape(t, to) : view::reshape(t, to);
-}
-
-// Optimizer states are named "<parameter>.<slot>": those of parameters with a file shape are
-// converted between it and the parameter's shape (`to_file`: towards the file).
-std::map<std::string, Tensor> optimizer_file_layout(nn::Module& model, std::map<std::string, Tensor> state,
-                                                    bool to_file) {
-  for (nn::Parameter* p : model.parameters()) {
-    if (p->file_shape.empty()) continue;
-    const std::string prefix = p->name + ".";
-    for (auto it = state.lower_bound(prefix); it != state.end() && it->first.rfind(prefix, 0) == 0; ++it)
-      if (it->first.find('.', prefix.size()) == std::string::npos && it->second.numel() == shape_numel(p->shape))
-        it->second = reshaped(it->second, to_file ? p->file_shape : p->shape);
-  }
-  return state;
 }
 
 }  // namespace
@@ -102,75 +90,23 @@ void check_checkpoint_dir(const std::string& dir) {
   TESSEL_CHECK_AS(CheckpointError, ok, "checkpoint folder '{}' is not writable", dir);
 }
 
-std::string save_checkpoint(const std::string& dir, nn::LanguageModel& model, const optim::Optimizer* optimizer,
-                            const TrainerState& state) {
-  fs::path final_dir = fs::path(dir) / fmt::format("step-{:06d}", state.step);
-  fs::path tmp = fs::path(dir) / fmt::format(".step-{:06d}.tmp{}", state.step, ::getpid());
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  TESSEL_CHECK_AS(CheckpointError, !ec, "checkpoint: cannot create '{}': {}", tmp.string(), ec.message());
-  save_model((tmp / "model.safetensors").string(), model, {{"step", std::to_string(state.step)}});
-  if (optimizer != nullptr)
-    save_safetensors((tmp / "optimizer.safetensors").string(),
-                     optimizer_file_layout(model, optimizer->state_dict(), /*to_file=*/true));
+Json trainer_json(const nn::LanguageModel& model, const TrainerState& state) {
   Json meta = Json::Object{};
   meta["step"] = state.step;
   meta["seed"] = static_cast<int64_t>(state.seed);
   meta["arch"] = model.arch();
   meta["config"] = state.config;
   if (state.settings.is_object()) meta["settings"] = state.settings;
-  {
-    std::ofstream out(tmp / "trainer.json");
-    out << meta.dump() << "\n";
-    TESSEL_CHECK_AS(CheckpointError, out.good(), "checkpoint: writing '{}' failed", (tmp / "trainer.json").string());
-  }
-  fs::remove_all(final_dir, ec);
-  fs::rename(tmp, final_dir, ec);
-  TESSEL_CHECK_AS(CheckpointError, !ec, "checkpoint: cannot move '{}' to '{}': {}", tmp.string(), final_dir.string(),
-                  ec.message());
-  return final_dir.string();
+  if (state.layout.is_object()) meta["layout"] = state.layout;
+  return meta;
 }
 
-namespace {
-
-// N of a folder named step-N (digits only), or -1.
-int64_t step_of_folder(const std::string& name) {
-  if (name.rfind("step-", 0) != 0 || name.size() == 5) return -1;
-  int64_t step = 0;
-  auto [end, ec] = std::from_chars(name.data() + 5, name.data() + name.size(), step);
-  return ec == std::errc() && end == name.data() + name.size() ? step : -1;
-}
-
-}  // namespace
-
-std::string resolve_checkpoint(const std::string& path) {
-  fs::path p(path);
-  TESSEL_CHECK_AS(CheckpointError, fs::exists(p), "checkpoint path '{}' does not exist", path);
-  if (fs::exists(p / "trainer.json")) return p.string();
-  std::string best;
-  int64_t best_step = -1;  // by number: step-1000000 is newer than step-999999
-  for (const auto& entry : fs::directory_iterator(p)) {
-    const int64_t step = step_of_folder(entry.path().filename().string());
-    if (entry.is_directory() && step > best_step && fs::exists(entry.path() / "trainer.json")) {
-      best = entry.path().string();
-      best_step = step;
-    }
-  }
-  TESSEL_CHECK_AS(CheckpointError, !best.empty(), "no checkpoint (step-NNNNNN folder with trainer.json) under '{}'", path);
-  return best;
-}
-
-TrainerState load_checkpoint(const std::string& path, nn::LanguageModel& model, optim::Optimizer* optimizer) {
-  fs::path dir = resolve_checkpoint(path);
-  std::ifstream in(dir / "trainer.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string trainer_json = (dir / "trainer.json").string();
+TrainerState parse_trainer_json(const CheckpointReader& reader, const nn::LanguageModel& model) {
+  const std::string file = (fs::path(reader.dir()) / "trainer.json").string();
+  const Json& meta = reader.trainer();
   TrainerState state;
   std::string arch;
   try {
-    Json meta = Json::parse(text.str());
     state.step = meta.at("step").as_int();
     state.seed = static_cast<uint64_t>(meta.at("seed").as_int());
     if (const Json* c = meta.find("config")) state.config = *c;
@@ -178,35 +114,97 @@ TrainerState load_checkpoint(const std::string& path, nn::LanguageModel& model, 
       TESSEL_CHECK(s->is_object(), "\"settings\" is not an object");
       state.settings = *s;
     }
+    if (const Json* l = meta.find("layout")) state.layout = *l;
     arch = meta.at("arch").as_string();
   } catch (const CheckpointError&) {
     throw;
   } catch (const Error& e) {
-    throw CheckpointError(fmt::format("checkpoint '{}': bad trainer.json: {}", trainer_json, e.what()));
+    throw CheckpointError(fmt::format("checkpoint '{}': bad trainer.json: {}", file, e.what()));
   }
-  TESSEL_CHECK_AS(CheckpointError, state.step >= 0, "checkpoint '{}': step {} is negative", trainer_json, state.step);
+  TESSEL_CHECK_AS(CheckpointError, state.step >= 0, "checkpoint '{}': step {} is negative", file, state.step);
   TESSEL_CHECK_AS(CheckpointError, arch == model.arch(), "checkpoint '{}' holds a {} model but the config builds {}",
-                  dir.string(), arch, model.arch());
-  const std::string model_file = (dir / "model.safetensors").string();
-  const std::map<std::string, std::string> model_meta = SafetensorsFile::open(model_file).metadata();
-  if (auto it = model_meta.find("step"); it != model_meta.end())
-    TESSEL_CHECK_AS(CheckpointError, it->second == std::to_string(state.step),
-                    "checkpoint '{}': model.safetensors was saved at step {} but trainer.json says {}", dir.string(),
-                    it->second, state.step);
-  load_model(model_file, model);
+                  reader.dir(), arch, model.arch());
+  state.dir = reader.dir();
+  return state;
+}
+
+std::vector<CheckpointTensor> model_checkpoint_tensors(nn::Module& model, const std::vector<nn::Parameter*>& params) {
+  std::vector<CheckpointTensor> out;
+  for (nn::Parameter* p : params)
+    if (p->value.defined()) out.push_back({p->name, p->value, p->stored_shape()});
+  return out;
+}
+
+std::vector<CheckpointTensor> optimizer_checkpoint_tensors(nn::Module& model, const std::map<std::string, Tensor>& state) {
+  std::map<std::string, Shape> file_shapes;  // "<parameter>.<slot>" of parameters with a file shape
+  for (nn::Parameter* p : model.parameters())
+    if (!p->file_shape.empty()) file_shapes[p->name] = p->file_shape;
+  std::vector<CheckpointTensor> out;
+  for (const auto& [name, t] : state) {
+    const size_t dot = name.rfind('.');
+    auto it = dot == std::string::npos ? file_shapes.end() : file_shapes.find(name.substr(0, dot));
+    out.push_back({name, t, it != file_shapes.end() && shape_numel(it->second) == t.numel() ? it->second : Shape{}});
+  }
+  return out;
+}
+
+void check_model_tensors(const CheckpointReader& reader, nn::LanguageModel& model) {
+  std::set<std::string> params;
+  for (nn::Parameter* p : model.parameters()) {
+    params.insert(p->name);
+    TESSEL_CHECK_AS(CheckpointError, reader.contains(p->name), "checkpoint '{}' has no tensor for parameter '{}'",
+                    reader.dir(), p->name);
+  }
+  for (const std::string& name : reader.names())
+    TESSEL_CHECK_AS(CheckpointError, reader.group(name) != "model" || params.count(name) || model.ignorable_checkpoint_key(name),
+                    "checkpoint '{}' holds \"{}\", which is not a parameter of this {} model", reader.dir(), name,
+                    model.arch());
+}
+
+std::string save_checkpoint(const std::string& dir, nn::LanguageModel& model, const optim::Optimizer* optimizer,
+                            const TrainerState& state, int keep_last) {
+  CheckpointContent content;
+  content.step = state.step;
+  content.groups["model"] = model_checkpoint_tensors(model, model.parameters());
+  if (optimizer != nullptr) content.groups["optimizer"] = optimizer_checkpoint_tensors(model, optimizer->state_dict());
+  content.trainer = trainer_json(model, state);
+  return save_sharded_checkpoint(dir, content, nullptr, {.keep_last = keep_last});
+}
+
+std::string resolve_checkpoint(const std::string& path) { return choose_checkpoint(path, nullptr, /*verify=*/false); }
+
+TrainerState load_checkpoint(const std::string& path, nn::LanguageModel& model, optim::Optimizer* optimizer) {
+  CheckpointReader reader(choose_checkpoint(path, nullptr));
+  TrainerState state = parse_trainer_json(reader, model);
+  check_model_tensors(reader, model);
+  std::vector<CheckpointTensor> targets = model_checkpoint_tensors(model, model.parameters());
   if (optimizer != nullptr) {
-    fs::path opt = dir / "optimizer.safetensors";
-    TESSEL_CHECK_AS(CheckpointError, fs::exists(opt), "checkpoint '{}' has no optimizer.safetensors", dir.string());
-    std::map<std::string, Tensor> st =
-        optimizer_file_layout(model, SafetensorsFile::open(opt.string()).load_all(), /*to_file=*/false);
+    // The optimizer's slots may not exist yet: read each state tensor into a new one.
+    std::map<std::string, Tensor> st;
+    std::map<std::string, nn::Parameter*> by_name;
+    for (nn::Parameter* p : model.parameters()) by_name[p->name] = p;
+    for (const std::string& name : reader.names()) {
+      if (reader.group(name) != "optimizer") continue;
+      const size_t dot = name.rfind('.');
+      auto it = dot == std::string::npos ? by_name.end() : by_name.find(name.substr(0, dot));
+      const bool of_param = it != by_name.end() && shape_numel(it->second->shape) == shape_numel(reader.shape(name));
+      const Shape shape = of_param ? it->second->shape : reader.shape(name);
+      const DType dtype = reader.dtype(name) == "I64" ? DType::i64 : DType::f32;
+      st[name] = Tensor::empty(shape, dtype);
+      targets.push_back({name, st[name], of_param ? it->second->stored_shape() : Shape{}});
+    }
+    TESSEL_CHECK_AS(CheckpointError, !st.empty(), "checkpoint '{}' has no optimizer state", reader.dir());
+    reader.read(targets);
     try {
       optimizer->load_state_dict(st);
     } catch (const Error& e) {
-      throw CheckpointError(fmt::format("checkpoint '{}': {}", opt.string(), e.what()));
+      throw CheckpointError(fmt::format("checkpoint '{}': optimizer state: {}", reader.dir(), e.what()));
     }
     TESSEL_CHECK_AS(CheckpointError, optimizer->steps() == state.step,
-                    "checkpoint '{}': optimizer is at step {} but trainer.json says {}", dir.string(), optimizer->steps(),
-                    state.step);
+                    "checkpoint '{}': optimizer is at step {} but trainer.json says {}", reader.dir(),
+                    optimizer->steps(), state.step);
+  } else {
+    reader.read(targets);
   }
   return state;
 }

@@ -1,12 +1,13 @@
-// Training checkpoints: DIR/step-NNNNNN/ holding model.safetensors (Hugging Face parameter
-// names, so the weights load in transformers as they are), optimizer.safetensors (named
-// optimizer state) and trainer.json (step, seed, data position and the run's config). A
-// checkpoint is written to a temporary folder and renamed into place, so a crash never leaves
-// a half-written step behind.
+// Training checkpoints: DIR/step-NNNNNN/ holding model*.safetensors (Hugging Face parameter
+// names, so the weights load in transformers as they are), optimizer*.safetensors (named
+// optimizer state), trainer.json (step, seed and the run's config: the data position and the
+// random streams follow from them) and the distributed-checkpoint index and manifest of
+// sharded.h, which also say how a checkpoint is published safely.
 #pragma once
 
 #include <string>
 
+#include "tessel/ckpt/sharded.h"
 #include "tessel/core/json.h"
 #include "tessel/nn/models.h"
 #include "tessel/optim/optimizer.h"
@@ -29,17 +30,33 @@ struct TrainerState {
   uint64_t seed = 0;
   Json config;       // the run's resolved config, for the record
   Json settings;     // the values its trajectory depends on, defaults filled in ({"train.lr": "0.002"})
+  Json layout;       // the layout it was saved from ({"world_size": 4, "parallel": "dp2 pp2 ..."}), for the record
+  std::string dir;   // the step folder it was loaded from
 };
 
 // Creates DIR if needed and checks that a file can be written in it, so that a run with
 // --save fails before its first step rather than at its first checkpoint.
 void check_checkpoint_dir(const std::string& dir);
-// Writes DIR/step-NNNNNN/ and returns its path.
+// Writes DIR/step-NNNNNN/ (this process alone; see sharded.h for the format and its
+// durability) and returns its path; `keep_last` > 0 keeps only that many step folders.
 std::string save_checkpoint(const std::string& dir, nn::LanguageModel& model, const optim::Optimizer* optimizer,
-                            const TrainerState& state);
-// Loads a step folder (or the newest step folder under DIR) into `model` and `optimizer`.
+                            const TrainerState& state, int keep_last = 0);
+// Loads a step folder (or the newest complete, undamaged one under DIR) into `model` and
+// `optimizer` (this process alone, whatever layout saved it).
 TrainerState load_checkpoint(const std::string& path, nn::LanguageModel& model, optim::Optimizer* optimizer);
-// The newest DIR/step-NNNNNN folder, or `path` itself when it is a step folder.
+// The newest complete step folder under DIR, or `path` itself when it is a step folder.
 std::string resolve_checkpoint(const std::string& path);
+
+// The pieces shared by every loop that checkpoints (engine.cc, the single-rank trainer):
+// trainer.json's contents, and its fields read back (checking the model's architecture).
+Json trainer_json(const nn::LanguageModel& model, const TrainerState& state);
+TrainerState parse_trainer_json(const CheckpointReader& reader, const nn::LanguageModel& model);
+// `params` as checkpoint tensors (their Hugging Face names and file shapes).
+std::vector<CheckpointTensor> model_checkpoint_tensors(nn::Module& model, const std::vector<nn::Parameter*>& params);
+// Optimizer states named "<parameter>.<slot>" as checkpoint tensors, in their parameter's file shape.
+std::vector<CheckpointTensor> optimizer_checkpoint_tensors(nn::Module& model, const std::map<std::string, Tensor>& state);
+// Throws naming the tensor when the checkpoint lacks a parameter of `model` or holds a model
+// tensor that is not one.
+void check_model_tensors(const CheckpointReader& reader, nn::LanguageModel& model);
 
 }  // namespace tessel

@@ -119,6 +119,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   }
   f.data_ = base + 8 + header_len;
   f.data_size_ = size - 8 - header_len;
+  f.data_start_ = 8 + header_len;
 
   for (const auto& [name, v] : j.as_object()) {
     if (name == "__metadata__") {
@@ -234,24 +235,19 @@ std::map<std::string, Tensor> SafetensorsFile::load_all() const {
   return out;
 }
 
-void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+std::string safetensors_header(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                               const std::map<std::string, std::string>& metadata) {
   Json header = Json::Object{};
-  uint64_t offset = 0;
-  std::vector<Tensor> contiguous;
-  for (const auto& [name, t] : tensors) {
-    TESSEL_CHECK_AS(CheckpointError, t.defined(), "save_safetensors '{}': tensor \"{}\" is undefined", path, name);
-    TESSEL_CHECK_AS(CheckpointError, name != "__metadata__", "save_safetensors '{}': \"__metadata__\" is reserved", path);
-    Tensor c = view::contiguous(t);
+  for (const SafetensorsEntry& e : entries) {
+    TESSEL_CHECK_AS(CheckpointError, !e.name.empty() && e.name != "__metadata__",
+                    "safetensors '{}': a tensor may not be called \"{}\"", path, e.name);
     Json entry = Json::Object{};
-    entry["dtype"] = safetensors_dtype(c.dtype());
+    entry["dtype"] = e.dtype;
     Json::Array shape;
-    for (int64_t s : c.shape()) shape.emplace_back(s);
+    for (int64_t s : e.shape) shape.emplace_back(s);
     entry["shape"] = Json(std::move(shape));
-    entry["data_offsets"] = Json(Json::Array{Json(offset), Json(offset + c.nbytes())});
-    offset += c.nbytes();
-    header[name] = std::move(entry);
-    contiguous.push_back(c);
+    entry["data_offsets"] = Json(Json::Array{Json(e.begin), Json(e.end)});
+    header[e.name] = std::move(entry);
   }
   if (!metadata.empty()) {
     Json m = Json::Object{};
@@ -260,6 +256,42 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   }
   std::string text = header.dump();
   while ((8 + text.size()) % 8 != 0) text += ' ';  // data starts 8-byte aligned
+  const uint64_t n = text.size();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + text;
+}
+
+void widen_f16(const uint16_t* in, float* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = half_to_float(in[i]);
+}
+
+size_t safetensors_dtype_size(const std::string& dtype) {
+  const FileDType* fd = file_dtype(dtype);
+  TESSEL_CHECK_AS(CheckpointError, fd != nullptr, "unknown safetensors dtype '{}'", dtype);
+  return fd->size;
+}
+
+DType safetensors_tessel_dtype(const std::string& dtype) {
+  const FileDType* fd = file_dtype(dtype);
+  TESSEL_CHECK_AS(CheckpointError, fd != nullptr && fd->supported && dtype != "F16",
+                  "safetensors dtype '{}' has no tessel dtype of the same bytes", dtype);
+  return fd->dtype;
+}
+
+void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsEntry> entries;
+  uint64_t offset = 0;
+  std::vector<Tensor> contiguous;
+  for (const auto& [name, t] : tensors) {
+    TESSEL_CHECK_AS(CheckpointError, t.defined(), "save_safetensors '{}': tensor \"{}\" is undefined", path, name);
+    Tensor c = view::contiguous(t);
+    entries.push_back({name, safetensors_dtype(c.dtype()), c.shape(), offset, offset + c.nbytes()});
+    offset += c.nbytes();
+    contiguous.push_back(c);
+  }
+  const std::string head = safetensors_header(path, entries, metadata);
 
   std::filesystem::path target(path);
   std::filesystem::path tmp = target;
@@ -267,11 +299,7 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw CheckpointError(fmt::format("save_safetensors: cannot create '{}': {}", tmp.string(), std::strerror(errno)));
-    uint64_t n = text.size();
-    char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-    out.write(len, 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.write(head.data(), static_cast<std::streamsize>(head.size()));
     for (const Tensor& c : contiguous) out.write(static_cast<const char*>(c.raw_data()), static_cast<std::streamsize>(c.nbytes()));
     out.flush();
     if (!out) {

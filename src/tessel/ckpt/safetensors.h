@@ -30,6 +30,9 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Where the data section starts in the file (8 + the header's length): an entry's bytes are
+  // at data_start() + begin .. data_start() + end.
+  uint64_t data_start() const { return data_start_; }
   bool contains(const std::string& name) const;
   const SafetensorsEntry& entry(const std::string& name) const;
   // The tensor called `name` (F16 is widened to f32; other dtypes load as they are).
@@ -42,6 +45,7 @@ class SafetensorsFile {
   std::shared_ptr<void> mapping_;  // keeps the file mapped while tensors view it
   const char* data_ = nullptr;     // start of the data section
   uint64_t data_size_ = 0;
+  uint64_t data_start_ = 0;
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
@@ -51,6 +55,20 @@ class SafetensorsFile {
 // `path` atomically: a temporary file in the same folder is renamed over the target.
 void save_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+// The bytes a safetensors file starts with: the 8-byte length, then the JSON header of
+// `entries` (their data offsets as given) and `metadata`, padded with spaces so that the data
+// starts 8-byte aligned. Throws CheckpointError naming `path` on a reserved or empty name.
+std::string safetensors_header(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                               const std::map<std::string, std::string>& metadata);
+
+// The size in bytes of one element of a file dtype ("F32" -> 4); throws on an unknown one.
+size_t safetensors_dtype_size(const std::string& dtype);
+// The tessel dtype a file dtype loads as without conversion (F16 has none: throws).
+DType safetensors_tessel_dtype(const std::string& dtype);
+
+// IEEE half-precision values widened to f32.
+void widen_f16(const uint16_t* in, float* out, size_t n);
 
 // File dtype name <-> tessel dtype (F32, F64, BF16, I32, I64, BOOL).
 std::string safetensors_dtype(DType dtype);

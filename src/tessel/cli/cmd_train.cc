@@ -83,13 +83,13 @@ std::vector<Command> register_train(CLI::App& app) {
              const TrainOptions base{.metrics_path = a->metrics, .save_dir = a->save, .resume_dir = a->resume,
                                      .stop_on_signal = true};
              if (a->backend == "gloo" || ranks > 1 || a->nproc > 1 || !a->trace.empty()) {
-               if (ranks == 1 && a->backend != "gloo" && a->nproc <= 1 && !a->trace.empty() &&
-                   !(a->save.empty() && a->resume.empty()))
-                 throw BadInput("--trace runs even one rank on the parallel trainer, which cannot --save or --resume "
-                                "yet; leave out --trace, or --save/--resume");
                ParallelTrainOptions po{.base = base, .trace_path = a->trace};
+               // A folder it cannot write or a checkpoint that is not there is the user's to fix
+               // (exit 2), before any step.
                try {
-                 check_parallel_supports(po);
+                 if (!a->save.empty()) check_checkpoint_dir(a->save);
+                 if (!a->resume.empty() && !std::filesystem::exists(a->resume))
+                   throw CheckpointError(fmt::format("checkpoint path '{}' does not exist", a->resume));
                } catch (const Error& e) {
                  throw BadInput(e.what());
                }
@@ -110,6 +110,7 @@ std::vector<Command> register_train(CLI::App& app) {
                        nproc));
                  r = train_parallel_threads(cfg, nproc, po);
                }
+               if (r.train.stopped_by != 0) return 128 + r.train.stopped_by;  // the shell's convention for a signal
                if (!r.train.steps.empty() && (a->backend != "gloo" || world_group()->rank() == 0))
                  log_info("done: {} step{} in {:.1f}s, final loss {:.4f}", r.train.steps.size(),
                           r.train.steps.size() == 1 ? "" : "s", r.train.seconds, r.train.steps.back().loss);

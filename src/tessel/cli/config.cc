@@ -411,6 +411,7 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   t.nesterov = train.get("nesterov", t.nesterov);
   t.save_every = train.get("save_every", t.save_every);
   t.save_init = train.get("save_init", t.save_init);
+  t.keep_last = train.get("keep_last", t.keep_last);
   t.threads = train.get("threads", t.threads);
   t.eval_every = train.get("eval_every", t.eval_every);
   t.eval_batches = train.get("eval_batches", t.eval_batches);
@@ -481,6 +482,7 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   not_negative("train.weight_decay", t.weight_decay);
   not_negative("train.grad_clip", t.grad_clip);  // 0 turns clipping off
   not_negative("train.save_every", static_cast<double>(t.save_every));
+  not_negative("train.keep_last", static_cast<double>(t.keep_last));
   not_negative("train.threads", static_cast<double>(t.threads));
   not_negative("train.eval_every", static_cast<double>(t.eval_every));
   positive("train.eval_batches", static_cast<double>(t.eval_batches));

@@ -41,24 +41,6 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const RunConfig& c, std::vector
                                                                                 .weight_decay = t.weight_decay});
 }
 
-// The values of `now` that differ from the checkpoint's `then`, both trajectory_settings():
-// "train.global_batch 16 -> 8".
-std::vector<std::string> changed_settings(const Json& then, const Json& now) {
-  const Json::Object &a = then.as_object(), &b = now.as_object();
-  auto text = [](const Json::Object& o, const std::string& key) {
-    auto it = o.find(key);
-    return it == o.end() ? std::string("(unset)") : it->second.as_string();
-  };
-  std::vector<std::string> out;
-  for (const auto& [key, value] : b) {
-    const std::string before = text(a, key);
-    if (before != value.as_string()) out.push_back(fmt::format("{} {} -> {}", key, before, value.as_string()));
-  }
-  for (const auto& [key, value] : a)
-    if (!b.contains(key)) out.push_back(fmt::format("{} {} -> (unset)", key, value.as_string()));
-  return out;
-}
-
 // The mean loss over the validation batches, in micro-batches as training runs them: no
 // gradients, no dropout; the model is back in training mode afterwards, also on an error.
 double validation_loss(nn::LanguageModel& model, const TrainingData& data, int64_t micro_batch) {
@@ -123,7 +105,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
     } else if (st.seed != t.seed) {
       log_warn("resuming with seed {} but the checkpoint was trained with seed {}", t.seed, st.seed);
     }
-    say(fmt::format("resumed from {} at step {}", resolve_checkpoint(options.resume_dir), start));
+    say(fmt::format("resumed from {} at step {}", st.dir, start));
   }
   TESSEL_CHECK(start <= t.steps, "the checkpoint is at step {}, past train.steps = {}", start, t.steps);
 
@@ -152,7 +134,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
   auto save = [&](int64_t step) {
     saved_at = step;
     state.step = step;
-    result.last_checkpoint = save_checkpoint(options.save_dir, *model, optimizer.get(), state);
+    result.last_checkpoint = save_checkpoint(options.save_dir, *model, optimizer.get(), state, static_cast<int>(t.keep_last));
     if (live) std::fputs("\r\033[K", stderr);
     say(fmt::format("saved {}", result.last_checkpoint));
   };

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <fstream>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/comm/thread_backend.h"
 #include "tessel/comm/world.h"
+#include "tessel/launch/signals.h"
 #include "tessel/core/context.h"
 #include "tessel/core/log.h"
 #include "tessel/core/storage.h"
@@ -101,11 +103,6 @@ std::string bytes_str(int64_t b) {
 
 }  // namespace
 
-void check_parallel_supports(const ParallelTrainOptions& options) {
-  TESSEL_CHECK(options.base.save_dir.empty() && options.base.resume_dir.empty(),
-               "--save/--resume are not supported with parallel layouts yet (train on one rank to checkpoint)");
-}
-
 // Everything a rank sets up once: its model pieces, layout, schedule, optimizer shard, loaders.
 struct Engine::State {
   RunConfig cfg;
@@ -165,6 +162,61 @@ struct Engine::State {
     Tensor y = run_chunk(chunk, batch.inputs, inputs.empty() ? Tensor() : inputs[0], ds);
     if (schedule.virtual_stage(pp_rank(), chunk) == V - 1) return {cross_entropy(y, batch.targets)};
     return {y};
+  }
+
+  // This rank's part of a checkpoint at the step the engine stands at.
+  CheckpointContent checkpoint_content() {
+    CheckpointContent c;
+    c.step = next_step;
+    c.groups["model"] = model_checkpoint_tensors(*model, params);
+    c.groups["optimizer"] = optimizer_checkpoint_tensors(*model, optimizer->state());
+    Json layout_record = Json::Object{};
+    layout_record["world_size"] = world->size();
+    layout_record["backend"] = world->backend();
+    layout_record["parallel"] = cfg.parallel.str();
+    c.trainer = trainer_json(*model, TrainerState{.step = next_step, .seed = cfg.train.seed, .config = cfg.resolved,
+                                                  .settings = trajectory_settings(cfg), .layout = layout_record});
+    return c;
+  }
+
+  std::string save(const std::string& dir) {
+    return save_sharded_checkpoint(dir, checkpoint_content(), world.get(),
+                                   {.keep_last = static_cast<int>(cfg.train.keep_last)});
+  }
+
+  int64_t load(const std::string& path, bool quiet) {
+    CheckpointReader reader(choose_checkpoint(path, world.get()));
+    const TrainerState st = parse_trainer_json(reader, *model);
+    TESSEL_CHECK_AS(CheckpointError, st.step <= cfg.train.steps, "checkpoint '{}' is at step {}, past train.steps = {}",
+                    reader.dir(), st.step, cfg.train.steps);
+    check_model_tensors(reader, *model);
+    std::vector<CheckpointTensor> targets = model_checkpoint_tensors(*model, params);
+    const std::map<std::string, Tensor> state = optimizer->state();
+    for (const CheckpointTensor& t : optimizer_checkpoint_tensors(*model, state))
+      TESSEL_CHECK_AS(CheckpointError, reader.contains(t.name),
+                      "checkpoint '{}' has no optimizer state \"{}\" (was it saved with another train.optimizer than "
+                      "{}?)", reader.dir(), t.name, cfg.train.optimizer);
+    for (CheckpointTensor& t : optimizer_checkpoint_tensors(*model, state)) targets.push_back(std::move(t));
+    reader.read(targets);
+    const int64_t saved_steps = static_cast<int64_t>(state.at("step").item());
+    TESSEL_CHECK_AS(CheckpointError, saved_steps == st.step,
+                    "checkpoint '{}': the optimizer is at step {} but trainer.json says {}", reader.dir(), saved_steps,
+                    st.step);
+    optimizer->restore_steps(saved_steps);
+    next_step = st.step;
+    if (lead() && !quiet) {
+      if (st.settings.is_object()) {
+        const std::vector<std::string> changed = changed_settings(st.settings, trajectory_settings(cfg));
+        if (!changed.empty())
+          log_warn("resuming with settings that differ from the checkpoint's, so the run will not continue its "
+                   "trajectory exactly: {}", fmt::join(changed, ", "));
+      }
+      const Json* from = st.layout.is_object() ? st.layout.find("parallel") : nullptr;
+      log_info("resumed from {} at step {}{} (read {} of this rank's pieces)", reader.dir(), st.step,
+               from ? fmt::format(", saved by {}", from->as_string()) : std::string(),
+               bytes_str(reader.bytes_read()));
+    }
+    return st.step;
   }
 
   // The loss lives on the last stage's ranks: the first of them tells everyone.
@@ -286,6 +338,12 @@ Engine::Engine(RunConfig config, std::unique_ptr<nn::LanguageModel> model) : s_(
 
 double Engine::evaluate() { return s_->validation_loss(); }
 
+std::string Engine::save(const std::string& dir) { return s_->save(dir); }
+
+int64_t Engine::load(const std::string& path) { return s_->load(path, false); }
+
+int64_t Engine::step() const { return s_->next_step; }
+
 Tensor Engine::predict(const Tensor& ids) {
   State& s = *s_;
   TESSEL_CHECK(s.cfg.parallel.pp == 1, "predict: layouts with pipeline stages (parallel.pp = {}) are not supported "
@@ -306,7 +364,6 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
   const RunConfig& cfg = s.cfg;
   const TrainSection& t = cfg.train;
   const ParallelConfig& pc = cfg.parallel;
-  check_parallel_supports(options);
   auto say = [&](const std::string& m) {
     if (s.lead() && !options.base.quiet) log_info("{}", m);
   };
@@ -316,15 +373,35 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
                   t.steps == 1 ? "" : "s", t.global_batch, t.seq_len, t.warmup_note()));
   if (pc.pp > 1 && s.lead() && !options.base.quiet) log_info("pipeline schedule (unit-time view):\n{}", s.schedule.grid());
 
+  const TrainOptions& base = options.base;
+  if (!base.resume_dir.empty() && s.next_step == 0) s.load(base.resume_dir, base.quiet);
+  const int64_t start = s.next_step;
+  ParallelTrainResult result;
+  int64_t saved_at = -1;
+  const bool live = base.progress && !base.quiet && s.lead() && ::isatty(::fileno(stderr));
+  auto save = [&] {
+    saved_at = s.next_step;
+    result.train.last_checkpoint = s.save(base.save_dir);
+    if (live) std::fputs("\r\033[K", stderr);
+    say(fmt::format("saved {}", result.train.last_checkpoint));
+  };
+  if (!base.save_dir.empty() && t.save_init && start == 0) save();
+  // A signal stops every rank after the same step: the first rank's thread backend process, or
+  // each process of a gloo job, listens; the ranks agree each step.
+  std::optional<StopSignals> stop;
+  const bool stoppable = base.stop_on_signal && !base.save_dir.empty();  // alike on every rank
+  if (stoppable && (s.world->backend() != "thread" || s.lead()))
+    stop.emplace(fmt::format("stopping after this step with a checkpoint in {} (send it again to stop at once)",
+                             base.save_dir));
+
   std::ofstream metrics;
-  const std::string metrics_path = options.base.metrics_path.empty() ? cfg.log.metrics : options.base.metrics_path;
+  const std::string metrics_path = base.metrics_path.empty() ? cfg.log.metrics : base.metrics_path;
   if (s.lead() && !metrics_path.empty()) {
-    metrics.open(metrics_path, std::ios::trunc);
+    metrics.open(metrics_path, start > 0 ? std::ios::app : std::ios::trunc);  // a resumed run appends
     TESSEL_CHECK(metrics.good(), "cannot write metrics file '{}'", metrics_path);
   }
 
   std::vector<TraceEvent> trace;
-  ParallelTrainResult result;
   MemoryStats& mem = *rank_context().memory;
   if (s.data.validation && s.next_step == 0) {
     const double v = s.validation_loss();
@@ -391,11 +468,30 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
       metrics << step_metrics(rec, std::chrono::duration<double>(Clock::now() - run_start).count()).dump() << '\n';
       metrics.flush();
     }
+    if (options.on_step) options.on_step(rec);
     recent = recent == 0 ? secs : 0.9 * recent + 0.1 * secs;
-    if (s.lead() && !options.base.quiet &&
-        (step == 0 || (step + 1) % cfg.log.every == 0 || step + 1 == t.steps || rec.val_loss))
-      log_info("{}", step_line(rec, t.steps, recent * static_cast<double>(t.steps - step - 1)));
+    const bool permanent = step == start || (step + 1) % cfg.log.every == 0 || step + 1 == t.steps || rec.val_loss;
+    const std::string line = step_line(rec, t.steps, recent * static_cast<double>(t.steps - step - 1));
+    if (live) {
+      std::fprintf(stderr, "\r\033[K%s%s", line.c_str(), permanent ? "\n" : "");
+      std::fflush(stderr);
+    } else if (s.lead() && !base.quiet && permanent) {
+      log_info("{}", line);
+    }
+    if (!base.save_dir.empty() && t.save_every > 0 && (step + 1) % t.save_every == 0 && step + 1 != t.steps) save();
+    if (stoppable) {
+      int64_t signal = stop ? stop->requested() : 0;
+      s.world->all_reduce(&signal, 1, DType::i64, ReduceOp::max);
+      if (signal != 0 && step + 1 < t.steps) {
+        result.train.stopped_by = static_cast<int>(signal);
+        if (saved_at != step + 1) save();
+        say(fmt::format("stopped by {} after step {} of {}; continue with --resume {} --save {}",
+                        signal_name(result.train.stopped_by), step + 1, t.steps, base.save_dir, base.save_dir));
+        break;
+      }
+    }
   }
+  if (!base.save_dir.empty() && start < t.steps && result.train.stopped_by == 0 && saved_at != s.next_step) save();
   result.train.seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
   if (!options.base.quiet) {
     const RankMemory& m = result.memory;

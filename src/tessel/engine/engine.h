@@ -7,6 +7,7 @@
 // and the timeline live here once; `tessel train` only parses arguments and calls it.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,6 +21,7 @@ namespace tessel {
 struct ParallelTrainOptions {
   TrainOptions base;
   std::string trace_path;     // Chrome-trace/Perfetto JSON timeline (written by rank 0)
+  std::function<void(const StepRecord&)> on_step;  // sees every step's record (every rank)
 };
 
 // Bytes this rank's allocator held during the training steps, by kind (MemoryKind): the
@@ -47,8 +49,20 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Trains for config.train.steps steps from where the engine stands (a second fit goes on).
-  // Every rank returns the steps as every rank saw them.
+  // Every rank returns the steps as every rank saw them. With base.resume_dir it first loads
+  // that checkpoint (when the engine is still at step 0); with base.save_dir it saves every
+  // train.save_every steps and at the end (and at step 0 with train.save_init).
   ParallelTrainResult fit(const ParallelTrainOptions& options = {});
+  // Collectively writes this run's distributed checkpoint — each rank its own pieces of the
+  // parameters and optimizer states — as DIR/step-NNNNNN (the step the engine stands at) and
+  // returns that folder (docs/checkpoint.md).
+  std::string save(const std::string& dir);
+  // Collectively loads a checkpoint saved in any layout (a step folder, or the newest complete
+  // one under DIR): each rank reads only the bytes of its own pieces. Returns the step the
+  // engine now stands at.
+  int64_t load(const std::string& path);
+  // The step the next fit starts from.
+  int64_t step() const;
   // The validation loss over the config's fixed validation batches, forward only through the
   // pipeline, no dropout: the single-rank trainer's figure, on every rank. Throws when the
   // config has no validation data.
@@ -61,10 +75,6 @@ class Engine {
   struct State;
   std::unique_ptr<State> s_;
 };
-
-// What parallel layouts do not do yet (writing and resuming checkpoints): throws naming it.
-// `tessel train` calls it first, so the refusal is bad input (exit 2) rather than a failed run.
-void check_parallel_supports(const ParallelTrainOptions& options);
 
 // `--nproc N` on the thread backend: spawns N ranks in this process, each fitting an Engine of
 // `config`; returns rank 0's result with the whole parameters of every rank (base.collect_params).

@@ -51,7 +51,8 @@ Json trajectory_settings(const RunConfig& c) {
   put("data.order", sample_order_name(d.order));
   put("data.val_fraction", d.val_fraction);
   const TrainSection& t = c.train;
-  ints({{"train.global_batch", t.global_batch}, {"train.micro_batch", t.micro_batch}, {"train.seq_len", t.seq_len},
+  // Not the micro-batch count: like the layout, it changes how a step is computed, not what.
+  ints({{"train.global_batch", t.global_batch}, {"train.seq_len", t.seq_len},
         {"train.warmup", t.warmup}, {"train.seed", static_cast<int64_t>(t.seed)}});
   reals({{"train.lr", t.lr}, {"train.min_lr", t.min_lr}, {"train.weight_decay", t.weight_decay},
          {"train.grad_clip", t.grad_clip}});

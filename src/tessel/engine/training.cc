@@ -80,4 +80,20 @@ Json step_metrics(const StepRecord& r, double elapsed_s) {
   return line;
 }
 
+std::vector<std::string> changed_settings(const Json& then, const Json& now) {
+  const Json::Object &a = then.as_object(), &b = now.as_object();
+  auto text = [](const Json::Object& o, const std::string& key) {
+    auto it = o.find(key);
+    return it == o.end() ? std::string("(unset)") : it->second.as_string();
+  };
+  std::vector<std::string> out;
+  for (const auto& [key, value] : b) {
+    const std::string before = text(a, key);
+    if (before != value.as_string()) out.push_back(fmt::format("{} {} -> {}", key, before, value.as_string()));
+  }
+  for (const auto& [key, value] : a)
+    if (!b.contains(key)) out.push_back(fmt::format("{} {} -> (unset)", key, value.as_string()));
+  return out;
+}
+
 }  // namespace tessel

@@ -69,6 +69,10 @@ std::string step_line(const StepRecord& r, int64_t total_steps, double eta_secon
 // elapsed_s (seconds since the first step began), and val_loss when it evaluated.
 Json step_metrics(const StepRecord& r, double elapsed_s);
 
+// The values of `now` that differ from a checkpoint's `then`, both trajectory_settings():
+// "train.global_batch 16 -> 8".
+std::vector<std::string> changed_settings(const Json& then, const Json& now);
+
 // "1m05s", "2h03m"; "?" when not finite.
 std::string duration_str(double seconds);
 // "812", "4.1k", "1.25M" (tokens per second).

@@ -450,6 +450,11 @@ std::map<std::string, Tensor> ShardedOptimizer::state() const {
   return out;
 }
 
+void ShardedOptimizer::restore_steps(int64_t steps) {
+  TESSEL_CHECK(steps >= 0, "shard_optimizer: step count {} is negative", steps);
+  steps_ = steps;
+}
+
 Placements ShardedOptimizer::shard_placements(const std::string& param) const {
   for (const Slot& s : slots_)
     if (s.p->name == param) return s.shard;

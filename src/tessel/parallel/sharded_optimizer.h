@@ -63,6 +63,10 @@ class ShardedOptimizer {
   // The optimizer state by name ("<parameter>.exp_avg", ".exp_avg_sq" or ".momentum_buffer"):
   // distributed tensors with the placements of the ZeRO shard, and "step".
   std::map<std::string, Tensor> state() const;
+  // Sets the number of updates applied so far (AdamW's bias correction), after the states were
+  // read from a checkpoint into state()'s tensors.
+  void restore_steps(int64_t steps);
+  int64_t steps() const { return steps_; }
   // The placements each parameter's optimizer state and synced gradient have (its ZeRO shard).
   Placements shard_placements(const std::string& param) const;
 
