@@ -122,6 +122,7 @@ struct Engine::State {
   std::unique_ptr<PipelineRuntime> runtime;
   std::unique_ptr<ParamGather> gather;  // ZeRO-3: each unit's parameters gathered around its use
   int64_t next_step = 0;                // the step a fit starts from
+  int64_t bytes_read = 0;               // by the last load
 
   bool lead() const { return world->rank() == 0; }
   int pp_rank() const { return static_cast<int>(layout->coord("pp")); }
@@ -204,6 +205,7 @@ struct Engine::State {
                     st.step);
     optimizer->restore_steps(saved_steps);
     next_step = st.step;
+    bytes_read = reader.bytes_read();
     if (lead() && !quiet) {
       if (st.settings.is_object()) {
         const std::vector<std::string> changed = changed_settings(st.settings, trajectory_settings(cfg));
@@ -377,6 +379,7 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
   if (!base.resume_dir.empty() && s.next_step == 0) s.load(base.resume_dir, base.quiet);
   const int64_t start = s.next_step;
   ParallelTrainResult result;
+  result.resume_bytes_read = s.bytes_read;
   int64_t saved_at = -1;
   const bool live = base.progress && !base.quiet && s.lead() && ::isatty(::fileno(stderr));
   auto save = [&] {

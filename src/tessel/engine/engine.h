@@ -36,6 +36,7 @@ struct ParallelTrainResult {
   std::vector<double> idle_shares;              // this rank's pipeline idle share per step
   std::vector<std::vector<double>> rank_idle_shares;  // every rank's (thread backend)
   RankMemory memory;                            // what this rank's allocator saw
+  int64_t resume_bytes_read = 0;                // tensor bytes this rank read from the checkpoint it resumed from
 };
 
 class Engine {
