@@ -13,11 +13,13 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
 
 #include "tessel/ckpt/safetensors.h"
+#include "tessel/core/fault.h"
 #include "tessel/core/log.h"
 #include "tessel/core/view.h"
 #include "tessel/dist/dtensor.h"
@@ -78,7 +80,25 @@ int open_or_throw(const fs::path& path, int flags) {
   return fd;
 }
 
+// An injected failure part-way through a save (TESSEL_FAULT during=save): the bytes this
+// process may still write before it fails; negative when none is armed.
+std::atomic<int64_t> g_fault_budget{-1};
+std::optional<FaultSpec> g_fault;
+std::mutex g_fault_mu;
+
+// Writes what the budget allows, then fails as the spec says.
+void spend_fault_budget(int fd, const char*& data, uint64_t& n, uint64_t& at) {
+  if (g_fault_budget.load() < 0) return;
+  const int64_t left = g_fault_budget.fetch_sub(static_cast<int64_t>(n));
+  if (left >= static_cast<int64_t>(n)) return;
+  const uint64_t part = left > 0 ? static_cast<uint64_t>(left) : 0;
+  if (part > 0) (void)!::pwrite(fd, data, part, static_cast<off_t>(at));
+  std::lock_guard<std::mutex> lock(g_fault_mu);
+  if (g_fault) inject_fault(*g_fault);
+}
+
 void pwrite_all(int fd, const char* data, uint64_t n, uint64_t at, const std::string& path) {
+  spend_fault_budget(fd, data, n, at);
   while (n > 0) {
     const ssize_t w = ::pwrite(fd, data, std::min<uint64_t>(n, uint64_t{1} << 30), static_cast<off_t>(at));
     if (w < 0 && errno == EINTR) continue;
@@ -447,6 +467,11 @@ std::string save_sharded_checkpoint(const std::string& dir, const CheckpointCont
   const fs::path root(dir);
   const fs::path tmp = root / fmt::format(".step-{:06d}.tmp", content.step);
   const fs::path final_dir = root / fmt::format("step-{:06d}", content.step);
+  if (auto f = armed_fault("save", group ? group->ranks()[static_cast<size_t>(rank)] : 0, content.step)) {
+    std::lock_guard<std::mutex> lock(g_fault_mu);
+    g_fault = f;
+    g_fault_budget = f->after_bytes;
+  }
 
   // Rank 0 clears what killed saves left and makes the folder; the gather that follows is the
   // point after which every rank may write into it.

@@ -32,5 +32,6 @@ std::vector<Command> register_cluster(CLI::App& app); // cluster detect
 std::vector<Command> register_launch(CLI::App& app);  // launch
 std::vector<Command> register_plan(CLI::App& app);    // plan
 std::vector<Command> register_explain(CLI::App& app); // explain-reshard
+std::vector<Command> register_ckpt(CLI::App& app);    // ckpt inspect, ckpt export
 
 }  // namespace tessel

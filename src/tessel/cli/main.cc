@@ -1,4 +1,4 @@
-// The tessel command line: train, launch, plan, bench, cluster, explain-reshard.
+// The tessel command line: train, launch, plan, bench, cluster, ckpt, explain-reshard.
 //
 // Exit status: 0 on success, 2 for bad input (unknown flag, bad config, missing file),
 // 1 when a run fails after it started.
@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
     return fmt::format("error: {}\nRun with --help for more information.\n", e.what());
   });
   std::vector<Command> commands;
-  for (auto* reg : {register_train, register_launch, register_plan, register_bench, register_cluster, register_explain})
+  for (auto* reg : {register_train, register_launch, register_plan, register_bench, register_cluster, register_explain, register_ckpt})
     for (Command& c : reg(app)) commands.push_back(std::move(c));
 
   try {

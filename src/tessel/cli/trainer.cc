@@ -13,6 +13,7 @@
 #include "tessel/autograd/engine.h"
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/core/context.h"
+#include "tessel/core/fault.h"
 #include "tessel/core/log.h"
 #include "tessel/core/profile.h"
 #include "tessel/core/thread_pool.h"
@@ -153,6 +154,7 @@ TrainResult train(const RunConfig& cfg, const TrainOptions& options, const std::
   auto run_start = Clock::now();
   double recent = 0;  // smoothed seconds per step for the ETA
   for (int64_t step = start; step < t.steps; ++step) {
+    if (auto f = armed_fault("step", 0, step)) inject_fault(*f);
     ProfileScope profile_step("(train step)");
     auto t0 = Clock::now();
     Batch batch = [&] {

@@ -18,6 +18,7 @@
 #include "tessel/comm/world.h"
 #include "tessel/launch/signals.h"
 #include "tessel/core/context.h"
+#include "tessel/core/fault.h"
 #include "tessel/core/log.h"
 #include "tessel/core/storage.h"
 #include "tessel/core/thread_pool.h"
@@ -414,6 +415,7 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
   const auto run_start = Clock::now();
   double recent = 0;  // smoothed seconds per step for the ETA
   for (int64_t step = s.next_step; step < t.steps; ++step) {
+    if (auto f = armed_fault("step", s.world->rank(), step)) inject_fault(*f);
     const auto t0 = Clock::now();
     const int64_t base_bytes = mem.current.load();
     mem.reset_peak();
