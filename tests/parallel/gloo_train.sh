@@ -35,3 +35,32 @@ run() {  # run LABEL NPROC SETTINGS...
 run dp2-pp2-zbh1-stage2 4 --set parallel.dp=2 --set parallel.pp=2 --set parallel.schedule=ZBH1 --set parallel.sharding_stage=2
 run dp2-tp2-sp-stage3 4 --set parallel.dp=2 --set parallel.tp=2 --set parallel.sp=true --set parallel.sharding_stage=3
 run tp2-pp2-vpp 4 --set parallel.tp=2 --set parallel.pp=2 --set parallel.vpp=2 --set parallel.schedule=VPP
+
+# Save on one backend, resume on the other: Gloo processes dp2·stage 2 save at step 3, thread
+# ranks tp2 resume from it; thread pp2 save, Gloo processes dp2·tp2·stage 3 resume. The steps
+# after the resume have the losses of the single-rank run.
+resume() {  # resume LABEL: the last 3 steps of LABEL.jsonl against one rank's
+  local label=$1
+  shift
+  grep -q '"step":5' "$work/$label.jsonl" || { echo "$label: the resumed run did not reach step 5"; exit 1; }
+  tail -n 3 "$work/$label.jsonl" > "$work/$label.tail"
+  tail -n 3 "$work/one.jsonl" > "$work/one.tail"
+  awk -v label="$label" '
+    function loss(line) { match(line, /"loss":[-0-9.eE+]+/); return substr(line, RSTART + 7, RLENGTH - 7) + 0 }
+    NR == FNR { ref[FNR] = loss($0); next }
+    { got = loss($0); d = got - ref[FNR]; if (d < 0) d = -d;
+      if (d / ref[FNR] > 1e-5) { printf "%s: resumed step %d loss %s vs %s\n", label, FNR + 2, got, ref[FNR]; bad = 1 } }
+    END { printf "%s: resumed steps match\n", label; exit bad }' "$work/one.tail" "$work/$label.tail"
+}
+"$tessel" launch --nproc-per-node 2 -- "$tessel" train "$src/configs/gpt2-tiny.yaml" "${common[@]}" --backend gloo \
+  --set parallel.dp=2 --set parallel.sharding_stage=2 --set train.save_every=3 --save "$work/g" \
+  >"$work/gsave.log" 2>&1 || { cat "$work/gsave.log"; exit 1; }
+"$tessel" train "$src/configs/gpt2-tiny.yaml" "${common[@]}" --set parallel.tp=2 --resume "$work/g/step-000003" \
+  --metrics "$work/gloo-to-thread.jsonl" >"$work/g2t.log" 2>&1 || { cat "$work/g2t.log"; exit 1; }
+resume gloo-to-thread
+"$tessel" train "$src/configs/gpt2-tiny.yaml" "${common[@]}" --set parallel.pp=2 --set parallel.micro_batches=2 \
+  --set train.save_every=3 --save "$work/t" >"$work/tsave.log" 2>&1 || { cat "$work/tsave.log"; exit 1; }
+"$tessel" launch --nproc-per-node 4 -- "$tessel" train "$src/configs/gpt2-tiny.yaml" "${common[@]}" --backend gloo \
+  --set parallel.dp=2 --set parallel.tp=2 --set parallel.sharding_stage=3 --resume "$work/t/step-000003" \
+  --metrics "$work/thread-to-gloo.jsonl" >"$work/t2g.log" 2>&1 || { cat "$work/t2g.log"; exit 1; }
+resume thread-to-gloo
