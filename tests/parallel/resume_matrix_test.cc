@@ -143,7 +143,9 @@ TEST(Checkpoint, ResumesInAnotherLayoutOnTheSameTrajectory) {
       EXPECT_LE(d, 1e-4) << name;
     }
     const int64_t total = checkpoint_tensor_bytes(step3);
-    if (p.sharded_reader) EXPECT_LT(resumed.bytes_read, total / 2) << "rank 0 read " << resumed.bytes_read << " of " << total;
+    if (p.sharded_reader) {
+      EXPECT_LT(resumed.bytes_read, total / 2) << "rank 0 read " << resumed.bytes_read << " of " << total;
+    }
     std::printf("  %-48s loss rel diff %.1e, parameters %.1e; rank 0 read %lld of %lld bytes\n", what.c_str(), worst,
                 worst_param, static_cast<long long>(resumed.bytes_read), static_cast<long long>(total));
     // The resumed run's own checkpoint at the end is one the first layout can read back.

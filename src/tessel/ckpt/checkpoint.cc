@@ -128,7 +128,7 @@ TrainerState parse_trainer_json(const CheckpointReader& reader, const nn::Langua
   return state;
 }
 
-std::vector<CheckpointTensor> model_checkpoint_tensors(nn::Module& model, const std::vector<nn::Parameter*>& params) {
+std::vector<CheckpointTensor> model_checkpoint_tensors(const std::vector<nn::Parameter*>& params) {
   std::vector<CheckpointTensor> out;
   for (nn::Parameter* p : params)
     if (p->value.defined()) out.push_back({p->name, p->value, p->stored_shape()});
@@ -165,7 +165,7 @@ std::string save_checkpoint(const std::string& dir, nn::LanguageModel& model, co
                             const TrainerState& state, int keep_last) {
   CheckpointContent content;
   content.step = state.step;
-  content.groups["model"] = model_checkpoint_tensors(model, model.parameters());
+  content.groups["model"] = model_checkpoint_tensors(model.parameters());
   if (optimizer != nullptr) content.groups["optimizer"] = optimizer_checkpoint_tensors(model, optimizer->state_dict());
   content.trainer = trainer_json(model, state);
   return save_sharded_checkpoint(dir, content, nullptr, {.keep_last = keep_last});
@@ -177,7 +177,7 @@ TrainerState load_checkpoint(const std::string& path, nn::LanguageModel& model, 
   CheckpointReader reader(choose_checkpoint(path, nullptr));
   TrainerState state = parse_trainer_json(reader, model);
   check_model_tensors(reader, model);
-  std::vector<CheckpointTensor> targets = model_checkpoint_tensors(model, model.parameters());
+  std::vector<CheckpointTensor> targets = model_checkpoint_tensors(model.parameters());
   if (optimizer != nullptr) {
     // The optimizer's slots may not exist yet: read each state tensor into a new one.
     std::map<std::string, Tensor> st;

@@ -52,7 +52,7 @@ std::string resolve_checkpoint(const std::string& path);
 Json trainer_json(const nn::LanguageModel& model, const TrainerState& state);
 TrainerState parse_trainer_json(const CheckpointReader& reader, const nn::LanguageModel& model);
 // `params` as checkpoint tensors (their Hugging Face names and file shapes).
-std::vector<CheckpointTensor> model_checkpoint_tensors(nn::Module& model, const std::vector<nn::Parameter*>& params);
+std::vector<CheckpointTensor> model_checkpoint_tensors(const std::vector<nn::Parameter*>& params);
 // Optimizer states named "<parameter>.<slot>" as checkpoint tensors, in their parameter's file shape.
 std::vector<CheckpointTensor> optimizer_checkpoint_tensors(nn::Module& model, const std::map<std::string, Tensor>& state);
 // Throws naming the tensor when the checkpoint lacks a parameter of `model` or holds a model

@@ -461,18 +461,49 @@ uint64_t checkpoint_checksum(const void* data, size_t n) {
   return h ^ (h >> 32);
 }
 
-std::string save_sharded_checkpoint(const std::string& dir, const CheckpointContent& content, ProcessGroup* group,
-                                    const CheckpointSaveOptions& options) {
-  const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
-  const fs::path root(dir);
-  const fs::path tmp = root / fmt::format(".step-{:06d}.tmp", content.step);
-  const fs::path final_dir = root / fmt::format("step-{:06d}", content.step);
+struct PendingCheckpoint::Impl {
+  std::string dir;
+  int64_t step = 0;
+  ProcessGroup* group = nullptr;
+  CheckpointSaveOptions options;
+  int rank = 0, world = 1;
+  fs::path root, tmp, final_dir;
+  std::vector<TensorPlan> plans;
+  std::vector<FilePlan> files;
+  struct Job {
+    size_t plan;
+    size_t piece;
+  };
+  std::vector<Job> jobs;
+  std::vector<Tensor> sources;  // this rank's pieces, contiguous (copies when snapshotting)
+  std::vector<uint64_t> sums;
+  std::string write_error;
+  Json trainer;
+  bool written = false, published = false;
+};
+
+PendingCheckpoint::PendingCheckpoint(const std::string& dir, const CheckpointContent& content, ProcessGroup* group,
+                                     const CheckpointSaveOptions& options, bool snapshot)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.dir = dir;
+  m.step = content.step;
+  m.group = group;
+  m.options = options;
+  m.rank = group ? group->rank() : 0;
+  m.world = group ? group->size() : 1;
+  m.trainer = content.trainer;
+  const int rank = m.rank, world = m.world;
+  m.root = fs::path(dir);
+  m.tmp = m.root / fmt::format(".step-{:06d}.tmp", content.step);
+  m.final_dir = m.root / fmt::format("step-{:06d}", content.step);
+  const fs::path& root = m.root;
+  const fs::path& tmp = m.tmp;
   if (auto f = armed_fault("save", group ? group->ranks()[static_cast<size_t>(rank)] : 0, content.step)) {
     std::lock_guard<std::mutex> lock(g_fault_mu);
     g_fault = f;
     g_fault_budget = f->after_bytes;
   }
-
   // Rank 0 clears what killed saves left and makes the folder; the gather that follows is the
   // point after which every rank may write into it.
   std::string setup_error;
@@ -512,24 +543,48 @@ std::string save_sharded_checkpoint(const std::string& dir, const CheckpointCont
     }
     described.push_back(j.at("tensors").dump());
   }
-  std::vector<TensorPlan> plans;
-  std::vector<FilePlan> files;
-  make_plan(described, plans, files, world);
+  make_plan(described, m.plans, m.files, world);
+  const std::vector<TensorPlan>& plans = m.plans;
 
   // This rank's work: the headers of the files it owns, then its pieces.
   std::map<std::string, const Tensor*> held;  // name -> this rank's tensor
   for (const auto& [g, tensors] : content.groups)
     for (const CheckpointTensor& t : tensors) held[t.name] = &t.value;
-  struct Job {
-    size_t plan;
-    size_t piece;
-  };
-  std::vector<Job> jobs;
   for (size_t i = 0; i < plans.size(); ++i)
     for (size_t q = 0; q < plans[i].pieces.size(); ++q)
-      if (plans[i].pieces[q].rank == rank) jobs.push_back({i, q});
-  std::vector<uint64_t> sums(jobs.size());
-  std::string write_error;
+      if (plans[i].pieces[q].rank == rank) m.jobs.push_back({i, q});
+  // Pieces are found on this thread: the rank (and its allocator) is the calling thread's.
+  // A snapshot copies them, so training may change the tensors while the files are written.
+  m.sources.resize(m.jobs.size());
+  for (size_t j = 0; j < m.jobs.size(); ++j) {
+    const TensorPlan& p = plans[m.jobs[j].plan];
+    Shape offset, extent;
+    Tensor piece;
+    TESSEL_CHECK_AS(CheckpointError, box_of(*held.at(p.name), offset, extent, piece),
+                    "tensor \"{}\": this rank holds no piece of it", p.name);
+    m.sources[j] = snapshot ? view::clone(piece) : view::contiguous(piece);
+  }
+  m.sums.resize(m.jobs.size());
+}
+
+PendingCheckpoint::~PendingCheckpoint() = default;
+PendingCheckpoint::PendingCheckpoint(PendingCheckpoint&&) noexcept = default;
+PendingCheckpoint& PendingCheckpoint::operator=(PendingCheckpoint&&) noexcept = default;
+
+int64_t PendingCheckpoint::step() const { return impl_->step; }
+
+void PendingCheckpoint::write() {
+  Impl& m = *impl_;
+  if (m.written) return;
+  m.written = true;
+  const int rank = m.rank, world = m.world;
+  const fs::path& tmp = m.tmp;
+  const std::vector<TensorPlan>& plans = m.plans;
+  const std::vector<FilePlan>& files = m.files;
+  const auto& jobs = m.jobs;
+  const auto& sources = m.sources;
+  auto& sums = m.sums;
+  const CheckpointSaveOptions& options = m.options;
   FdCache fds(O_WRONLY | O_CREAT);
   try {
     for (size_t f = 0; f < files.size(); ++f) {
@@ -539,16 +594,6 @@ std::string save_sharded_checkpoint(const std::string& dir, const CheckpointCont
       TESSEL_CHECK_AS(CheckpointError, ::ftruncate(fd, static_cast<off_t>(files[f].size)) == 0,
                       "checkpoint: cannot size '{}' to {} bytes: {}", path, files[f].size, sys_error());
       pwrite_all(fd, files[f].header.data(), files[f].header.size(), 0, path);
-    }
-    // Pieces are found on this thread: the rank (and its allocator) is the calling thread's.
-    std::vector<Tensor> sources(jobs.size());
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      const TensorPlan& p = plans[jobs[j].plan];
-      Shape offset, extent;
-      Tensor piece;
-      TESSEL_CHECK_AS(CheckpointError, box_of(*held.at(p.name), offset, extent, piece),
-                      "tensor \"{}\": this rank holds no piece of it", p.name);
-      sources[j] = view::contiguous(piece);
     }
     run_parallel(jobs.size(), options.threads, [&](size_t j) {
       const TensorPlan& p = plans[jobs[j].plan];
@@ -566,9 +611,26 @@ std::string save_sharded_checkpoint(const std::string& dir, const CheckpointCont
     });
     fds.finish(/*sync=*/true);
   } catch (const std::exception& e) {
-    write_error = fmt::format("rank {}: {}", rank, e.what());
+    m.write_error = fmt::format("rank {}: {}", rank, e.what());
   }
 
+}
+
+std::string PendingCheckpoint::publish() {
+  Impl& m = *impl_;
+  write();
+  TESSEL_CHECK(!m.published, "checkpoint at step {} was already published", m.step);
+  m.published = true;
+  ProcessGroup* group = m.group;
+  const int rank = m.rank, world = m.world;
+  const fs::path &root = m.root, &tmp = m.tmp, &final_dir = m.final_dir;
+  const std::string& dir = m.dir;
+  const std::vector<TensorPlan>& plans = m.plans;
+  const std::vector<FilePlan>& files = m.files;
+  const auto& jobs = m.jobs;
+  const auto& sums = m.sums;
+  const std::string& write_error = m.write_error;
+  const CheckpointSaveOptions& options = m.options;
   // Every rank learns whether every rank wrote; rank 0 records the pieces and publishes.
   Json result = Json::Object{};
   result["error"] = write_error;
@@ -577,7 +639,7 @@ std::string save_sharded_checkpoint(const std::string& dir, const CheckpointCont
     done.push_back(Json(Json::Array{Json(static_cast<int64_t>(jobs[j].plan)), Json(static_cast<int64_t>(jobs[j].piece)),
                                     Json(hex64(sums[j]))}));
   result["sums"] = Json(std::move(done));
-  gathered = gather_text(group, result.dump());
+  const std::vector<std::string> gathered = gather_text(group, result.dump());
   std::string failure;
   std::vector<std::vector<std::string>> checksums(plans.size());
   for (size_t i = 0; i < plans.size(); ++i) checksums[i].resize(plans[i].pieces.size());
@@ -595,7 +657,7 @@ std::string save_sharded_checkpoint(const std::string& dir, const CheckpointCont
       Json index = Json::Object{};
       index["format"] = "tessel-checkpoint";
       index["version"] = 1;
-      index["step"] = content.step;
+      index["step"] = m.step;
       index["world_size"] = world;
       Json tensors = Json::Object{};
       std::map<std::string, Json> weight_maps;
@@ -625,8 +687,8 @@ std::string save_sharded_checkpoint(const std::string& dir, const CheckpointCont
         group_bytes[p.group] += p.bytes();
       }
       index["tensors"] = std::move(tensors);
-      Json trainer = content.trainer.is_object() ? content.trainer : Json(Json::Object{});
-      trainer["step"] = content.step;
+      Json trainer = m.trainer.is_object() ? m.trainer : Json(Json::Object{});
+      trainer["step"] = m.step;
       std::map<std::string, std::string> written;  // file -> contents, for the manifest
       written[kTrainerFile] = trainer.dump() + "\n";
       written[kIndexFile] = index.dump() + "\n";
@@ -646,7 +708,7 @@ std::string save_sharded_checkpoint(const std::string& dir, const CheckpointCont
       fsync_dir(tmp);
       // The manifest, last: every file with its size (and the small ones' checksums).
       Json manifest = Json::Object{};
-      manifest["step"] = content.step;
+      manifest["step"] = m.step;
       Json listed = Json::Object{};
       for (const FilePlan& f : files) {
         Json e = Json::Object{};
@@ -677,7 +739,7 @@ std::string save_sharded_checkpoint(const std::string& dir, const CheckpointCont
         }
         std::sort(steps.rbegin(), steps.rend());
         for (size_t i = static_cast<size_t>(options.keep_last); i < steps.size(); ++i) {
-          if (steps[i].first == content.step) continue;
+          if (steps[i].first == m.step) continue;
           fs::remove_all(steps[i].second, ec);
         }
       }
@@ -695,9 +757,17 @@ std::string save_sharded_checkpoint(const std::string& dir, const CheckpointCont
   if (!published) {
     const std::string why = !failure.empty() ? failure : !publish_error.empty() ? publish_error : "rank 0 could not publish it";
     throw CheckpointError(fmt::format("checkpoint at step {} not saved ({} kept its previous contents): {}",
-                                      content.step, dir, why));
+                                      m.step, dir, why));
   }
   return final_dir.string();
+}
+
+
+std::string save_sharded_checkpoint(const std::string& dir, const CheckpointContent& content, ProcessGroup* group,
+                                    const CheckpointSaveOptions& options) {
+  PendingCheckpoint pending(dir, content, group, options, /*snapshot=*/false);
+  pending.write();
+  return pending.publish();
 }
 
 // ---- reading ----

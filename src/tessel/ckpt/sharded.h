@@ -51,6 +51,28 @@ struct CheckpointSaveOptions {
 std::string save_sharded_checkpoint(const std::string& dir, const CheckpointContent& content, ProcessGroup* group,
                                     const CheckpointSaveOptions& options = {});
 
+// A save in its three phases, for saving in the background: the constructor (collective, on
+// the rank's own thread) plans the files and takes this rank's pieces — copies of them with
+// `snapshot`, so training may go on changing the tensors; write() writes this rank's pieces and
+// syncs them (no communication: it may run on another thread); publish() (collective, on the
+// rank's thread) records every piece and publishes the step folder, or throws on every rank.
+class PendingCheckpoint {
+ public:
+  PendingCheckpoint(const std::string& dir, const CheckpointContent& content, ProcessGroup* group,
+                    const CheckpointSaveOptions& options, bool snapshot);
+  ~PendingCheckpoint();
+  PendingCheckpoint(PendingCheckpoint&&) noexcept;
+  PendingCheckpoint& operator=(PendingCheckpoint&&) noexcept;
+
+  int64_t step() const;
+  void write();            // a write error is kept and reported by publish() on every rank
+  std::string publish();   // writes first if write() was not called
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // A 64-bit checksum of `n` bytes (tessel's own, 4 lanes of multiply-rotate; documented in
 // docs/checkpoint.md so other tools can check a piece).
 uint64_t checkpoint_checksum(const void* data, size_t n);

@@ -412,6 +412,7 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   t.save_every = train.get("save_every", t.save_every);
   t.save_init = train.get("save_init", t.save_init);
   t.keep_last = train.get("keep_last", t.keep_last);
+  t.async_save = train.get("async_save", t.async_save);
   t.threads = train.get("threads", t.threads);
   t.eval_every = train.get("eval_every", t.eval_every);
   t.eval_batches = train.get("eval_batches", t.eval_batches);

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <fstream>
 #include <mutex>
+#include <thread>
+#include <atomic>
 #include <optional>
 #include <set>
 
@@ -170,7 +172,7 @@ struct Engine::State {
   CheckpointContent checkpoint_content() {
     CheckpointContent c;
     c.step = next_step;
-    c.groups["model"] = model_checkpoint_tensors(*model, params);
+    c.groups["model"] = model_checkpoint_tensors(params);
     c.groups["optimizer"] = optimizer_checkpoint_tensors(*model, optimizer->state());
     Json layout_record = Json::Object{};
     layout_record["world_size"] = world->size();
@@ -182,17 +184,52 @@ struct Engine::State {
   }
 
   std::string save(const std::string& dir) {
+    finish_save(true);
     return save_sharded_checkpoint(dir, checkpoint_content(), world.get(),
                                    {.keep_last = static_cast<int>(cfg.train.keep_last)});
   }
 
+  // A save written by a background thread: the pieces are copied now, at the step boundary;
+  // finish_save publishes it once every rank has written its part.
+  std::optional<PendingCheckpoint> pending;
+  std::thread writer;
+  std::atomic<bool> written{false};
+  Clock::time_point save_began;
+
+  void start_save(const std::string& dir) {
+    finish_save(true);
+    save_began = Clock::now();
+    pending.emplace(dir, checkpoint_content(), world.get(),
+                    CheckpointSaveOptions{.keep_last = static_cast<int>(cfg.train.keep_last)}, /*snapshot=*/true);
+    written = false;
+    writer = std::thread([this] {
+      pending->write();
+      written = true;
+    });
+  }
+
+  // Publishes the background save when every rank has written (or, with `wait`, after waiting
+  // for them): the folder, or "" when none was published now. Collective while a save is
+  // pending; every rank calls it at the same steps.
+  std::string finish_save(bool wait) {
+    if (!pending) return "";
+    int64_t done = wait || written ? 1 : 0;
+    world->all_reduce(&done, 1, DType::i64, ReduceOp::min);
+    if (done == 0) return "";
+    writer.join();
+    std::optional<PendingCheckpoint> p = std::move(pending);
+    pending.reset();
+    return p->publish();
+  }
+
   int64_t load(const std::string& path, bool quiet) {
+    finish_save(true);
     CheckpointReader reader(choose_checkpoint(path, world.get()));
     const TrainerState st = parse_trainer_json(reader, *model);
     TESSEL_CHECK_AS(CheckpointError, st.step <= cfg.train.steps, "checkpoint '{}' is at step {}, past train.steps = {}",
                     reader.dir(), st.step, cfg.train.steps);
     check_model_tensors(reader, *model);
-    std::vector<CheckpointTensor> targets = model_checkpoint_tensors(*model, params);
+    std::vector<CheckpointTensor> targets = model_checkpoint_tensors(params);
     const std::map<std::string, Tensor> state = optimizer->state();
     for (const CheckpointTensor& t : optimizer_checkpoint_tensors(*model, state))
       TESSEL_CHECK_AS(CheckpointError, reader.contains(t.name),
@@ -245,7 +282,11 @@ struct Engine::State {
   }
 };
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  // A save still being written when the engine is dropped (an error ended the run): let the
+  // writer finish its files; without every rank's word the step is not published.
+  if (s_ && s_->writer.joinable()) s_->writer.join();
+}
 
 Engine::Engine(RunConfig config, std::unique_ptr<nn::LanguageModel> model) : s_(std::make_unique<State>()) {
   State& s = *s_;
@@ -383,13 +424,29 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
   result.resume_bytes_read = s.bytes_read;
   int64_t saved_at = -1;
   const bool live = base.progress && !base.quiet && s.lead() && ::isatty(::fileno(stderr));
-  auto save = [&] {
-    saved_at = s.next_step;
-    result.train.last_checkpoint = s.save(base.save_dir);
+  auto saved = [&](const std::string& path, const std::string& note) {
+    result.train.last_checkpoint = path;
     if (live) std::fputs("\r\033[K", stderr);
-    say(fmt::format("saved {}", result.train.last_checkpoint));
+    say(fmt::format("saved {}{}", path, note));
   };
-  if (!base.save_dir.empty() && t.save_init && start == 0) save();
+  // `background`: copy the state now and write it while training goes on.
+  auto save = [&](bool background) {
+    saved_at = s.next_step;
+    const auto t0 = Clock::now();
+    if (!background) {
+      saved(s.save(base.save_dir), "");
+      return;
+    }
+    s.start_save(base.save_dir);
+    result.save_block_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  };
+  auto published = [&](bool wait) {
+    const std::string path = s.finish_save(wait);
+    if (!path.empty())
+      saved(path, fmt::format(" (written in the background; the step was held {:.3f} s to copy the state)",
+                              result.save_block_seconds.back()));
+  };
+  if (!base.save_dir.empty() && t.save_init && start == 0) save(false);
   // A signal stops every rank after the same step: the first rank's thread backend process, or
   // each process of a gloo job, listens; the ranks agree each step.
   std::optional<StopSignals> stop;
@@ -483,20 +540,24 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
     } else if (s.lead() && !base.quiet && permanent) {
       log_info("{}", line);
     }
-    if (!base.save_dir.empty() && t.save_every > 0 && (step + 1) % t.save_every == 0 && step + 1 != t.steps) save();
+    published(false);
+    if (!base.save_dir.empty() && t.save_every > 0 && (step + 1) % t.save_every == 0 && step + 1 != t.steps)
+      save(t.async_save);
     if (stoppable) {
       int64_t signal = stop ? stop->requested() : 0;
       s.world->all_reduce(&signal, 1, DType::i64, ReduceOp::max);
       if (signal != 0 && step + 1 < t.steps) {
         result.train.stopped_by = static_cast<int>(signal);
-        if (saved_at != step + 1) save();
+        published(true);
+        if (saved_at != step + 1) save(false);
         say(fmt::format("stopped by {} after step {} of {}; continue with --resume {} --save {}",
                         signal_name(result.train.stopped_by), step + 1, t.steps, base.save_dir, base.save_dir));
         break;
       }
     }
   }
-  if (!base.save_dir.empty() && start < t.steps && result.train.stopped_by == 0 && saved_at != s.next_step) save();
+  published(true);
+  if (!base.save_dir.empty() && start < t.steps && result.train.stopped_by == 0 && saved_at != s.next_step) save(false);
   result.train.seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
   if (!options.base.quiet) {
     const RankMemory& m = result.memory;

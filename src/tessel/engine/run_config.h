@@ -47,6 +47,7 @@ struct TrainSection {
   int64_t save_every = 0;  // 0: only at the end
   bool save_init = false;
   int64_t keep_last = 0;   // > 0: keep only the newest keep_last checkpoints
+  bool async_save = true;  // periodic saves written by a background thread while training goes on
   int64_t threads = 0;  // 0: TESSEL_NUM_THREADS / OMP_NUM_THREADS / all cores
   // With validation data: the validation loss every `eval_every` steps (0: at the start and the
   // end only) over `eval_batches` fixed global batches read in order from the validation tokens.
