@@ -2,8 +2,9 @@
 // stage 1: each rank holds 1/R of the optimizer states) of a GPT-2 of the given shape save a
 // checkpoint (fsync'd, published) and load it back; the bytes each process wrote or read per
 // second are printed beside a plain sequential write (write + fsync) and read of a file of the
-// same total size in the same folder. Reads come from the page cache in both (a process cannot
-// drop it unprivileged), so the load ratio compares like with like. Then a run with save_every
+// size one rank writes, in the same folder, just before; both reads come from the disk (the
+// files are dropped from the page cache with posix_fadvise first). Per process, and all ranks
+// together (they share the disk). Then a run with save_every
 // saves in the background: how long each save held its step (copying the state) beside the
 // time of a synchronous save of the same state. Medians of --repeats.
 //
@@ -46,6 +47,7 @@ std::pair<double, double> disk_rates(const std::string& path, int64_t bytes) {
     left -= w;
   }
   ::fsync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // written out: the read below comes from the disk
   ::close(fd);
   const double write_s = seconds_since(t0);
   t0 = Clock::now();
@@ -56,6 +58,15 @@ std::pair<double, double> disk_rates(const std::string& path, int64_t bytes) {
   const double read_s = seconds_since(t0);
   fs::remove(path);
   return {static_cast<double>(bytes) / write_s, static_cast<double>(bytes) / read_s};
+}
+
+// Drops the folder's files from the page cache (they are written out), so that a load reads the disk.
+void evict(const fs::path& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const int fd = ::open(e.path().c_str(), O_RDONLY);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
 }
 
 int64_t folder_bytes(const fs::path& dir) {
@@ -85,6 +96,7 @@ int main(int argc, char** argv) {
   }
   fs::remove_all(dir);
   fs::create_directories(dir);
+
   RunConfig cfg = load_run_config(std::string(TESSEL_SOURCE_DIR) + "/configs/gpt2-tiny.yaml",
                                   {fmt::format("model.n_layer={}", layers), fmt::format("model.n_embd={}", width),
                                    "model.n_head=12", "model.vocab_size=50257", "model.n_positions=1024",
@@ -95,45 +107,59 @@ int main(int argc, char** argv) {
   cfg.parallel.sharding_stage = 1;
   cfg.train.threads = 1;
 
-  std::vector<double> save_s, load_s;
-  int64_t checkpoint_bytes = 0;
+  // Each repeat measures the disk right before the save and the load, so that both see the
+  // same load on a shared machine; the ratios are taken per repeat.
+  std::vector<double> save_s, load_s, save_ratio, load_ratio, disk_w, disk_r;
+  int64_t written = 0, read = 0;
   std::mutex mu;
   spawn(ranks, [&](int rank) {
     Engine engine(cfg);
     for (int r = 0; r < repeats; ++r) {
       const std::string out = fmt::format("{}/run{}", dir, r);
+      std::pair<double, double> disk;
+      if (rank == 0) {
+        // A file of what one rank writes: the checkpoint's size over the ranks (a first save
+        // gives it; before it, the parameters and optimizer states held).
+        const int64_t bytes = written > 0 ? written : int64_t{256} << 20;
+        disk = disk_rates(dir + "/disk-reference", bytes);
+      }
       world_group()->barrier();
       auto t0 = Clock::now();
       const std::string step = engine.save(out);
       const double s = seconds_since(t0);
+      if (rank == 0) evict(step);
       world_group()->barrier();
       t0 = Clock::now();
       engine.load(step);
       const double l = seconds_since(t0);
+      world_group()->barrier();
       std::lock_guard<std::mutex> lock(mu);
       if (rank == 0) {
+        written = folder_bytes(step) / ranks;
+        read = engine.resume_bytes_read();
         save_s.push_back(s);
         load_s.push_back(l);
-        checkpoint_bytes = folder_bytes(step);
+        disk_w.push_back(disk.first);
+        disk_r.push_back(disk.second);
+        save_ratio.push_back(static_cast<double>(written) / s / disk.first);
+        load_ratio.push_back(static_cast<double>(read) / l / disk.second);
+        fs::remove_all(out);
       }
     }
   });
-  std::vector<double> disk_w, disk_r;
-  for (int r = 0; r < repeats; ++r) {
-    auto [w, rd] = disk_rates(dir + "/disk-reference", checkpoint_bytes / ranks);
-    disk_w.push_back(w);
-    disk_r.push_back(rd);
-  }
-  const double per_rank = static_cast<double>(checkpoint_bytes) / ranks;
-  const double save_rate = per_rank / median(save_s), load_rate = per_rank / median(load_s);
-  std::printf("checkpoint of GPT-2 %d layers x %d wide (%.1fM parameters with its AdamW state: %.0f MiB), %d thread "
-              "ranks, dp%d ZeRO-1, median of %d\n", layers, width, static_cast<double>(build_model(cfg)->num_parameters()) / 1e6, static_cast<double>(checkpoint_bytes) / (1 << 20),
+  std::printf("checkpoint of GPT-2 %d layers x %d wide (%.1fM parameters with AdamW state: %.0f MiB per rank "
+              "written), %d thread ranks, dp%d ZeRO-1, median of %d\n", layers, width,
+              static_cast<double>(build_model(cfg)->num_parameters()) / 1e6, static_cast<double>(written) / (1 << 20),
               ranks, ranks, repeats);
-  std::printf("  %-44s %10s %12s %8s\n", "", "MiB/s", "disk MiB/s", "ratio");
-  std::printf("  %-44s %10.0f %12.0f %7.0f%%\n", "save per process (fsync'd, published)", save_rate / (1 << 20),
-              median(disk_w) / (1 << 20), 100 * save_rate / median(disk_w));
-  std::printf("  %-44s %10.0f %12.0f %7.0f%%\n", "load per process (page cache, as the disk read)", load_rate / (1 << 20),
-              median(disk_r) / (1 << 20), 100 * load_rate / median(disk_r));
+  std::printf("  %-40s %12s %14s %12s %8s %8s\n", "", "MiB/s/rank", "all ranks", "disk MiB/s", "rank", "all");
+  std::printf("  %-40s %12.0f %14.0f %12.0f %7.0f%% %7.0f%%\n", "save (fsync'd, published)",
+              static_cast<double>(written) / median(save_s) / (1 << 20),
+              static_cast<double>(ranks) * static_cast<double>(written) / median(save_s) / (1 << 20),
+              median(disk_w) / (1 << 20), 100 * median(save_ratio), 100 * ranks * median(save_ratio));
+  std::printf("  %-40s %12.0f %14.0f %12.0f %7.0f%% %7.0f%%\n", "load (checksums checked; from disk)",
+              static_cast<double>(read) / median(load_s) / (1 << 20),
+              static_cast<double>(ranks) * static_cast<double>(read) / median(load_s) / (1 << 20),
+              median(disk_r) / (1 << 20), 100 * median(load_ratio), 100 * ranks * median(load_ratio));
 
   // Background saves: the step is held for the copy only.
   RunConfig bg = cfg;

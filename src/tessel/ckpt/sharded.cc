@@ -911,28 +911,48 @@ void CheckpointReader::read(const std::vector<CheckpointTensor>& targets, int th
 
 std::string CheckpointReader::verify(int rank, int ranks) const {
   if (!index_.is_object()) return "";  // a checkpoint from before checksums: nothing to check
-  FdCache fds(O_RDONLY);
+  struct Piece {
+    const std::string* name;
+    const Where* where;
+    Shape shape, offset, extent;
+    std::string checksum;
+  };
+  std::vector<Piece> mine;  // pieces i ≡ rank (mod ranks), in name order
   int64_t i = 0;
   for (const auto& [name, t] : index_.at("tensors").as_object()) {
-    const Where* w = where_.count(name) ? where_.at(name).get() : nullptr;
-    if (w == nullptr) return fmt::format("{} lists \"{}\", which no safetensors file holds", kIndexFile, name);
+    auto w = where_.find(name);
+    if (w == where_.end()) return fmt::format("{} lists \"{}\", which no safetensors file holds", kIndexFile, name);
     const Shape shape = t.find("layout_shape") ? json_shape(t.at("layout_shape")) : json_shape(t.at("shape"));
-    const uint64_t es = safetensors_dtype_size(w->dtype);
-    for (const Json& p : t.at("pieces").as_array()) {
-      if (i++ % ranks != rank) continue;
-      const Shape offset = json_shape(p.at("offset")), extent = json_shape(p.at("extent"));
-      std::vector<char> bytes(static_cast<size_t>(shape_numel(extent)) * es);
-      const int fd = fds.get(w->file);
-      for_each_run(shape, offset, extent, [&](int64_t at, int64_t from, int64_t count) {
-        pread_all(fd, bytes.data() + static_cast<uint64_t>(from) * es, static_cast<uint64_t>(count) * es,
-                  w->begin + static_cast<uint64_t>(at) * es, w->file);
-      });
-      const std::string sum = hex64(checkpoint_checksum(bytes.data(), bytes.size()));
-      if (sum != p.at("checksum").as_string())
-        return fmt::format("the piece of \"{}\" at {} in {} has checksum {}, but {} was written", name,
-                           shape_str(offset), w->file, sum, p.at("checksum").as_string());
-    }
+    for (const Json& p : t.at("pieces").as_array())
+      if (i++ % ranks == rank)
+        mine.push_back({&name, w->second.get(), shape, json_shape(p.at("offset")), json_shape(p.at("extent")),
+                        p.at("checksum").as_string()});
   }
+  FdCache fds(O_RDONLY);
+  std::vector<std::string> bad(mine.size());
+  run_parallel(mine.size(), 4, [&](size_t k) {
+    const Piece& p = mine[k];
+    const uint64_t es = safetensors_dtype_size(p.where->dtype);
+    const size_t n = static_cast<size_t>(shape_numel(p.extent)) * es;
+    // Reused per thread and not zero-filled: the bytes are read over at once.
+    thread_local std::unique_ptr<char[]> buffer;
+    thread_local size_t capacity = 0;
+    if (capacity < n) {
+      buffer.reset(new char[n]);
+      capacity = n;
+    }
+    const int fd = fds.get(p.where->file);
+    for_each_run(p.shape, p.offset, p.extent, [&](int64_t at, int64_t from, int64_t count) {
+      pread_all(fd, buffer.get() + static_cast<uint64_t>(from) * es, static_cast<uint64_t>(count) * es,
+                p.where->begin + static_cast<uint64_t>(at) * es, p.where->file);
+    });
+    const std::string sum = hex64(checkpoint_checksum(buffer.get(), n));
+    if (sum != p.checksum)
+      bad[k] = fmt::format("the piece of \"{}\" at {} in {} has checksum {}, but {} was written", *p.name,
+                           shape_str(p.offset), p.where->file, sum, p.checksum);
+  });
+  for (const std::string& b : bad)
+    if (!b.empty()) return b;
   return "";
 }
 

@@ -388,6 +388,8 @@ int64_t Engine::load(const std::string& path) { return s_->load(path, false); }
 
 int64_t Engine::step() const { return s_->next_step; }
 
+int64_t Engine::resume_bytes_read() const { return s_->bytes_read; }
+
 Tensor Engine::predict(const Tensor& ids) {
   State& s = *s_;
   TESSEL_CHECK(s.cfg.parallel.pp == 1, "predict: layouts with pipeline stages (parallel.pp = {}) are not supported "

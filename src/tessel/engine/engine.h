@@ -65,6 +65,8 @@ class Engine {
   int64_t load(const std::string& path);
   // The step the next fit starts from.
   int64_t step() const;
+  // Tensor bytes this rank read from the files in its last load.
+  int64_t resume_bytes_read() const;
   // The validation loss over the config's fixed validation batches, forward only through the
   // pipeline, no dropout: the single-rank trainer's figure, on every rank. Throws when the
   // config has no validation data.
