@@ -109,7 +109,7 @@ std::string save_checkpoint(const std::string& dir, nn::LanguageModel& model, co
   std::error_code ec;
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
-  TESSEL_CHECK_AS(CheckpointError, !ec, "checkpoint: cannot create '{}': {}", tmp.string(), ec.message());
+  TESSEL_CHECK_AS(CheckpointWriteError, !ec, "checkpoint: cannot create '{}': {}", tmp.string(), ec.message());
   save_model((tmp / "model.safetensors").string(), model, {{"step", std::to_string(state.step)}});
   if (optimizer != nullptr)
     save_safetensors((tmp / "optimizer.safetensors").string(),
@@ -123,11 +123,11 @@ std::string save_checkpoint(const std::string& dir, nn::LanguageModel& model, co
   {
     std::ofstream out(tmp / "trainer.json");
     out << meta.dump() << "\n";
-    TESSEL_CHECK_AS(CheckpointError, out.good(), "checkpoint: writing '{}' failed", (tmp / "trainer.json").string());
+    TESSEL_CHECK_AS(CheckpointWriteError, out.good(), "checkpoint: writing '{}' failed", (tmp / "trainer.json").string());
   }
   fs::remove_all(final_dir, ec);
   fs::rename(tmp, final_dir, ec);
-  TESSEL_CHECK_AS(CheckpointError, !ec, "checkpoint: cannot move '{}' to '{}': {}", tmp.string(), final_dir.string(),
+  TESSEL_CHECK_AS(CheckpointWriteError, !ec, "checkpoint: cannot move '{}' to '{}': {}", tmp.string(), final_dir.string(),
                   ec.message());
   return final_dir.string();
 }

@@ -266,7 +266,7 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   tmp += fmt::format(".tmp{}", ::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw CheckpointError(fmt::format("save_safetensors: cannot create '{}': {}", tmp.string(), std::strerror(errno)));
+    if (!out) throw CheckpointWriteError(fmt::format("save_safetensors: cannot create '{}': {}", tmp.string(), std::strerror(errno)));
     uint64_t n = text.size();
     char len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((n >> (8 * i)) & 0xff);
@@ -277,14 +277,14 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
     if (!out) {
       std::error_code ec;
       std::filesystem::remove(tmp, ec);
-      throw CheckpointError(fmt::format("save_safetensors: writing '{}' failed (disk full?)", tmp.string()));
+      throw CheckpointWriteError(fmt::format("save_safetensors: writing '{}' failed (disk full?)", tmp.string()));
     }
   }
   std::error_code ec;
   std::filesystem::rename(tmp, target, ec);
   if (ec) {
     std::filesystem::remove(tmp, ec);
-    throw CheckpointError(fmt::format("save_safetensors: cannot move the new file over '{}': {}", path, ec.message()));
+    throw CheckpointWriteError(fmt::format("save_safetensors: cannot move the new file over '{}': {}", path, ec.message()));
   }
 }
 
