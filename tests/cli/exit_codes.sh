@@ -45,6 +45,13 @@ expect 2 "model.hf_config '$tmp': a folder, not a file" train "$config" --set mo
 expect 2 "which cannot be read (the name is longer than this system allows)" train "$config" --set data.path="$long"
 expect 2 "config '$tmp/pipe': a named pipe, not a regular file" train "$tmp/pipe"
 expect 2 "--cluster '$tmp/pipe': a named pipe, not a regular file" plan --model "$config" --cluster "$tmp/pipe"
+# Aliases nested 9 levels of 10 under an unknown key: under 1 KB, 10^9 nodes expanded; refused
+# at once (it took over a minute).
+{ sed '/^bomb:/,$d' "$config" | grep -v '^ *#' | sed "s|path: ../data|path: $src/data|"
+  echo "bomb:"; echo "  a0: &a0 [x, x, x, x, x, x, x, x, x, x]"
+  for i in 1 2 3 4 5 6 7 8; do echo "  a$i: &a$i [$(printf "*a$((i - 1)),%.0s" 1 2 3 4 5 6 7 8 9)*a$((i - 1))]"; done
+} > "$tmp/bomb.yaml"
+expect 2 "more than 100000 nodes with its aliases (*name) expanded" train "$tmp/bomb.yaml"
 printf 'model: {arch: gpt2}\nlog: {[a]: 1}\n' > "$tmp/key.yaml"
 expect 2 "key.yaml:2: a key must be a plain name" train "$tmp/key.yaml"
 
