@@ -52,8 +52,8 @@ expect 2 "--cluster '$tmp/pipe': a named pipe, not a regular file" plan --model 
   for i in 1 2 3 4 5 6 7 8; do echo "  a$i: &a$i [$(printf "*a$((i - 1)),%.0s" 1 2 3 4 5 6 7 8 9)*a$((i - 1))]"; done
 } > "$tmp/bomb.yaml"
 expect 2 "more than 100000 nodes with its aliases (*name) expanded" train "$tmp/bomb.yaml"
-printf 'model: {arch: gpt2}\nlog: {[a]: 1}\n' > "$tmp/key.yaml"
-expect 2 "key.yaml:2: a key must be a plain name" train "$tmp/key.yaml"
+printf 'model: {arch: gpt2}\ndata: {path: x}\nlog: {[a]: 1}\n' > "$tmp/key.yaml"
+expect 2 "key.yaml:3: a key must be a plain name" train "$tmp/key.yaml"
 
 # data files: empty, too short for one sample, not a whole number of tokens, ids past the
 # vocabulary — on one rank and on two thread ranks
