@@ -306,6 +306,7 @@ TEST(Planner, RefusesCountsAndSizesThatWouldOverflow) {
   PlanOptions o;
   o.global_batch = 16;
   EXPECT_THROW(candidate_layouts(m, huge, o), InputError);
+  EXPECT_THROW(evaluate(m, huge, Layout{}, 16), InputError);
   // The largest cluster tessel plans: a handful of layouts, found at once.
   SearchResult r = search(m, cluster_preset("dgx-a100-80g:1048576"), o);
   EXPECT_EQ(r.candidates, 0);

@@ -206,7 +206,18 @@ void check_sizes(const ModelSpec& m, int64_t global_batch, int64_t micro_batch) 
                     p.what, m.name, global_batch, micro_batch, m.seq, m.heads, widest, kMaxElements);
 }
 
+// A cluster value built in code (not parsed, so not bounded by parse_cluster) could still hold
+// counts whose int product wraps: checked before any use.
+void check_cluster_counts(const Cluster& c) {
+  TESSEL_CHECK_AS(InputError,
+                  c.nodes >= 1 && c.devices_per_node >= 1 && c.total_devices >= 0 &&
+                      checked_product({c.nodes, c.devices_per_node}, kMaxDevices),
+                  "plan: cluster '{}' has {} nodes x {} devices per node; tessel plans 1..{} devices (2^20)", c.name,
+                  c.nodes, c.devices_per_node, kMaxDevices);
+}
+
 void check_layout(const ModelSpec& m, const Cluster& c, Layout& l, int64_t global_batch) {
+  check_cluster_counts(c);
   TESSEL_CHECK(l.dp > 0 && l.tp > 0 && l.pp > 0 && l.vpp > 0, "layout {}: degrees must be positive", l.str());
   TESSEL_CHECK_AS(InputError,
                   checked_product({l.dp, l.tp, l.pp}, kMaxDevices) && checked_product({l.pp, l.vpp}, kMaxDevices),
@@ -560,11 +571,7 @@ std::vector<int> divisors(int n) {
 std::vector<Layout> candidate_layouts(const ModelSpec& m, const Cluster& c, const PlanOptions& o) {
   validate(m);
   TESSEL_CHECK(o.global_batch > 0, "plan: the global batch must be positive");
-  // Bounds first: a cluster value built in code (not parsed) could still hold a huge count.
-  TESSEL_CHECK_AS(InputError,
-                  c.nodes >= 1 && c.devices_per_node >= 1 && checked_product({c.nodes, c.devices_per_node}, kMaxDevices),
-                  "plan: cluster '{}' has {} nodes x {} devices per node; tessel plans 1..{} devices (2^20)", c.name,
-                  c.nodes, c.devices_per_node, kMaxDevices);
+  check_cluster_counts(c);
   check_sizes(m, o.global_batch, std::min(o.max_micro_batch, o.global_batch));
   const int n = c.devices();
   std::vector<std::string> recomputes = {"none", "selective", "full"};
