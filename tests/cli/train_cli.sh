@@ -26,7 +26,7 @@ expect_refusal "checkpoint path '$tmp/none' does not exist" --set parallel.dp=2 
 expect_refusal "checkpoint folder '$config/ck' cannot be created" --save "$config/ck"
 expect_refusal "config model.init_from names '$tmp/none.safetensors', which cannot be read (no such file)" \
   --set parallel.dp=2 --set model.init_from="$tmp/none.safetensors"
-expect_refusal "config data.path names '$tmp', which cannot be read (not a readable file)" --set data.path="$tmp"
+expect_refusal "config data.path names '$tmp', which cannot be read (a folder, not a file)" --set data.path="$tmp"
 expect_refusal "no complete checkpoint (step-NNNNNN folder) under '$tmp'" --resume "$tmp"
 [ ! -e "$tmp/ck" ] || { echo "a refused run created its checkpoint folder"; exit 1; }
 

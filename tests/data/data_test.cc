@@ -2,6 +2,10 @@
 // background loader, and errors naming the file.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -68,10 +72,44 @@ TEST(Dataset, ErrorsNameTheFile) {
     TokenDataset::open(dir, TokenFormat::uint16);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a folder, not a file"), std::string::npos) << e.what();
   }
   EXPECT_THROW(parse_token_format("utf8"), Error);
   EXPECT_THROW(Sampler(10, 9, 1, SampleOrder::random, 0), Error);  // needs 11 tokens
+}
+
+// Every fault of a data file is the user's to fix: an InputError (the CLI's exit status 2), never
+// a plain Error (1). A named pipe or a device is refused by name without being opened: opening a
+// pipe would wait for a writer forever.
+TEST(Dataset, BadFilesAreInputErrorsAndPipesDoNotBlock) {
+  const std::string empty = temp_file("empty.bin", ""), odd = temp_file("odd2.bin", "abc");
+  const std::string fifo = (fs::temp_directory_path() / fmt::format("tessel_data_{}_fifo", ::getpid())).string();
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string long_name = "/tmp/" + std::string(5000, 'y');
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {empty, "is empty"},
+      {odd, "3 bytes is not a whole number of 2-byte tokens"},
+      {"/nonexistent/train.bin", "no such file"},
+      {fifo, "a named pipe, not a regular file"},
+      {"/dev/zero", "a device, not a regular file"},
+      {fs::temp_directory_path().string(), "a folder, not a file"},
+      {long_name, "the name is longer than this system allows"}};
+  for (const auto& [path, want] : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      TokenDataset::open(path, TokenFormat::uint16);
+      ADD_FAILURE() << path << " opened";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("data file '"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0) << path;
+  }
+  EXPECT_THROW(Sampler(10, 9, 1, SampleOrder::random, 0), InputError);
+  fs::remove(empty);
+  fs::remove(odd);
+  fs::remove(fifo);
 }
 
 TEST(Sampler, SequentialFollowsTheFormula) {

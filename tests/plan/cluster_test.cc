@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <regex>
 
 #include "tessel/core/error.h"
@@ -194,6 +195,51 @@ TEST(Cluster, BadInputThrowsNamingTheKey) {
         EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "'" << part << "' not in: " << e.what();
     }
   }
+}
+
+// Counts are read in 64 bits and bounded (2^20 devices): 2^31 devices once wrapped to a negative
+// or tiny count and planned. Keys given twice, keys that are not names and aliases that expand
+// past the reader's bound are refused before any walk. All InputErrors (exit status 2).
+TEST(Cluster, RefusesHugeCountsDuplicateKeysAndAliasBombs) {
+  std::string bomb = std::string(kMinimal) + "calibration:\n  sources:\n    a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 9; ++i) {
+    bomb += fmt::format("    a{}: &a{} [", i, i);
+    for (int k = 0; k < 10; ++k) bomb += fmt::format("{}*a{}", k ? "," : "", i - 1);
+    bomb += "]\n";
+  }
+  std::vector<ErrorCase> cases = {
+      {"nodes past int", edited("nodes: 2", "nodes: 2147483648"), {"c.yaml:2:", "'nodes' must be at most 1048576"}},
+      {"devices per node past the bound", edited("devices_per_node: 8", "devices_per_node: 1048577"),
+       {"'devices_per_node' must be at most 1048576"}},
+      {"a product past the bound", edited("nodes: 2", "nodes: 1048576"),
+       {"c.yaml:2:", "'nodes' 1048576 x 'devices_per_node' 8 is more than 1048576 devices"}},
+      {"a product past int", std::regex_replace(edited("nodes: 2", "nodes: 65536"), std::regex("devices_per_node: 8"),
+                                                "devices_per_node: 65536"),
+       {"'nodes' 65536 x 'devices_per_node' 65536 is more than 1048576 devices"}},
+      {"total devices past int", std::string(kMinimal) + "total_devices: 4294967296\n",
+       {"'total_devices' must be at most 1048576"}},
+      {"a key twice", std::string(kMinimal) + "nodes: 3\n", {"c.yaml:12:", "key 'nodes' is given twice (first at line 2)"}},
+      {"a key twice in a section", edited("  name: A100-SXM4-80GB", "  name: A\n  name: B"),
+       {"c.yaml:7:", "key 'device.name' is given twice (first at line 6)"}},
+      {"a key that is a list", std::string(kMinimal) + "[a]: 1\n", {"c.yaml:12:", "a key must be a plain name"}},
+      {"aliases expanding to 10^9 nodes", bomb, {"c.yaml:", "more than 100000 nodes with its aliases"}},
+  };
+  for (const ErrorCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      parse_cluster(c.yaml, "c.yaml");
+      ADD_FAILURE() << "no error for:\n" << c.yaml;
+    } catch (const InputError& e) {
+      for (const std::string& part : c.message_has)
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "'" << part << "' not in: " << e.what();
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  }
+  // Presets: the count is 64-bit and bounded as well.
+  EXPECT_EQ(cluster_preset("dgx-a100-80g:1048576").devices(), 1048576);
+  for (const char* spec : {"dgx-a100-80g:1048577", "dgx-a100-80g:2147483647", "dgx-a100-80g:99999999999999999999"})
+    EXPECT_THROW(cluster_preset(spec), InputError) << spec;
 }
 
 TEST(Cluster, PeakNamesTheMissingDtype) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "tessel/core/error.h"
 #include "tessel/parallel/schedule.h"
@@ -278,6 +279,49 @@ TEST(Planner, BadLayoutsNameWhatIsWrong) {
   EXPECT_EQ(parse_error("tp=8,pp=4,vpp=2,mbs=2,dp=1"), "<no error>");
   EXPECT_NE(parse_error("tp=4,pp=8,vpp=2,mbs=128").find("the 4 micro-batches per step"), std::string::npos);
   EXPECT_EQ(parse_layout("tp=8,pp=4,schedule=zb-h1", 512, 32).schedule, "ZBH1");
+}
+
+// Degrees and sizes a user writes are bounded before they become ints or multiply: the search on
+// 2^31 - 1 devices once wrapped its divisor loop and divided by zero (SIGFPE).
+TEST(Planner, RefusesCountsAndSizesThatWouldOverflow) {
+  const ModelSpec m = model_preset("gpt-1.7b");
+  auto layout_error = [](const std::string& text, int64_t batch, int devices) {
+    try {
+      parse_layout(text, batch, devices);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("<no InputError>");
+  };
+  EXPECT_NE(layout_error("dp=4294967296", 512, 32).find("--layout: dp=4294967296 is more than 1048576"),
+            std::string::npos);
+  EXPECT_NE(layout_error("dp=65536,tp=65536,pp=1", 512, 32).find("dp 65536 x tp 65536 x pp 1"), std::string::npos);
+  EXPECT_NE(layout_error("tp=1,pp=1,mbs=9223372036854775807", 512, 32).find("mbs=9223372036854775807 is more than "
+                                                                             "the global batch 512"),
+            std::string::npos);
+  // A cluster value built in code, not parsed: its counts are checked before the search.
+  Cluster huge = cluster_preset("dgx-a100-80g:8");
+  huge.nodes = std::numeric_limits<int>::max();
+  huge.total_devices = 0;
+  PlanOptions o;
+  o.global_batch = 16;
+  EXPECT_THROW(candidate_layouts(m, huge, o), InputError);
+  EXPECT_THROW(evaluate(m, huge, Layout{}, 16), InputError);
+  // The largest cluster tessel plans: a handful of layouts, found at once.
+  SearchResult r = search(m, cluster_preset("dgx-a100-80g:1048576"), o);
+  EXPECT_EQ(r.candidates, 0);
+  // Sizes whose products count one tensor's elements.
+  ModelSpec long_seq = m;
+  long_seq.seq = int64_t{1} << 32;
+  o.global_batch = 8;
+  try {
+    search(long_seq, cluster_preset("dgx-a100-80g:8"), o);
+    ADD_FAILURE() << "a 2^32-token sequence was planned";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("more than 281474976710656 elements"), std::string::npos) << e.what();
+  }
+  o.global_batch = int64_t{1} << 62;
+  EXPECT_THROW(search(m, cluster_preset("dgx-a100-80g:8"), o), InputError);
 }
 
 TEST(Planner, SearchIsFastForOneTrillionParametersOn3072Gpus) {

@@ -298,21 +298,21 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   tmp += fmt::format(".tmp{}", ::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw CheckpointError(fmt::format("save_safetensors: cannot create '{}': {}", tmp.string(), std::strerror(errno)));
+    if (!out) throw CheckpointWriteError(fmt::format("save_safetensors: cannot create '{}': {}", tmp.string(), std::strerror(errno)));
     out.write(head.data(), static_cast<std::streamsize>(head.size()));
     for (const Tensor& c : contiguous) out.write(static_cast<const char*>(c.raw_data()), static_cast<std::streamsize>(c.nbytes()));
     out.flush();
     if (!out) {
       std::error_code ec;
       std::filesystem::remove(tmp, ec);
-      throw CheckpointError(fmt::format("save_safetensors: writing '{}' failed (disk full?)", tmp.string()));
+      throw CheckpointWriteError(fmt::format("save_safetensors: writing '{}' failed (disk full?)", tmp.string()));
     }
   }
   std::error_code ec;
   std::filesystem::rename(tmp, target, ec);
   if (ec) {
     std::filesystem::remove(tmp, ec);
-    throw CheckpointError(fmt::format("save_safetensors: cannot move the new file over '{}': {}", path, ec.message()));
+    throw CheckpointWriteError(fmt::format("save_safetensors: cannot move the new file over '{}': {}", path, ec.message()));
   }
 }
 

@@ -76,8 +76,11 @@ int open_or_throw(const fs::path& path, int flags) {
   int fd;
   do fd = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
   while (fd < 0 && errno == EINTR);
-  TESSEL_CHECK_AS(CheckpointError, fd >= 0, "checkpoint: cannot open '{}': {}", path.string(), sys_error());
-  return fd;
+  if (fd >= 0) return fd;
+  const std::string what = fmt::format("checkpoint: cannot open '{}': {}", path.string(), sys_error());
+  // Failing to write is a failed run (exit 1); failing to read, a checkpoint to fix (exit 2).
+  if ((flags & O_ACCMODE) == O_RDONLY && (flags & O_DIRECTORY) == 0) throw CheckpointError(what);
+  throw CheckpointWriteError(what);
 }
 
 // An injected failure part-way through a save (TESSEL_FAULT during=save): the bytes this
@@ -102,7 +105,7 @@ void pwrite_all(int fd, const char* data, uint64_t n, uint64_t at, const std::st
   while (n > 0) {
     const ssize_t w = ::pwrite(fd, data, std::min<uint64_t>(n, uint64_t{1} << 30), static_cast<off_t>(at));
     if (w < 0 && errno == EINTR) continue;
-    TESSEL_CHECK_AS(CheckpointError, w > 0, "checkpoint: writing '{}' failed: {}", path,
+    TESSEL_CHECK_AS(CheckpointWriteError, w > 0, "checkpoint: writing '{}' failed: {}", path,
                     w < 0 ? sys_error() : "no progress");
     data += w;
     n -= static_cast<uint64_t>(w);
@@ -123,11 +126,11 @@ void pread_all(int fd, char* data, uint64_t n, uint64_t at, const std::string& p
 }
 
 void fsync_or_throw(int fd, const std::string& path) {
-  TESSEL_CHECK_AS(CheckpointError, ::fsync(fd) == 0, "checkpoint: fsync of '{}' failed: {}", path, sys_error());
+  TESSEL_CHECK_AS(CheckpointWriteError, ::fsync(fd) == 0, "checkpoint: fsync of '{}' failed: {}", path, sys_error());
 }
 
 void close_or_throw(int fd, const std::string& path) {
-  TESSEL_CHECK_AS(CheckpointError, ::close(fd) == 0, "checkpoint: closing '{}' failed: {}", path, sys_error());
+  TESSEL_CHECK_AS(CheckpointWriteError, ::close(fd) == 0, "checkpoint: closing '{}' failed: {}", path, sys_error());
 }
 
 void fsync_dir(const fs::path& dir) {
@@ -135,7 +138,7 @@ void fsync_dir(const fs::path& dir) {
   const int rc = ::fsync(fd);
   const std::string err = rc == 0 ? "" : sys_error();
   ::close(fd);
-  TESSEL_CHECK_AS(CheckpointError, rc == 0, "checkpoint: fsync of folder '{}' failed: {}", dir.string(), err);
+  TESSEL_CHECK_AS(CheckpointWriteError, rc == 0, "checkpoint: fsync of folder '{}' failed: {}", dir.string(), err);
 }
 
 // Writes `text` to `path`, checked through fsync and close.
@@ -152,6 +155,7 @@ void write_durable(const fs::path& path, const std::string& text) {
 }
 
 std::string read_text(const fs::path& path) {
+  TESSEL_CHECK_AS(CheckpointError, fs::is_regular_file(path), "checkpoint: '{}' is not a regular file", path.string());
   std::ifstream in(path, std::ios::binary);
   TESSEL_CHECK_AS(CheckpointError, in.good(), "checkpoint: cannot read '{}'", path.string());
   std::stringstream text;
@@ -299,7 +303,7 @@ class FdCache {
       if (::close(fd) != 0 && error.empty()) error = fmt::format("closing '{}' failed: {}", path, sys_error());
     }
     fds_.clear();
-    TESSEL_CHECK_AS(CheckpointError, error.empty(), "checkpoint: {}", error);
+    TESSEL_CHECK_AS(CheckpointWriteError, error.empty(), "checkpoint: {}", error);
   }
 
  private:
@@ -375,12 +379,12 @@ void make_plan(const std::vector<std::string>& described, std::vector<TensorPlan
       want.placements = j.at("pl").as_string();
       want.shape = json_shape(j.at("s"));
       want.file_shape = json_shape(j.at("fs"));
-      TESSEL_CHECK_AS(CheckpointError, shape_numel(want.shape) == shape_numel(want.file_shape),
+      TESSEL_CHECK_AS(CheckpointWriteError, shape_numel(want.shape) == shape_numel(want.file_shape),
                       "checkpoint: tensor \"{}\" of shape {} cannot be saved as shape {}", name, shape_str(want.shape),
                       shape_str(want.file_shape));
       auto [it, fresh] = by_name.emplace(name, want);
       TensorPlan& p = it->second;
-      TESSEL_CHECK_AS(CheckpointError,
+      TESSEL_CHECK_AS(CheckpointWriteError,
                       fresh || (p.group == want.group && p.dtype == want.dtype && p.shape == want.shape &&
                                 p.file_shape == want.file_shape),
                       "checkpoint: rank {} holds \"{}\" as {} {} in '{}' but an earlier rank as {} {} in '{}'", r, name,
@@ -396,7 +400,7 @@ void make_plan(const std::vector<std::string>& described, std::vector<TensorPlan
   for (auto& [name, p] : by_name) {
     int64_t covered = 0;
     for (const PieceRef& q : p.pieces) covered += shape_numel(q.extent);
-    TESSEL_CHECK_AS(CheckpointError, covered == shape_numel(p.shape),
+    TESSEL_CHECK_AS(CheckpointWriteError, covered == shape_numel(p.shape),
                     "checkpoint: the ranks' pieces of \"{}\" ({} {}) cover {} of its {} elements", name, p.placements,
                     shape_str(p.shape), covered, shape_numel(p.shape));
     plans.push_back(std::move(p));
@@ -511,10 +515,10 @@ PendingCheckpoint::PendingCheckpoint(const std::string& dir, const CheckpointCon
     try {
       std::error_code ec;
       fs::create_directories(root, ec);
-      TESSEL_CHECK_AS(CheckpointError, !ec, "checkpoint: cannot create '{}': {}", dir, ec.message());
+      TESSEL_CHECK_AS(CheckpointWriteError, !ec, "checkpoint: cannot create '{}': {}", dir, ec.message());
       remove_stale_temporaries(root);
       fs::create_directories(tmp, ec);
-      TESSEL_CHECK_AS(CheckpointError, !ec, "checkpoint: cannot create '{}': {}", tmp.string(), ec.message());
+      TESSEL_CHECK_AS(CheckpointWriteError, !ec, "checkpoint: cannot create '{}': {}", tmp.string(), ec.message());
     } catch (const std::exception& e) {
       setup_error = e.what();
     }
@@ -539,7 +543,7 @@ PendingCheckpoint::PendingCheckpoint(const std::string& dir, const CheckpointCon
         std::error_code ec;
         fs::remove_all(tmp, ec);
       }
-      throw CheckpointError(fmt::format("checkpoint at step {} not saved: {}", content.step, err));
+      throw CheckpointWriteError(fmt::format("checkpoint at step {} not saved: {}", content.step, err));
     }
     described.push_back(j.at("tensors").dump());
   }
@@ -560,7 +564,7 @@ PendingCheckpoint::PendingCheckpoint(const std::string& dir, const CheckpointCon
     const TensorPlan& p = plans[m.jobs[j].plan];
     Shape offset, extent;
     Tensor piece;
-    TESSEL_CHECK_AS(CheckpointError, box_of(*held.at(p.name), offset, extent, piece),
+    TESSEL_CHECK_AS(CheckpointWriteError, box_of(*held.at(p.name), offset, extent, piece),
                     "tensor \"{}\": this rank holds no piece of it", p.name);
     m.sources[j] = snapshot ? view::clone(piece) : view::contiguous(piece);
   }
@@ -591,7 +595,7 @@ void PendingCheckpoint::write() {
       if (static_cast<int>(f % static_cast<size_t>(world)) != rank) continue;
       const std::string path = (tmp / files[f].name).string();
       const int fd = fds.get(path);
-      TESSEL_CHECK_AS(CheckpointError, ::ftruncate(fd, static_cast<off_t>(files[f].size)) == 0,
+      TESSEL_CHECK_AS(CheckpointWriteError, ::ftruncate(fd, static_cast<off_t>(files[f].size)) == 0,
                       "checkpoint: cannot size '{}' to {} bytes: {}", path, files[f].size, sys_error());
       pwrite_all(fd, files[f].header.data(), files[f].header.size(), 0, path);
     }
@@ -728,7 +732,7 @@ std::string PendingCheckpoint::publish() {
       std::error_code ec;
       fs::remove_all(final_dir, ec);
       fs::rename(tmp, final_dir, ec);
-      TESSEL_CHECK_AS(CheckpointError, !ec, "checkpoint: cannot move '{}' to '{}': {}", tmp.string(),
+      TESSEL_CHECK_AS(CheckpointWriteError, !ec, "checkpoint: cannot move '{}' to '{}': {}", tmp.string(),
                       final_dir.string(), ec.message());
       fsync_dir(root);
       if (options.keep_last > 0) {
@@ -756,7 +760,7 @@ std::string PendingCheckpoint::publish() {
   const bool published = all_ok(group, failure.empty() && publish_error.empty());
   if (!published) {
     const std::string why = !failure.empty() ? failure : !publish_error.empty() ? publish_error : "rank 0 could not publish it";
-    throw CheckpointError(fmt::format("checkpoint at step {} not saved ({} kept its previous contents): {}",
+    throw CheckpointWriteError(fmt::format("checkpoint at step {} not saved ({} kept its previous contents): {}",
                                       m.step, dir, why));
   }
   return final_dir.string();
@@ -783,6 +787,10 @@ CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir)
   TESSEL_CHECK_AS(CheckpointError, fs::is_directory(d), "checkpoint '{}' is not a folder", step_dir);
   const fs::path trainer = d / kTrainerFile;
   TESSEL_CHECK_AS(CheckpointError, fs::exists(trainer), "checkpoint '{}' has no {}", step_dir, kTrainerFile);
+  // Only regular files are read: a pipe or device planted in a checkpoint would block or lie.
+  for (const char* name : {kTrainerFile, kIndexFile, kManifestFile})
+    TESSEL_CHECK_AS(CheckpointError, !fs::exists(d / name) || fs::is_regular_file(d / name),
+                    "checkpoint '{}': {} is not a regular file", step_dir, name);
   try {
     trainer_ = Json::parse(read_text(trainer));
     TESSEL_CHECK(trainer_.is_object(), "not a JSON object");

@@ -1,4 +1,6 @@
 // `tessel train` and `tessel bench train`.
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +13,7 @@
 #include "tessel/cli/trainer.h"
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/comm/world.h"
+#include "tessel/core/input_file.h"
 #include "tessel/core/log.h"
 
 namespace tessel {
@@ -23,15 +26,17 @@ RunConfig load_or_bad_input(const std::string& path, const std::vector<std::stri
   } catch (const Error& e) {
     throw BadInput(e.what());
   }
-  // Files the run reads are the user's to fix (exit 2), before any rank starts.
+  // Files the run reads are the user's to fix (exit 2), before any rank starts. Looked at with
+  // stat, never opened here: opening a named pipe would wait for a writer forever.
   for (const auto& [key, file] : {std::pair<const char*, const std::string&>{"data.path", cfg.data.path},
                                   {"data.val_path", cfg.data.val_path},
                                   {"model.init_from", cfg.model.init_from}}) {
     if (file.empty()) continue;
-    std::ifstream in(file, std::ios::binary);
-    if (!in.good() || std::filesystem::is_directory(file))
-      throw BadInput(fmt::format("{}: config {} names '{}', which cannot be read ({})", path, key, file,
-                                 std::filesystem::exists(file) ? "not a readable file" : "no such file"));
+    std::string problem = input_file_problem(file);
+    if (problem.empty() && ::access(file.c_str(), R_OK) != 0) problem = "not a readable file";
+    if (!problem.empty())
+      throw BadInput(fmt::format("{}: config {} names '{}', which cannot be read ({})", path, key, shown_path(file),
+                                 problem));
   }
   return cfg;
 }

@@ -4,14 +4,17 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 #include <thread>
 #include <type_traits>
 
 #include "tessel/core/error.h"
+#include "tessel/core/input_file.h"
+#include "tessel/core/limits.h"
+#include "tessel/core/yaml_guard.h"
 #include "tessel/optim/optimizer.h"
 #include "tessel/parallel/schedule.h"
 
@@ -108,7 +111,18 @@ class Section {
       } else {
         TESSEL_CHECK(v.IsScalar(), "{}: config '{}' must be a single value", at(), full(key));
       }
-      return v.as<T>();
+      T value = v.as<T>();
+      // Every number a config gives is finite: an infinite rate or epsilon trains silently
+      // wrong, and no key has a use for one.
+      if constexpr (std::is_floating_point_v<T>) {
+        TESSEL_CHECK(std::isfinite(value), "{}: config '{}' must be a finite number, got '{}'", at(), full(key),
+                     v.Scalar());
+      } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+        for (double x : value)
+          TESSEL_CHECK(std::isfinite(x), "{}: config '{}' must be a list of finite numbers, got {}", at(), full(key),
+                       YAML::Dump(v));
+      }
+      return value;
     } catch (const YAML::Exception&) {
       const char* expected = std::is_same_v<T, bool>                  ? "true or false"
                              : std::is_integral_v<T>                  ? "an integer"
@@ -127,23 +141,6 @@ class Section {
   const Overrides& set_;
   std::set<std::string> known_;
 };
-
-// Mappings that give a key twice (yaml-cpp keeps both and reads the first): refused, naming
-// both lines, rather than silently ignoring one of the two values.
-void check_duplicate_keys(const YAML::Node& n, const std::string& path, const std::string& source) {
-  if (n.IsSequence())
-    for (const YAML::Node& e : n) check_duplicate_keys(e, path, source);
-  if (!n.IsMap()) return;
-  std::map<std::string, YAML::Node> seen;
-  for (const auto& kv : n) {
-    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : YAML::Dump(kv.first);
-    const std::string full = path.empty() ? key : path + "." + key;
-    auto [it, fresh] = seen.emplace(key, kv.first);
-    TESSEL_CHECK(fresh, "{}: config '{}' is given twice (first at line {}); give it once", where(kv.first, source), full,
-                 it->second.Mark().line + 1);
-    check_duplicate_keys(kv.second, full, source);
-  }
-}
 
 void apply_override(YAML::Node& root, const std::string& text, Overrides& set) {
   size_t eq = text.find('=');
@@ -167,6 +164,7 @@ void apply_override(YAML::Node& root, const std::string& text, Overrides& set) {
     chain.push_back(next);
   }
   YAML::Node parsed;
+  check_yaml_text(value, fmt::format("--set '{}'", text), "config");
   try {
     parsed = YAML::Load(value);
   } catch (const YAML::Exception& e) {
@@ -194,8 +192,29 @@ Json to_json(const YAML::Node& n) {
 std::string resolve_path(const std::string& p, const std::string& base_dir) {
   if (p.empty() || std::filesystem::path(p).is_absolute() || base_dir.empty()) return p;
   std::filesystem::path joined = std::filesystem::path(base_dir) / p;
-  // Prefer the path relative to the config file; fall back to the working directory.
-  return std::filesystem::exists(joined) || !std::filesystem::exists(p) ? joined.lexically_normal().string() : p;
+  // Prefer the path relative to the config file; fall back to the working directory. The
+  // error_code forms: a name too long to look up is reported when the file is opened, naming
+  // its key, rather than as a filesystem exception here.
+  std::error_code ec;
+  const bool joined_exists = std::filesystem::exists(joined, ec);
+  return joined_exists || !std::filesystem::exists(p, ec) ? joined.lexically_normal().string() : p;
+}
+
+// Refuses a product of sizes past kMaxElements (docs/training.md, "Limits"), naming each key:
+// sizes that multiply past int64 would wrap into small or negative element counts.
+void check_elements(const std::string& source, const char* what,
+                    std::initializer_list<std::pair<const char*, int64_t>> factors) {
+  int64_t product = 1;
+  bool fits = true;
+  std::string terms;
+  for (const auto& [key, v] : factors) {
+    std::optional<int64_t> next = checked_mul(product, v);
+    fits = fits && next && *next <= kMaxElements;
+    if (fits) product = *next;
+    terms += fmt::format("{}'{}' ({})", terms.empty() ? "" : " x ", key, v);
+  }
+  TESSEL_CHECK(fits, "{}: config {} = {} is more than {} elements, the most tessel holds in one tensor (2^48)", source,
+               what, terms, kMaxElements);
 }
 
 // Sizes and constants the model could not be built or trained with, named by key path (the
@@ -218,6 +237,11 @@ void check_model_sizes(const ModelSection& m, const std::string& source) {
               {"vocab_size", d(c.vocab_size)}, {"n_positions", d(c.n_positions)},
               {"layer_norm_epsilon", c.layer_norm_epsilon}});
     multiple("n_embd", c.n_embd, "n_head", c.n_head);
+    check_elements(source, "the token embedding", {{"model.vocab_size", c.vocab_size}, {"model.n_embd", c.n_embd}});
+    check_elements(source, "the position embedding",
+                   {{"model.n_positions", c.n_positions}, {"model.n_embd", c.n_embd}});
+    check_elements(source, "the blocks' weights",
+                   {{"model.n_layer", c.n_layer}, {"12", 12}, {"model.n_embd", c.n_embd}, {"model.n_embd", c.n_embd}});
     TESSEL_CHECK(c.dropout >= 0 && c.dropout < 1, "{}: config 'model.resid_pdrop' must be in [0, 1), got {}", source,
                  c.dropout);
     return;
@@ -229,6 +253,16 @@ void check_model_sizes(const ModelSection& m, const std::string& source) {
             {"max_position_embeddings", d(c.max_position_embeddings)}, {"rope_theta", c.rope_theta},
             {"rms_norm_eps", c.rms_norm_eps}});
   multiple("hidden_size", c.hidden_size, "num_attention_heads", c.num_attention_heads);
+  check_elements(source, "the token embedding",
+                 {{"model.vocab_size", c.vocab_size}, {"model.hidden_size", c.hidden_size}});
+  check_elements(source, "the blocks' MLP weights",
+                 {{"model.num_hidden_layers", c.num_hidden_layers}, {"3", 3}, {"model.hidden_size", c.hidden_size},
+                  {"model.intermediate_size", c.intermediate_size}});
+  check_elements(source, "the blocks' attention weights",
+                 {{"model.num_hidden_layers", c.num_hidden_layers}, {"4", 4}, {"model.hidden_size", c.hidden_size},
+                  {"model.hidden_size", c.hidden_size}});
+  check_elements(source, "the rotary table",
+                 {{"model.max_position_embeddings", c.max_position_embeddings}, {"model.hidden_size", c.hidden_size}});
   multiple("num_attention_heads", c.num_attention_heads, "num_key_value_heads", c.num_key_value_heads);
   const int64_t head_dim = c.hidden_size / c.num_attention_heads;
   TESSEL_CHECK(head_dim % 2 == 0,
@@ -322,15 +356,25 @@ void check_hf_architecture(const YAML::Node& hf, const std::string& arch, const 
 
 void merge_hf_config(YAML::Node model, const std::string& base_dir, const std::string& source) {
   if (!model || !model.IsMap() || !model["hf_config"]) return;
+  TESSEL_CHECK(model["hf_config"].IsScalar(), "{}: config 'model.hf_config' must be a file name, got {}",
+               where(model["hf_config"], source), YAML::Dump(model["hf_config"]));
   std::string path = resolve_path(model["hf_config"].as<std::string>(), base_dir);
+  const std::string what = fmt::format("{}: model.hf_config", source);
+  const std::string text = read_input_file(path, what);
+  const std::string origin = fmt::format("{}: model.hf_config {}", source, path);
+  check_yaml_text(text, origin, "key");
   YAML::Node hf;
   try {
-    hf = YAML::LoadFile(path);  // JSON is YAML
+    hf = YAML::Load(text);  // JSON is YAML
   } catch (const YAML::Exception& e) {
     TESSEL_THROW("{}: model.hf_config '{}': {}", source, path, e.what());
   }
   TESSEL_CHECK(hf.IsMap(), "{}: model.hf_config '{}' is not a JSON object", source, path);
-  if (!model["arch"] && hf["model_type"]) model["arch"] = hf["model_type"].as<std::string>();
+  if (!model["arch"] && hf["model_type"]) {
+    TESSEL_CHECK(hf["model_type"].IsScalar(), "{}: model.hf_config '{}': \"model_type\" must be a name, got {}",
+                 source, path, YAML::Dump(hf["model_type"]));
+    model["arch"] = hf["model_type"].as<std::string>();
+  }
   try {
     check_hf_architecture(hf, model["arch"] ? model["arch"].as<std::string>() : "",
                           fmt::format("{}: model.hf_config '{}'", source, path));
@@ -345,8 +389,10 @@ void merge_hf_config(YAML::Node model, const std::string& base_dir, const std::s
 
 }  // namespace
 
-RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
-                           const std::string& base_dir, const std::string& source) {
+static RunConfig read_run_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                                 const std::string& base_dir, const std::string& source, ConfigUse use) {
+  // Aliases, duplicate and non-scalar keys are refused before a node tree is built or walked.
+  check_yaml_text(yaml_text, source, "config");
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -355,7 +401,6 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   }
   if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   TESSEL_CHECK(root.IsMap(), "{}: a config is a mapping with sections model, data, train, log", source);
-  check_duplicate_keys(root, "", source);
   Overrides set;
   for (const std::string& o : overrides) apply_override(root, o, set);
   merge_hf_config(root["model"], base_dir, source);
@@ -363,14 +408,15 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   RunConfig c;
   Section top(root, "", source, set);
   TESSEL_CHECK(root["model"], "{}: config has no 'model' section", source);
-  TESSEL_CHECK(root["data"], "{}: config has no 'data' section", source);
+  // Planning reads only the model and the train section's sizes; a config of a model alone plans.
+  TESSEL_CHECK(root["data"] || use == ConfigUse::planning, "{}: config has no 'data' section", source);
   Section model(root["model"], "model", source, set);
   top.mark("model");
   read_model(model, c.model, base_dir, source);
 
   Section data(root["data"], "data", source, set);
   top.mark("data");
-  c.data.path = resolve_path(data.require<std::string>("path"), base_dir);
+  if (root["data"] || use == ConfigUse::training) c.data.path = resolve_path(data.require<std::string>("path"), base_dir);
   c.data.format = data.parsed("format", "text", parse_token_format);
   c.data.order = data.parsed("order", "random", parse_sample_order);
   c.data.val_path = resolve_path(data.get<std::string>("val_path", ""), base_dir);
@@ -383,6 +429,10 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   t.steps = train.get("steps", t.steps);
   t.global_batch = train.get("global_batch", t.global_batch);
   t.micro_batch = train.get("micro_batch", t.global_batch);
+  // A config read to plan a model alone (no train section's seq_len) plans at the model's full
+  // context, not at a default the model may not reach.
+  if (use == ConfigUse::planning && !train.has("seq_len"))
+    t.seq_len = c.model.arch == "gpt2" ? c.model.gpt2.n_positions : c.model.llama.max_position_embeddings;
   t.seq_len = train.get("seq_len", t.seq_len);
   t.lr = train.get("lr", t.lr);
   t.min_lr = train.get("min_lr", t.lr / 10);
@@ -466,6 +516,19 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   positive("train.seq_len", static_cast<double>(t.seq_len));
   positive("train.lr", t.lr);
   positive("log.every", static_cast<double>(c.log.every));
+  // Sizes that multiply into element counts: past 2^48 they would wrap (docs/training.md, "Limits").
+  const int64_t width = c.model.arch == "gpt2" ? c.model.gpt2.n_embd : c.model.llama.hidden_size;
+  const int64_t vocab = c.model.arch == "gpt2" ? c.model.gpt2.vocab_size : c.model.llama.vocab_size;
+  const int64_t heads = c.model.arch == "gpt2" ? c.model.gpt2.n_head : c.model.llama.num_attention_heads;
+  check_elements(source, "a step's activations",
+                 {{"train.global_batch", t.global_batch}, {"train.seq_len", t.seq_len}, {"model width", width}});
+  check_elements(source, "a micro-batch's logits",
+                 {{"train.micro_batch", t.micro_batch}, {"train.seq_len", t.seq_len}, {"model.vocab_size", vocab}});
+  check_elements(source, "a micro-batch's attention scores",
+                 {{"train.micro_batch", t.micro_batch}, {"attention heads", heads}, {"train.seq_len", t.seq_len},
+                  {"train.seq_len", t.seq_len}});
+  check_elements(source, "the tokens of the run", {{"train.steps", t.steps}, {"train.global_batch", t.global_batch},
+                                                  {"train.seq_len", t.seq_len}});
   TESSEL_CHECK(t.global_batch % t.micro_batch == 0,
                "{}: config 'train.global_batch' ({}) must be a multiple of 'train.micro_batch' ({})", source,
                t.global_batch, t.micro_batch);
@@ -512,6 +575,10 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   }
   // The parallel section is checked for every run, not only when it asks for several ranks:
   // a degree of 0 or -1 would otherwise fall back to one rank without a word.
+  if (pc.dp > 0 && pc.tp > 0 && pc.pp > 0)
+    TESSEL_CHECK(checked_product({pc.dp, pc.tp, pc.pp}, kMaxDevices),
+                 "{}: config 'parallel.dp' x 'parallel.tp' x 'parallel.pp' = {} x {} x {} is more than {} ranks, the "
+                 "most tessel runs (2^20)", source, pc.dp, pc.tp, pc.pp, kMaxDevices);
   try {
     pc.validate(c.model.arch == "gpt2" ? c.model.gpt2.n_layer : c.model.llama.num_hidden_layers, t.global_batch);
   } catch (const Error& e) {
@@ -529,12 +596,26 @@ RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::
   return c;
 }
 
-RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  TESSEL_CHECK(in.good(), "cannot read config '{}'", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_run_config(text.str(), overrides, std::filesystem::path(path).parent_path().string(), path);
+RunConfig parse_run_config(const std::string& yaml_text, const std::vector<std::string>& overrides,
+                           const std::string& base_dir, const std::string& source, ConfigUse use) {
+  // Every error of a config is the user's to fix (exit 2) and names the file: the library's own
+  // exceptions (yaml-cpp's, the file system's) are turned into such errors here.
+  try {
+    return read_run_config(yaml_text, overrides, base_dir, source, use);
+  } catch (const InputError&) {
+    throw;
+  } catch (const Error& e) {
+    throw InputError(e.what());
+  } catch (const YAML::Exception& e) {
+    throw InputError(fmt::format("{}: {}", source, e.what()));
+  } catch (const std::filesystem::filesystem_error& e) {
+    throw InputError(fmt::format("{}: {}", source, e.what()));
+  }
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides, ConfigUse use) {
+  const std::string text = read_input_file(path, "config");
+  return parse_run_config(text, overrides, std::filesystem::path(path).parent_path().string(), path, use);
 }
 
 }  // namespace tessel

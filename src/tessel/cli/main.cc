@@ -1,7 +1,11 @@
 // The tessel command line: train, launch, plan, bench, cluster, ckpt, explain-reshard.
 //
-// Exit status: 0 on success, 2 for bad input (unknown flag, bad config, missing file),
-// 1 when a run fails after it started.
+// Exit status, one contract for every subcommand (docs/training.md, "Exit status"):
+//   0    success
+//   2    bad input: a flag, config, data file, checkpoint or cluster file the user must fix
+//        (BadInput, and the library's InputError: CheckpointError, data-file errors, ...)
+//   1    a run that failed after its input was accepted (CheckpointWriteError, CommError, ...)
+//   128+N  stopped by signal N (the subcommand returns it: train and launch stop cleanly)
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
@@ -53,6 +57,12 @@ int main(int argc, char** argv) {
     for (Command& c : commands)
       if (c.cmd->parsed()) return c.run();
   } catch (const BadInput& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const CheckpointWriteError& e) {  // before InputError: writing failed, the input was fine
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const InputError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {

@@ -1,11 +1,11 @@
 #include "tessel/cli/plan_support.h"
 
+#include <charconv>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "tessel/cli/cluster_detect.h"
 #include "tessel/core/error.h"
+#include "tessel/core/input_file.h"
 #include "tessel/plan/model_spec.h"
 
 namespace tessel {
@@ -28,8 +28,16 @@ plan::ModelSpec model_spec_of(const RunConfig& config) {
 
 plan::ModelSpec resolve_model(const std::string& text, RunConfig* config_out) {
   if (plan::is_model_preset(text)) return plan::model_preset(text);
-  if (!std::filesystem::exists(text)) plan::model_preset(text);  // throws listing the presets
-  RunConfig cfg = load_run_config(text);
+  // Not a file (the error_code form: a name too long to look up is no file either): the preset
+  // list, or the reason the file cannot be read when the name looks like a path.
+  std::error_code ec;
+  if (!std::filesystem::exists(text, ec)) {
+    if (text.find('/') != std::string::npos || text.ends_with(".yaml") || text.ends_with(".yml"))
+      check_input_file(text, "--model");
+    plan::model_preset(text);  // throws listing the presets
+  }
+  // Planning reads the model and the train section's sizes: a config of a model alone plans.
+  RunConfig cfg = load_run_config(text, {}, ConfigUse::planning);
   plan::ModelSpec m = model_spec_of(cfg);
   m.name = std::filesystem::path(text).stem().string();
   if (config_out) *config_out = std::move(cfg);
@@ -41,23 +49,22 @@ plan::Cluster resolve_cluster(const std::string& text, bool verbose) {
   if (base == "local") {
     int ranks = 0;
     if (base.size() < text.size()) {
+      // Thread ranks of this machine, each measured with a thread of its own: bounded as
+      // train.threads is.
+      constexpr int kMaxLocalRanks = 1024;
       const std::string n = text.substr(base.size() + 1);
-      try {
-        ranks = std::stoi(n);
-      } catch (const std::exception&) {
-        ranks = 0;
-      }
-      TESSEL_CHECK(ranks > 0, "--cluster {}: expected local:N with N a positive number of thread ranks", text);
+      auto [end, ec] = std::from_chars(n.data(), n.data() + n.size(), ranks);
+      TESSEL_CHECK(ec == std::errc() && end == n.data() + n.size() && ranks > 0 && ranks <= kMaxLocalRanks,
+                   "--cluster {}: expected local:N with N a number of thread ranks, 1 to {}", text, kMaxLocalRanks);
     }
     return detect_local_cluster(ranks, verbose);
   }
   if (plan::is_cluster_preset(text)) return plan::cluster_preset(text);
-  std::ifstream in(text);
-  TESSEL_CHECK(in.good(), "--cluster {}: not a preset ({}, local[:N]) nor a readable cluster YAML file", text,
-               fmt::format("{}", fmt::join(plan::cluster_preset_names(), ", ")));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return plan::parse_cluster(ss.str(), text);
+  const std::string problem = input_file_problem(text);
+  if (problem == "no such file")
+    throw InputError(fmt::format("--cluster {}: not a preset ({}, local[:N]) nor a cluster YAML file", text,
+                                 fmt::join(plan::cluster_preset_names(), ", ")));
+  return plan::parse_cluster(read_input_file(text, "--cluster"), text);
 }
 
 plan::Estimate auto_layout(const RunConfig& config, int ranks, bool verbose) {

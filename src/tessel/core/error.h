@@ -1,6 +1,10 @@
 // Errors of the library. Every failure a user can cause is a tessel::Error (or subclass)
 // whose message names the op, tensor, key or rank involved and both sides of a mismatch.
 // The library never aborts or exits: elastic recovery must be able to catch everything.
+//
+// The command line's exit status follows the class (cli/main.cc): InputError (a config, flag,
+// data file, checkpoint or cluster file the user must fix) exits 2, except
+// CheckpointWriteError; every other Error is a run that failed and exits 1.
 #pragma once
 
 #include <stdexcept>
@@ -16,6 +20,13 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What the user gave is malformed, missing or does not fit together: a config or its values, a
+// data file, a checkpoint, a cluster description. Retrying the same command cannot succeed.
+class InputError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Communication failed: a peer died, never arrived, or a transport broke.
 class CommError : public Error {
  public:
@@ -29,9 +40,16 @@ class TimeoutError : public CommError {
 };
 
 // A checkpoint is missing, malformed or incompatible with what is being loaded.
-class CheckpointError : public Error {
+class CheckpointError : public InputError {
  public:
-  using Error::Error;
+  using InputError::InputError;
+};
+
+// Writing a checkpoint failed (disk full, an I/O error, the folder removed under the run): the
+// run failed, its input was fine. Save paths throw this rather than CheckpointError.
+class CheckpointWriteError : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
 };
 
 // An internal invariant did not hold: a bug in tessel, not in the caller's input.

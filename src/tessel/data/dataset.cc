@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "tessel/core/error.h"
+#include "tessel/core/input_file.h"
 #include "tessel/core/philox.h"
 
 namespace tessel {
@@ -45,25 +46,28 @@ TokenDataset TokenDataset::open(const std::string& path, TokenFormat format) {
   TokenDataset d;
   d.path_ = path;
   d.format_ = format;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  TESSEL_CHECK(fd >= 0, "data file '{}': cannot open: {}", path, std::strerror(errno));
+  // Looked at before it is opened: opening a named pipe would wait for a writer forever. A token
+  // file is memory-mapped, so only a regular file will do.
+  check_input_file(path, "data file");
+  // O_NONBLOCK: a path swapped for a pipe since the stat does not block here; fstat refuses it.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  TESSEL_CHECK_AS(InputError, fd >= 0, "data file '{}': cannot open: {}", path, std::strerror(errno));
   struct stat st{};
   int rc = ::fstat(fd, &st);
   size_t bytes = rc == 0 ? static_cast<size_t>(st.st_size) : 0;
   if (rc != 0 || !S_ISREG(st.st_mode) || bytes == 0) {
     const int err = errno;
     ::close(fd);
-    TESSEL_THROW("data file '{}': {}", path,
-                 rc != 0                 ? std::strerror(err)
-                 : S_ISDIR(st.st_mode)   ? "is a directory, not a token file"
-                 : !S_ISREG(st.st_mode)  ? "is not a regular file (a token file is memory-mapped)"
-                                         : "is empty");
+    throw InputError(fmt::format("data file '{}': {}", path,
+                                 rc != 0                ? std::strerror(err)
+                                 : !S_ISREG(st.st_mode) ? "is not a regular file (a token file is memory-mapped)"
+                                                        : "is empty"));
   }
   const size_t width = static_cast<size_t>(token_width(format));
   if (bytes % width != 0) {
     ::close(fd);
-    TESSEL_THROW("data file '{}': {} bytes is not a whole number of {}-byte tokens (format {})", path, bytes, width,
-                 token_format_name(format));
+    throw InputError(fmt::format("data file '{}': {} bytes is not a whole number of {}-byte tokens (format {})", path,
+                                 bytes, width, token_format_name(format)));
   }
   void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
@@ -131,7 +135,7 @@ Sampler::Sampler(int64_t num_tokens, int64_t seq_len, int64_t global_batch, Samp
     : span_(num_tokens - seq_len - 1), seq_len_(seq_len), global_batch_(global_batch), order_(order), seed_(seed) {
   TESSEL_CHECK(seq_len > 0 && global_batch > 0, "data: seq_len ({}) and global_batch ({}) must be positive", seq_len,
                global_batch);
-  TESSEL_CHECK(span_ > 0, "data: {} tokens are too few for samples of seq_len {} (need at least {})", num_tokens,
+  TESSEL_CHECK_AS(InputError, span_ > 0, "data: {} tokens are too few for samples of seq_len {} (need at least {})", num_tokens,
                seq_len, seq_len + 2);
 }
 

@@ -23,7 +23,8 @@ int64_t token_width(TokenFormat format);
 class TokenDataset {
  public:
   // Opens `path` (text is read into memory as bytes; binary formats are mapped). Throws
-  // Error naming the path when it is missing, empty, or not a whole number of tokens.
+  // InputError naming the path when it is missing, not a regular file (a pipe, a device, a
+  // folder: refused without opening it), empty, or not a whole number of tokens.
   static TokenDataset open(const std::string& path, TokenFormat format);
   // A dataset over tokens held in memory (tests, generated data).
   static TokenDataset from_tokens(std::vector<uint32_t> tokens);
@@ -59,7 +60,7 @@ std::string_view sample_order_name(SampleOrder order);
 // sequential: ((step·B + row)·S) mod (N − S − 1), B the global batch.
 class Sampler {
  public:
-  // Throws when the dataset is too short for one sample of `seq_len`.
+  // Throws InputError when the dataset is too short for one sample of `seq_len`.
   Sampler(int64_t num_tokens, int64_t seq_len, int64_t global_batch, SampleOrder order, uint64_t seed);
   int64_t start(int64_t step, int64_t row) const;
   int64_t seq_len() const { return seq_len_; }

@@ -25,19 +25,21 @@ TrainingData open_training_data(const RunConfig& cfg, int64_t vocab_size) {
   const DataSection& d = cfg.data;
   TrainingData out;
   out.train = std::make_shared<TokenDataset>(TokenDataset::open(d.path, d.format));
-  TESSEL_CHECK(out.train->max_token() < vocab_size, "data file '{}' holds token id {} but model.vocab_size is {}",
+  // Token ids past the vocabulary, like every other fault of a data file, are the user's input
+  // to fix (InputError: exit status 2).
+  TESSEL_CHECK_AS(InputError, out.train->max_token() < vocab_size, "data file '{}' holds token id {} but model.vocab_size is {}",
                d.path, out.train->max_token(), vocab_size);
   if (!d.has_validation()) return out;
   std::string what;
   if (!d.val_path.empty()) {
     out.validation = std::make_shared<TokenDataset>(TokenDataset::open(d.val_path, d.format));
     what = fmt::format("data.val_path '{}'", d.val_path);
-    TESSEL_CHECK(out.validation->max_token() < vocab_size,
+    TESSEL_CHECK_AS(InputError, out.validation->max_token() < vocab_size,
                  "validation tokens of '{}' hold token id {} but model.vocab_size is {}", d.val_path,
                  out.validation->max_token(), vocab_size);
   } else {
     const int64_t n = out.train->size(), held = static_cast<int64_t>(static_cast<double>(n) * d.val_fraction);
-    TESSEL_CHECK(held > 0 && held < n, "data.val_fraction {} of the {} tokens of '{}' holds out {}; nothing to "
+    TESSEL_CHECK_AS(InputError, held > 0 && held < n, "data.val_fraction {} of the {} tokens of '{}' holds out {}; nothing to "
                  "validate on or to train on", d.val_fraction, n, d.path, held);
     out.validation = std::make_shared<TokenDataset>(out.train->slice(n - held, n));
     out.train = std::make_shared<TokenDataset>(out.train->slice(0, n - held));
@@ -46,8 +48,8 @@ TrainingData open_training_data(const RunConfig& cfg, int64_t vocab_size) {
   try {
     out.validation_order.emplace(out.validation->size(), cfg.train.seq_len, cfg.train.global_batch,
                                  SampleOrder::sequential, cfg.train.seed);
-  } catch (const Error& e) {
-    TESSEL_THROW("validation tokens from {}: {}", what, e.what());
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("validation tokens from {}: {}", what, e.what()));
   }
   out.validation_batches = cfg.train.eval_batches;
   return out;

@@ -17,6 +17,8 @@
 #include <optional>
 
 #include "tessel/core/error.h"
+#include "tessel/core/limits.h"
+#include "tessel/core/yaml_guard.h"
 
 namespace tessel::plan {
 
@@ -82,10 +84,13 @@ class Section {
     check(key, v > 0 && v <= most, v, fmt::format("in (0, {}]", most).c_str());
     return v;
   }
-  int count(const std::string& key, int fallback, int min) {
-    int v = get<int>(key, fallback);
+  // A count read as 64 bits and bounded by `most`, so it fits an int and products of two fit
+  // an int64 (a 32-bit read wrapped 2^31 devices into a negative count).
+  int count(const std::string& key, int fallback, int min, int64_t most) {
+    int64_t v = get<int64_t>(key, fallback);
     check(key, v >= min, v, min == 0 ? "zero or positive" : "positive");
-    return v;
+    check(key, v <= most, v, fmt::format("at most {}", most).c_str());
+    return static_cast<int>(v);
   }
 
   void finish() const {
@@ -195,14 +200,17 @@ Cluster read_cluster(const YAML::Node& root, const std::string& origin) {
   Section s(root, "", origin);
   Cluster c;
   c.name = s.get<std::string>("name", origin);
-  c.nodes = s.count("nodes", c.nodes, 1);
-  c.devices_per_node = s.count("devices_per_node", c.devices_per_node, 1);
-  c.total_devices = s.count("total_devices", c.total_devices, 0);
+  c.nodes = s.count("nodes", c.nodes, 1, kMaxDevices);
+  c.devices_per_node = s.count("devices_per_node", c.devices_per_node, 1, kMaxDevices);
+  TESSEL_CHECK(checked_product({c.nodes, c.devices_per_node}, kMaxDevices),
+               "{}: 'nodes' {} x 'devices_per_node' {} is more than {} devices, the most tessel plans (2^20)",
+               s.at("nodes"), c.nodes, c.devices_per_node, kMaxDevices);
+  c.total_devices = s.count("total_devices", c.total_devices, 0, kMaxDevices);
   TESSEL_CHECK(c.total_devices == 0 ||
                    (c.total_devices > (c.nodes - 1) * c.devices_per_node && c.total_devices <= c.nodes * c.devices_per_node),
                "{}: 'total_devices' {} does not fit nodes {} x devices_per_node {} (the last node holds 1..{} devices)",
                s.at("total_devices"), c.total_devices, c.nodes, c.devices_per_node, c.devices_per_node);
-  c.cores_per_node = s.count("cores_per_node", c.cores_per_node, 0);
+  c.cores_per_node = s.count("cores_per_node", c.cores_per_node, 0, kMaxDevices);
   c.dtype = s.get<std::string>("dtype", c.dtype);
   TESSEL_CHECK(s.has("device"), "{}: missing 'device' (name, peak_flops, memory_bytes, memory_bandwidth)", origin);
   c.device = read_device(s.sub("device"));
@@ -217,7 +225,7 @@ Cluster read_cluster(const YAML::Node& root, const std::string& origin) {
     s.node("inter");
     TESSEL_CHECK(c.nodes == 1, "{}: missing 'inter' (kind, bandwidth, latency): needed with nodes {}", origin, c.nodes);
   }
-  c.nics_per_node = s.count("nics_per_node", c.nics_per_node, 0);
+  c.nics_per_node = s.count("nics_per_node", c.nics_per_node, 0, kMaxDevices);
   c.calibration = read_calibration(s.sub("calibration"));
   s.finish();
   return c;
@@ -329,18 +337,25 @@ std::string Cluster::to_yaml() const {
 }
 
 Cluster parse_cluster(const std::string& yaml_text, const std::string& origin) {
+  // Aliases, keys given twice and keys that are not names are refused before any walk.
+  check_yaml_text(yaml_text, origin, "key");
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
-    TESSEL_THROW("{}: not valid YAML: {}", mark_text(e.mark, origin), e.msg);
+    throw InputError(fmt::format("{}: not valid YAML: {}", mark_text(e.mark, origin), e.msg));
   }
-  TESSEL_CHECK(root.IsMap(), "{}: a cluster must be a mapping of keys (name, nodes, devices_per_node, device, ...)",
+  TESSEL_CHECK_AS(InputError, root.IsMap(), "{}: a cluster must be a mapping of keys (name, nodes, devices_per_node, device, ...)",
                origin);
+  // Every error of a cluster file is the user's to fix: an InputError naming the file.
   try {
     return read_cluster(root, origin);
-  } catch (const YAML::Exception& e) {  // a key that is not a string, say
-    TESSEL_THROW("{}: {}", mark_text(e.mark, origin), e.msg);
+  } catch (const InputError&) {
+    throw;
+  } catch (const Error& e) {
+    throw InputError(e.what());
+  } catch (const YAML::Exception& e) {
+    throw InputError(fmt::format("{}: {}", mark_text(e.mark, origin), e.msg));
   }
 }
 

@@ -73,12 +73,14 @@ struct Cluster {
   std::string to_yaml() const;
 };
 
-// Parses the YAML form; unknown keys and bad values throw Error naming the key path. `origin`
-// names the text in messages (a file path).
+// Parses the YAML form; unknown keys, keys given twice, bad values and YAML aliases expanding
+// past kMaxYamlNodes throw InputError naming the key path. Counts are bounded: nodes x
+// devices_per_node at most kMaxDevices (2^20, tessel/core/limits.h). `origin` names the text in
+// messages (a file path).
 Cluster parse_cluster(const std::string& yaml_text, const std::string& origin);
 
-// Presets: dgx-a100-80g, dgx-a100-40g, dgx-h100, h200 (each takes ":N" devices; default one
-// node). `local` is not here (it is measured: see the cli's cluster detect).
+// Presets: dgx-a100-80g, dgx-a100-40g, dgx-h100, h200 (each takes ":N" devices, 1 to
+// kMaxDevices; default one node); throws InputError on anything else. `local` is not here (it is measured: see the cli's cluster detect).
 Cluster cluster_preset(std::string_view spec);
 std::vector<std::string> cluster_preset_names();
 bool is_cluster_preset(std::string_view spec);

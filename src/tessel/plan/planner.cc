@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "tessel/core/error.h"
+#include "tessel/core/limits.h"
 #include "tessel/core/shape.h"
 #include "tessel/parallel/schedule.h"
 
@@ -36,8 +37,15 @@ Layout parse_layout(const std::string& text, int64_t global_batch, int devices) 
     } catch (const std::exception&) {
       used = 0;
     }
-    TESSEL_CHECK(used == v.size() && x >= 0, "--layout: {}={} is not a non-negative integer", key, v);
+    TESSEL_CHECK_AS(InputError, used == v.size() && x >= 0, "--layout: {}={} is not a non-negative integer", key, v);
     return static_cast<int64_t>(x);
+  };
+  // Degrees are read as 64 bits and bounded before they become a Layout's ints.
+  auto degree = [&](const std::string& key, const std::string& v) {
+    const int64_t x = number(key, v);
+    TESSEL_CHECK_AS(InputError, x <= kMaxDevices, "--layout: {}={} is more than {}, the most devices tessel plans (2^20)",
+                    key, v, kMaxDevices);
+    return static_cast<int>(x);
   };
   std::set<std::string> seen;
   TESSEL_CHECK(!text.empty(), "--layout: empty; give key=value pairs such as dp=2,tp=4,pp=2 (or leave --layout out to "
@@ -49,12 +57,12 @@ Layout parse_layout(const std::string& text, int64_t global_batch, int devices) 
     const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
     TESSEL_CHECK(seen.insert(key == "micro_batch" ? "mbs" : key == "zero" ? "sharding_stage" : key).second,
                  "--layout '{}': '{}' is given twice", text, key);
-    if (key == "dp") l.dp = static_cast<int>(number(key, v)), has_dp = true;
-    else if (key == "tp") l.tp = static_cast<int>(number(key, v));
-    else if (key == "pp") l.pp = static_cast<int>(number(key, v));
-    else if (key == "vpp") l.vpp = static_cast<int>(number(key, v));
+    if (key == "dp") l.dp = degree(key, v), has_dp = true;
+    else if (key == "tp") l.tp = degree(key, v);
+    else if (key == "pp") l.pp = degree(key, v);
+    else if (key == "vpp") l.vpp = degree(key, v);
     else if (key == "mbs" || key == "micro_batch") l.micro_batch = number(key, v);
-    else if (key == "sharding_stage" || key == "zero") l.sharding_stage = static_cast<int>(number(key, v));
+    else if (key == "sharding_stage" || key == "zero") l.sharding_stage = degree(key, v);
     else if (key == "sp") {
       TESSEL_CHECK(v == "true" || v == "false", "--layout: sp must be true or false, got '{}'", v);
       l.sp = v == "true";
@@ -71,6 +79,11 @@ Layout parse_layout(const std::string& text, int64_t global_batch, int devices) 
     }
   }
   TESSEL_CHECK(l.tp > 0 && l.pp > 0 && l.vpp > 0 && l.micro_batch > 0, "--layout: tp, pp, vpp and mbs must be positive");
+  TESSEL_CHECK_AS(InputError, checked_product({l.dp, l.tp, l.pp}, kMaxDevices) && checked_product({l.pp, l.vpp}, kMaxDevices),
+                  "--layout: dp {} x tp {} x pp {} (or pp x vpp {}) is more than {}, the most devices tessel plans (2^20)",
+                  l.dp, l.tp, l.pp, l.vpp, kMaxDevices);
+  TESSEL_CHECK_AS(InputError, l.micro_batch <= global_batch, "--layout: mbs={} is more than the global batch {}",
+                  l.micro_batch, global_batch);
   if (!has_dp) {
     TESSEL_CHECK(devices % (l.tp * l.pp) == 0, "--layout: tp {} x pp {} does not divide the {} devices", l.tp, l.pp,
                  devices);
@@ -83,7 +96,7 @@ Layout parse_layout(const std::string& text, int64_t global_batch, int devices) 
     TESSEL_CHECK(l.pp > 1, "--layout: vpp={} needs pp > 1 (chunks interleave over pipeline ranks)", l.vpp);
     TESSEL_CHECK(l.schedule == "VPP", "--layout: vpp={} runs only on schedule=VPP, got schedule={}", l.vpp, l.schedule);
   }
-  TESSEL_CHECK(global_batch % (l.dp * l.micro_batch) == 0,
+  TESSEL_CHECK(checked_product({l.dp, l.micro_batch}, global_batch) && global_batch % (l.dp * l.micro_batch) == 0,
                "--layout: the global batch {} is not a multiple of dp {} x mbs {}", global_batch, l.dp, l.micro_batch);
   l.micro_batches = global_batch / (l.dp * l.micro_batch);
   TESSEL_CHECK(l.vpp == 1 || l.micro_batches % l.pp == 0,
@@ -175,8 +188,44 @@ struct Prepared {
   double w_pending_per_layer = 0;
 };
 
+// Sizes whose products count the elements of one tensor the cost model describes (a micro-batch's
+// activations, attention scores and logits; a step's tokens): past kMaxElements they would
+// wrap in 64-bit arithmetic. Refused naming the sizes (docs/plan.md, "Limits").
+void check_sizes(const ModelSpec& m, int64_t global_batch, int64_t micro_batch) {
+  const int64_t widest = std::max({m.hidden, m.ffn, m.vocab});
+  struct Product {
+    const char* what;
+    std::initializer_list<int64_t> factors;
+  };
+  for (const Product& p : {Product{"global batch x sequence length", {global_batch, m.seq}},
+                           Product{"micro-batch x sequence length x widest layer", {micro_batch, m.seq, widest}},
+                           Product{"micro-batch x heads x sequence length^2", {micro_batch, m.heads, m.seq, m.seq}}})
+    TESSEL_CHECK_AS(InputError, checked_product(p.factors, kMaxElements),
+                    "plan: {} of {} (global batch {}, micro-batch {}, sequence length {}, heads {}, widest layer {}) is "
+                    "more than {} elements, the most one tensor may hold (2^48)",
+                    p.what, m.name, global_batch, micro_batch, m.seq, m.heads, widest, kMaxElements);
+}
+
+// A cluster value built in code (not parsed, so not bounded by parse_cluster) could still hold
+// counts whose int product wraps: checked before any use.
+void check_cluster_counts(const Cluster& c) {
+  TESSEL_CHECK_AS(InputError,
+                  c.nodes >= 1 && c.devices_per_node >= 1 && c.total_devices >= 0 &&
+                      checked_product({c.nodes, c.devices_per_node}, kMaxDevices),
+                  "plan: cluster '{}' has {} nodes x {} devices per node; tessel plans 1..{} devices (2^20)", c.name,
+                  c.nodes, c.devices_per_node, kMaxDevices);
+}
+
 void check_layout(const ModelSpec& m, const Cluster& c, Layout& l, int64_t global_batch) {
+  check_cluster_counts(c);
   TESSEL_CHECK(l.dp > 0 && l.tp > 0 && l.pp > 0 && l.vpp > 0, "layout {}: degrees must be positive", l.str());
+  TESSEL_CHECK_AS(InputError,
+                  checked_product({l.dp, l.tp, l.pp}, kMaxDevices) && checked_product({l.pp, l.vpp}, kMaxDevices),
+                  "layout {}: more than {} devices or virtual stages, the most tessel plans (2^20)", l.str(),
+                  kMaxDevices);
+  TESSEL_CHECK(l.micro_batch > 0 && l.micro_batch <= global_batch,
+               "layout {}: micro-batch {} must be in 1..the global batch {}", l.str(), l.micro_batch, global_batch);
+  check_sizes(m, global_batch, l.micro_batch);
   TESSEL_CHECK(l.devices() == c.devices(), "layout {}: dp x tp x pp = {} but the cluster '{}' has {} devices",
                l.str(), l.devices(), c.name, c.devices());
   TESSEL_CHECK(m.heads % l.tp == 0 && m.kv_heads % l.tp == 0,
@@ -184,7 +233,7 @@ void check_layout(const ModelSpec& m, const Cluster& c, Layout& l, int64_t globa
                m.kv_heads);
   TESSEL_CHECK(m.layers >= static_cast<int64_t>(l.pp) * l.vpp,
                "layout {}: {} layers cannot fill pp {} x vpp {} virtual stages", l.str(), m.layers, l.pp, l.vpp);
-  TESSEL_CHECK(l.micro_batch > 0 && global_batch % (l.dp * l.micro_batch) == 0,
+  TESSEL_CHECK(checked_product({l.dp, l.micro_batch}, global_batch) && global_batch % (l.dp * l.micro_batch) == 0,
                "layout {}: global batch {} is not a multiple of dp {} x micro-batch {}", l.str(), global_batch, l.dp,
                l.micro_batch);
   l.micro_batches = global_batch / (l.dp * l.micro_batch);
@@ -504,19 +553,27 @@ bool faster(const Estimate& a, const Estimate& b) {
   return a.layout.str() < b.layout.str();
 }
 
+// Divisors of n in increasing order; 64-bit, so n near INT_MAX cannot wrap the counter (it
+// once did, then divided by zero).
 std::vector<int> divisors(int n) {
-  std::vector<int> d;
-  for (int i = 1; i <= n; ++i)
-    if (n % i == 0) d.push_back(i);
-  return d;
+  std::vector<int> low, high;
+  for (int64_t i = 1; i * i <= n; ++i) {
+    if (n % i != 0) continue;
+    low.push_back(static_cast<int>(i));
+    if (i * i != n) high.push_back(static_cast<int>(n / i));
+  }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
 }
 
 }  // namespace
 
 std::vector<Layout> candidate_layouts(const ModelSpec& m, const Cluster& c, const PlanOptions& o) {
   validate(m);
-  const int n = c.devices();
   TESSEL_CHECK(o.global_batch > 0, "plan: the global batch must be positive");
+  check_cluster_counts(c);
+  check_sizes(m, o.global_batch, std::min(o.max_micro_batch, o.global_batch));
+  const int n = c.devices();
   std::vector<std::string> recomputes = {"none", "selective", "full"};
   if (!o.recompute.empty()) recomputes = o.recompute;
   std::vector<Layout> out;

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "tessel/core/error.h"
+#include "tessel/core/limits.h"
 #include "tessel/plan/cluster.h"
 
 namespace tessel::plan {
@@ -123,21 +124,25 @@ Cluster cluster_preset(std::string_view spec) {
   for (const Preset& p : kPresets) {
     if (base != p.name) continue;
     Cluster c = p.make();
-    int devices = c.devices_per_node;
+    int64_t devices = c.devices_per_node;
     if (base.size() < spec.size()) {
       std::string_view count = spec.substr(base.size() + 1);
       auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), devices);
-      TESSEL_CHECK(ec == std::errc() && end == count.data() + count.size() && devices > 0,
-                   "cluster '{}': expected PRESET:N with N a positive device count, got '{}'", spec, count);
+      TESSEL_CHECK_AS(InputError, ec == std::errc() && end == count.data() + count.size() && devices > 0,
+                      "cluster '{}': expected PRESET:N with N a positive device count, got '{}'", spec, count);
+      // 64-bit and bounded: 2^31 - 1 devices once wrapped in the node count below.
+      TESSEL_CHECK_AS(InputError, devices <= kMaxDevices,
+                      "cluster '{}': {} devices is more than {}, the most tessel plans (2^20)", spec, count,
+                      kMaxDevices);
     }
-    c.nodes = (devices + c.devices_per_node - 1) / c.devices_per_node;
-    c.total_devices = devices;
+    c.nodes = static_cast<int>((devices + c.devices_per_node - 1) / c.devices_per_node);
+    c.total_devices = static_cast<int>(devices);
     c.name = std::string(spec);
     return c;
   }
   std::string known;
   for (const Preset& p : kPresets) known += std::string(known.empty() ? "" : ", ") + p.name;
-  TESSEL_THROW("unknown cluster preset '{}' (known: {}, or local, or a cluster YAML file)", base, known);
+  throw InputError(fmt::format("unknown cluster preset '{}' (known: {}, or local, or a cluster YAML file)", base, known));
 }
 
 }  // namespace tessel::plan
