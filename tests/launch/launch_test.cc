@@ -429,6 +429,20 @@ TEST(Launch, SigintStopsEveryWorkerAndExits130) {
   EXPECT_EQ(dir.alive(), std::vector<pid_t>{});
 }
 
+// SIGTERM (a batch system ending the job) stops every worker too, and the exit status follows
+// the shell's convention for a signal: 128 + 15.
+TEST(Launch, SigtermStopsEveryWorkerAndExits143) {
+  PidDir dir;
+  Proc launcher({"launch", "--nproc-per-node", "2", "--", kFixture, "--sleep", "60", "--pid-dir", dir.path()});
+  ASSERT_TRUE(dir.wait_for(2)) << "workers did not start";
+  ::kill(launcher.pid(), SIGTERM);
+  Result r = launcher.wait();
+  EXPECT_EQ(r.code, 143) << show(r);
+  EXPECT_LT(r.seconds, 10.0) << show(r);
+  EXPECT_TRUE(contains(r.err, "interrupted by SIGTERM")) << show(r);
+  EXPECT_EQ(dir.alive(), std::vector<pid_t>{});
+}
+
 // A launcher that is itself SIGKILLed cannot clean up: its workers die with it anyway.
 TEST(Launch, WorkersDieWithASigkilledLauncher) {
   PidDir dir;

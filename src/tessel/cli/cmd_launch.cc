@@ -24,8 +24,8 @@ constexpr const char* kFooter = R"(Each process gets torchrun's environment:
 Every output line of a process is prefixed with "[rank R] " (stdout to stdout, stderr to
 stderr); stdin is /dev/null. When a process exits non-zero or is killed by a signal, every
 process of the job, on every node, is stopped (SIGTERM, then SIGKILL after a grace period)
-and the failed rank is reported; tessel launch then exits 1. Ctrl-C stops the job and exits
-130.
+and the failed rank is reported; tessel launch then exits 1. Ctrl-C (SIGINT) or SIGTERM stops
+the job and exits 128 + the signal: 130 or 143.
 
 Examples:
   tessel launch --nproc-per-node 4 -- python3 train.py --lr 3e-4

@@ -714,7 +714,8 @@ int Launcher::finish() {
     } catch (const CommError&) {
     }
   }
-  return interrupted_ != 0 ? 130 : 1;
+  // The shell's convention for a process ended by a signal: 130 for SIGINT, 143 for SIGTERM.
+  return interrupted_ != 0 ? 128 + interrupted_ : 1;
 }
 
 }  // namespace

@@ -32,10 +32,10 @@ void check_launch_options(const LaunchOptions& options);
 
 // Runs the job and returns the exit status for `tessel launch`: 0 when every process
 // succeeded, 1 when one failed (its rank, node and exit code or signal are reported on
-// stderr), 130 when interrupted. Throws Error for bad options, CommError/TimeoutError when
-// the store cannot be hosted or reached or the rendezvous times out; no process it started
-// outlives the call, whatever the path out of it (and, through PR_SET_PDEATHSIG, none
-// outlives a launcher that is itself SIGKILLed). Each process runs in its own process group
+// stderr), 128 + the signal when interrupted (130 for SIGINT, 143 for SIGTERM). Throws Error
+// for bad options, CommError/TimeoutError when the store cannot be hosted or reached or the
+// rendezvous times out; no process it started outlives the call, whatever the path out of
+// it (and, through PR_SET_PDEATHSIG, none outlives a launcher that is itself SIGKILLed). Each process runs in its own process group
 // with stdin from /dev/null. For its duration it handles SIGINT, SIGTERM and SIGCHLD and
 // ignores SIGPIPE, restoring the previous dispositions on return: one launch per process at
 // a time.
