@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -415,6 +416,41 @@ TEST(Launch, ANodeWithTheWrongTokenIsRejected) {
   EXPECT_TRUE(contains(r0.err, "node rank(s) 1 did not join")) << show(r0);
 }
 
+// The token can come from a file (never the command line, which `ps` shows to every user);
+// --token still works but warns.
+TEST(Launch, TheTokenComesFromAFileAndTheCommandLineWarns) {
+  PidDir dir;
+  const std::string file = dir.path() + "/job.token";
+  {
+    std::ofstream f(file);
+    f << "0123456789abcdef0123456789abcdef\n";
+  }
+  ::chmod(file.c_str(), 0600);
+  const int port = free_port();
+  auto args = [&](int node) {
+    std::vector<std::string> a = node_args(node, port, "unused");
+    a[7] = "--token-file";
+    a[8] = file;
+    return a + std::vector<std::string>{"--", kFixture, "--print-env"};
+  };
+  Proc node0(args(0));
+  Result r1 = Proc(args(1)).wait();
+  Result r0 = node0.wait();
+  ASSERT_EQ(r0.code, 0) << show(r0);
+  ASSERT_EQ(r1.code, 0) << show(r1);
+  EXPECT_TRUE(contains(r1.out, "[rank 3] env RANK=3 ")) << show(r1);
+  EXPECT_TRUE(contains(r1.out, "TOKEN_LEN=32")) << show(r1);
+  EXPECT_FALSE(contains(r0.err + r1.err, "warning")) << show(r0) << show(r1);
+
+  Result r = run_tessel({"launch", "--nproc-per-node", "1", "--token", "visible", "--", kFixture});
+  EXPECT_EQ(r.code, 0) << show(r);
+  EXPECT_TRUE(contains(r.err, "warning: --token is visible to every user")) << show(r);
+  ::chmod(file.c_str(), 0644);
+  r = run_tessel({"launch", "--nproc-per-node", "1", "--token-file", file, "--", kFixture});
+  EXPECT_EQ(r.code, 0) << show(r);
+  EXPECT_TRUE(contains(r.err, "can be read by other users")) << show(r);
+}
+
 // (g) Ctrl-C stops every worker and exits 130.
 TEST(Launch, SigintStopsEveryWorkerAndExits130) {
   PidDir dir;
@@ -481,6 +517,15 @@ TEST(Launch, BadOptionsExitTwoNamingTheFlag) {
       {{"--nproc-per-node", "1", "--nnodes", "1:4"}, "--nnodes"},
       {{"--nproc-per-node", "1", "--nnodes", "zero"}, "--nnodes"},
       {{"--nproc-per-node", "1", "--rendezvous-timeout", "0"}, "--rendezvous-timeout"},
+      // A store beyond loopback with a guessable token; a token file that is not there, or is a
+      // folder; a token given twice.
+      {{"--nnodes", "2", "--node-rank", "1", "--master", "10.255.0.1:29999", "--token", "short", "--nproc-per-node", "1"},
+       "at least 128 bits"},
+      {{"--nproc-per-node", "1", "--master", "10.255.0.1:29999", "--token", "0123456789abcdef0123456789abcde"},
+       "at least 128 bits"},
+      {{"--nproc-per-node", "1", "--token-file", "/nonexistent/job.token"}, "--token-file '/nonexistent/job.token'"},
+      {{"--nproc-per-node", "1", "--token-file", "/tmp"}, "not a regular file"},
+      {{"--nproc-per-node", "1", "--token-file", "/dev/null", "--token", "t"}, "--token and --token-file"},
       {{"--nproc-per-node", "1", "--no-such-flag"}, "--no-such-flag"},
   };
   for (const Case& c : cases) {
@@ -496,7 +541,8 @@ TEST(Launch, BadOptionsExitTwoNamingTheFlag) {
 TEST(Launch, HelpExplainsFlagsAndEnvironment) {
   Result r = run_tessel({"launch", "--help"});
   EXPECT_EQ(r.code, 0) << show(r);
-  for (const char* word : {"--nproc-per-node", "--nnodes", "--node-rank", "--master", "--token", "--rendezvous-timeout",
+  for (const char* word : {"--nproc-per-node", "--nnodes", "--node-rank", "--master", "--token", "--token-file",
+                           "--rendezvous-timeout",
                            "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                            "GROUP_RANK", "TESSEL_JOB_TOKEN"})
     EXPECT_TRUE(contains(r.out, word)) << word << " missing from --help:\n" << r.out;

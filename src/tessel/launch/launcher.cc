@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -69,8 +71,30 @@ std::string random_token() {
   return hex;
 }
 
-std::string token_of(const LaunchOptions& o) {
+// The first line of a token file, without surrounding whitespace; only a regular file will do
+// (a pipe could block the launcher).
+std::string read_token_file(const std::string& path, bool warn) {
+  struct stat st {};
+  TESSEL_CHECK(::stat(path.c_str(), &st) == 0, "--token-file '{}': {}", path, std::strerror(errno));
+  TESSEL_CHECK(S_ISREG(st.st_mode), "--token-file '{}': not a regular file", path);
+  TESSEL_CHECK(st.st_size <= 64 * 1024, "--token-file '{}': {} bytes is too long for a token file", path, st.st_size);
+  std::ifstream in(path);
+  std::string line;
+  TESSEL_CHECK(in.good() && std::getline(in, line), "--token-file '{}': cannot read it{}", path,
+               in.good() ? " (empty)" : fmt::format(": {}", std::strerror(errno)));
+  const std::size_t b = line.find_first_not_of(" \t\r"), e = line.find_last_not_of(" \t\r");
+  line = b == std::string::npos ? std::string() : line.substr(b, e - b + 1);
+  TESSEL_CHECK(!line.empty(), "--token-file '{}': the first line holds no token", path);
+  if (warn && (st.st_mode & 077) != 0)
+    say(fmt::format("warning: --token-file '{}' can be read by other users (mode {:o}); chmod 600 it", path,
+                    st.st_mode & 0777));
+  return line;
+}
+
+std::string token_of(const LaunchOptions& o, bool warn = false) {
+  TESSEL_CHECK(o.token.empty() || o.token_file.empty(), "--token and --token-file both give the job token; use one");
   if (!o.token.empty()) return o.token;
+  if (!o.token_file.empty()) return read_token_file(o.token_file, warn);
   const char* env = std::getenv("TESSEL_JOB_TOKEN");
   return env != nullptr ? std::string(env) : std::string();
 }
@@ -735,22 +759,29 @@ void check_launch_options(const LaunchOptions& o) {
   TESSEL_CHECK(o.rendezvous_timeout.count() > 0, "--rendezvous-timeout must be positive, got {} ms",
                o.rendezvous_timeout.count());
   TESSEL_CHECK(o.kill_grace.count() >= 0, "--kill-grace must not be negative, got {} ms", o.kill_grace.count());
+  const std::string token = token_of(o);
   if (o.nnodes > 1) {
     TESSEL_CHECK(o.master_port != 0,
                  "--master HOST:PORT with a port is required with --nnodes {}: every node must find node 0's store "
                  "at the same address",
                  o.nnodes);
-    TESSEL_CHECK(!token_of(o).empty(),
-                 "--nnodes {} needs a job token shared by every node: pass the same --token T to each launcher or set "
-                 "TESSEL_JOB_TOKEN",
+    TESSEL_CHECK(!token.empty(),
+                 "--nnodes {} needs a job token shared by every node: set the same TESSEL_JOB_TOKEN, or --token-file "
+                 "FILE, for each launcher (e.g. from `openssl rand -hex 16`)",
                  o.nnodes);
   }
+  // Beyond loopback anyone on the network can knock: the token must resist guessing.
+  TESSEL_CHECK(net::is_loopback_host(o.master_host) || token.empty() || token.size() >= kMinTokenChars,
+               "--master {}: a store beyond loopback needs a job token of at least 128 bits ({} characters, e.g. from "
+               "`openssl rand -hex 16`), got {} characters",
+               o.master_host, kMinTokenChars, token.size());
 }
 
 int run_launch(const LaunchOptions& options) {
   check_launch_options(options);
   LaunchOptions o = options;
-  o.token = token_of(options);
+  o.token = token_of(options, /*warn=*/true);
+  o.token_file.clear();
   if (o.token.empty()) o.token = random_token();
   SignalScope signals;  // destroyed after the launcher, so its children are gone first
   Launcher launcher(std::move(o), signals);

@@ -19,14 +19,18 @@ struct LaunchOptions {
   int master_port = 0;                    // 0 on a single node: pick a free port
   int nproc_per_node = 1;
   std::vector<std::string> command;       // program and arguments
-  std::string token;                      // job token; generated on one node, required for several
+  // The job token: `token`, else the first line of `token_file`, else $TESSEL_JOB_TOKEN; generated
+  // on one node, required for several (at least 128 bits when the store is beyond loopback).
+  // Prefer the file or the environment: a command line is visible to every local user in `ps`.
+  std::string token;
+  std::string token_file;
   Millis rendezvous_timeout = Millis(300'000);
   Millis kill_grace = Millis(3'000);      // SIGTERM, then SIGKILL after this long
 };
 
 // Throws Error, naming the `tessel launch` flag, when the options cannot describe a job
-// (e.g. --node-rank outside 0..--nnodes-1, several nodes without --master or a token).
-// The token may come from the environment (TESSEL_JOB_TOKEN). run_launch calls it first;
+// (e.g. --node-rank outside 0..--nnodes-1, several nodes without --master or a token, a
+// token under 128 bits for a store beyond loopback, an unreadable --token-file). run_launch calls it first;
 // the CLI calls it on its own to tell bad input (exit 2) from a failed run (exit 1).
 void check_launch_options(const LaunchOptions& options);
 
