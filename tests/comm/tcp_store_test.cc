@@ -622,7 +622,10 @@ TEST(TcpStoreAbuse, PipelinedUnreadGetsHitTheReplyQueueLimit) {
   ASSERT_EQ(read_reply(fd), std::string("\x00", 1));
   constexpr int kGets = 300;  // 300 MiB of replies if nothing held them back
   std::string gets;
-  for (int i = 0; i < kGets; ++i) gets += frame(std::string("\x03", 1) + wire_str("big") + le64(0));
+  std::string get_body(1, '\x03');  // GET "big", no wait
+  get_body += wire_str("big");
+  get_body += le64(0);
+  for (int i = 0; i < kGets; ++i) gets += frame(get_body);
   send_exactly(fd, gets);
   std::this_thread::sleep_for(2500ms);  // past the stall timeout
   const long hwm = host.status_kb("VmHWM");
@@ -671,7 +674,8 @@ TEST(TcpStoreAbuse, OversizedValuesAndTheQuotaAreRefusedWithAnError) {
   const std::string mib(1 << 20, 'q');
   int stored = 0;
   for (; stored < 10; ++stored) {
-    msg = error_of([&] { store->set("q" + std::to_string(stored), mib); });
+    const std::string key = fmt::format("q{}", stored);
+    msg = error_of([&] { store->set(key, mib); });
     if (msg != "<no error>") break;
   }
   EXPECT_EQ(stored, 7) << msg;

@@ -22,11 +22,14 @@ constexpr const char* kFooter = R"(Each process gets torchrun's environment:
   MASTER_PORT       port of node 0's TCP store (the real one when it was chosen freely)
   TESSEL_JOB_TOKEN  the job token that the store requires of every client
   TESSEL_NNODES     number of nodes
+  TESSEL_TIMEOUT_S  the job's collective and store timeout (--timeout)
+  TESSEL_HEARTBEAT_MS  how often a tessel rank writes its heartbeat to the store
 Every output line of a process is prefixed with "[rank R] " (stdout to stdout, stderr to
 stderr); stdin is /dev/null. When a process exits non-zero or is killed by a signal, every
 process of the job, on every node, is stopped (SIGTERM, then SIGKILL after a grace period)
-and the failed rank is reported; tessel launch then exits 1. Ctrl-C (SIGINT) or SIGTERM stops
-the job and exits 128 + the signal: 130 or 143.
+and the failed rank is reported; tessel launch then exits 1. So is a rank whose heartbeat
+stops (a stopped or frozen process), with what it was last doing. Ctrl-C (SIGINT) or
+SIGTERM stops the job and exits 128 + the signal: 130 or 143.
 
 Examples:
   tessel launch --nproc-per-node 4 -- python3 train.py --lr 3e-4
@@ -97,6 +100,8 @@ std::vector<Command> register_launch(CLI::App& app) {
     std::string token, token_file;
     double rendezvous_timeout = 300;
     double kill_grace = 3;
+    double timeout = 0;
+    CLI::Option* timeout_opt = nullptr;
     std::vector<std::string> command;
   };
   auto a = std::make_shared<Args>();
@@ -120,6 +125,12 @@ std::vector<Command> register_launch(CLI::App& app) {
   cmd->add_option("--rendezvous-timeout", a->rendezvous_timeout,
                   "seconds to wait for every node to join before giving up")
       ->default_str("300");
+  a->timeout_opt =
+      cmd->add_option("--timeout", a->timeout,
+                      "seconds a collective or store call of the job waits before it fails (given to the processes "
+                      "as TESSEL_TIMEOUT_S); a process whose heartbeat stops for half of it (2 to 30 s) fails the "
+                      "job at once, named with what it was doing")
+          ->default_str("$TESSEL_TIMEOUT_S, else 300");
   cmd->add_option("--kill-grace", a->kill_grace,
                   "seconds between SIGTERM and SIGKILL when stopping the processes")
       ->default_str("3");
@@ -139,6 +150,11 @@ std::vector<Command> register_launch(CLI::App& app) {
                                     "TESSEL_JOB_TOKEN or use --token-file instead\n");
              o.rendezvous_timeout = seconds_flag(a->rendezvous_timeout, "--rendezvous-timeout", false);
              o.kill_grace = seconds_flag(a->kill_grace, "--kill-grace", true);
+             try {
+               o.timeout = a->timeout_opt->count() > 0 ? timeout_from_seconds(a->timeout, "--timeout") : default_timeout();
+             } catch (const Error& e) {
+               throw BadInput(e.what());
+             }
              try {
                check_launch_options(o);
              } catch (const Error& e) {

@@ -75,7 +75,7 @@ class TcpStore final : public Store {
   // in in time and CommError when the server rejected the token, both naming the address. `timeout` also becomes the default
   // timeout of get()/wait() and the reply deadline of the non-blocking calls.
   // One connection per object; calls from several threads are serialised.
-  TcpStore(const std::string& host, int port, const std::string& token = "", Millis timeout = kDefaultTimeout);
+  TcpStore(const std::string& host, int port, const std::string& token = "", Millis timeout = default_timeout());
   ~TcpStore() override;
 
   using Store::get;   // get(key) and wait(keys) with the default timeout

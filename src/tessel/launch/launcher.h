@@ -25,6 +25,9 @@ struct LaunchOptions {
   std::string token;
   std::string token_file;
   Millis rendezvous_timeout = Millis(300'000);
+  // The job's collective and store timeout (0: default_timeout()), exported to the processes as
+  // TESSEL_TIMEOUT_S; it also sets how soon a silent process is reported (heartbeat.h).
+  Millis timeout{0};
   Millis kill_grace = Millis(3'000);      // SIGTERM, then SIGKILL after this long
 };
 
@@ -43,6 +46,11 @@ void check_launch_options(const LaunchOptions& options);
 // with stdin from /dev/null. For its duration it handles SIGINT, SIGTERM and SIGCHLD and
 // ignores SIGPIPE, restoring the previous dispositions on return: one launch per process at
 // a time.
+//
+// Every process gets TESSEL_HEARTBEAT_MS; a tessel rank (init_world) then beats under
+// heartbeat/rank/<r> (heartbeat.h), and each launcher watches its own processes: one that
+// beat and then fell silent for HeartbeatTiming::for_timeout(timeout).silence (2.5 s for a
+// 5 s timeout, 30 s at most) fails the job, named with what its last heartbeat said.
 //
 // Protocol between the launchers of a job (all keys in node 0's TcpStore):
 //   launch/node/<r>       node r joined (rendezvous waits for all of them)
