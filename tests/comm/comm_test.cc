@@ -12,6 +12,7 @@
 
 #include "conformance.h"
 #include "tessel/comm/gloo_backend.h"
+#include "tessel/comm/heartbeat.h"
 #include "tessel/comm/thread_backend.h"
 #include "tessel/comm/world.h"
 #include "tessel/core/context.h"
@@ -98,6 +99,91 @@ TEST(ThreadBackend, ARankThatNeverJoinsTimesOutNamingIt) {
   EXPECT_NE(message.find("all_reduce"), std::string::npos) << message;
   EXPECT_NE(message.find("'world'"), std::string::npos) << message;
   EXPECT_LT(secs, 3.0);
+}
+
+// The process-wide default timeout (tessel train --timeout, parallel.timeout_s, the launcher's
+// TESSEL_TIMEOUT_S) reaches every group made without an explicit one.
+TEST(DefaultTimeout, ReachesGroupsAndStoresMadeWithoutOne) {
+  const Millis before = default_timeout();
+  set_default_timeout(300ms);
+  EXPECT_EQ(MemoryStore().timeout(), 300ms);
+  std::string message;
+  std::mutex m;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(spawn(2,
+                     [&](int rank) {
+                       if (rank == 1) return;  // never joins
+                       float x = 1;
+                       try {
+                         world_group()->all_reduce(&x, 1, DType::f32, ReduceOp::sum);
+                       } catch (const CommError& e) {
+                         std::lock_guard lock(m);
+                         message = e.what();
+                         throw;
+                       }
+                     }),
+               CommError);
+  set_default_timeout(before);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_NE(message.find("300 ms"), std::string::npos) << message;
+  EXPECT_THROW(set_default_timeout(0ms), Error);
+  for (const char* bad : {"", "x", "0", "-2", "inf", "nan", "2e6", "5s"}) {
+    std::string what;
+    try {
+      parse_timeout_seconds(bad, "TESSEL_TIMEOUT_S");
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find("TESSEL_TIMEOUT_S"), std::string::npos) << "'" << bad << "' was accepted";
+  }
+  EXPECT_EQ(parse_timeout_seconds("2.5", "x"), 2500ms);
+}
+
+TEST(Heartbeat, TimingFollowsTheTimeout) {
+  auto t = HeartbeatTiming::for_timeout(5s);
+  EXPECT_EQ(t.silence, 2500ms);
+  EXPECT_EQ(t.interval, 500ms);
+  t = HeartbeatTiming::for_timeout(kDefaultTimeout);
+  EXPECT_EQ(t.silence, 30s);
+  EXPECT_EQ(t.interval, 1s);
+  t = HeartbeatTiming::for_timeout(100ms);
+  EXPECT_EQ(t.silence, 2s);
+  EXPECT_EQ(t.interval, 400ms);
+}
+
+// A writer beats with its process's activity; the monitor reports a rank whose counter stops,
+// with its last activity, and not one that exited.
+TEST(Heartbeat, AWriterBeatsAndTheMonitorReportsSilence) {
+  auto store = std::make_shared<MemoryStore>();
+  HeartbeatMonitor monitor(300ms);
+  {
+    Activity step("step 7");
+    Activity inner("all_reduce of 4 bytes");
+    HeartbeatWriter writer(store, 3, 50ms);
+    auto first = parse_heartbeat(store->get(heartbeat_key(3), 1000ms));
+    ASSERT_TRUE(first.has_value());
+    EXPECT_EQ(first->activity, "step 7 / all_reduce of 4 bytes");
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_TRUE(monitor.poll(*store, {3, 4}).empty()) << "a beating rank (or one never seen) was reported";
+      std::this_thread::sleep_for(60ms);
+    }
+    EXPECT_GT(monitor.last(3)->count, first->count);
+  }
+  EXPECT_EQ(parse_heartbeat(store->get(heartbeat_key(3), 1000ms))->activity, "exited");
+  monitor.poll(*store, {3});
+  std::this_thread::sleep_for(400ms);
+  EXPECT_TRUE(monitor.poll(*store, {3}).empty()) << "an exited rank was reported";
+
+  // A rank whose counter stops (a stopped process) is reported after the silence.
+  store->set(heartbeat_key(5), "12 1500 group 'world' (rank 5 of 8) all_reduce (collective #9)");
+  EXPECT_TRUE(monitor.poll(*store, {5}).empty());
+  std::this_thread::sleep_for(350ms);
+  auto silent = monitor.poll(*store, {5});
+  ASSERT_EQ(silent.size(), 1u);
+  EXPECT_EQ(silent[0].rank, 5);
+  EXPECT_GE(silent[0].silent, 300ms);
+  EXPECT_EQ(silent[0].last.describe(), "in group 'world' (rank 5 of 8) all_reduce (collective #9) for 1.5 s");
+  EXPECT_FALSE(parse_heartbeat("garbage").has_value());
 }
 
 TEST(ThreadBackend, ARankThatThrowsStopsTheOthersAndItsErrorIsRethrown) {

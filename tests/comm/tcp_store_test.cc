@@ -1,8 +1,14 @@
 // TCP store: every op against a real server on 127.0.0.1, concurrency of add, blocking get
-// and wait, timeouts that name their keys, tokens, a vanished server and malformed input.
+// and wait, timeouts that name their keys, tokens, a vanished server and malformed input; and
+// the store under attack (TcpStoreAbuse): floods of strangers before authentication, unread
+// replies, oversized values and the quota after it, with the store's memory read from the OS.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -10,7 +16,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
+#include <iostream>
+#include <sstream>
 #include <thread>
 
 #include "tessel/comm/tcp_store.h"
@@ -369,6 +379,383 @@ TEST(TcpStore, MalformedFramesCloseOnlyThatClient) {
   EXPECT_EQ(blocked.get(), "ok");
   auto fresh = connect(*server);
   EXPECT_EQ(fresh->add("n", 1), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// The store under attack.
+
+const std::string kToken = "0123456789abcdef0123456789abcdef";  // 128 bits in hex
+
+std::string le64(uint64_t v) { return le32(static_cast<uint32_t>(v)) + le32(static_cast<uint32_t>(v >> 32)); }
+std::string wire_str(const std::string& s) { return le32(static_cast<uint32_t>(s.size())) + s; }
+std::string frame(const std::string& body) { return le32(static_cast<uint32_t>(body.size())) + body; }
+std::string hello_frame(const std::string& token) { return frame(std::string("\x01", 1) + wire_str(token)); }
+
+void send_exactly(int fd, const std::string& bytes) {
+  std::size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t k = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    ASSERT_GT(k, 0) << std::strerror(errno);
+    sent += static_cast<std::size_t>(k);
+  }
+}
+
+// Reads one reply frame's body (blocking, SO_RCVTIMEO applies); "" when the server hung up.
+std::string read_reply(int fd) {
+  auto read_n = [&](std::size_t n) {
+    std::string out(n, '\0');
+    std::size_t got = 0;
+    while (got < n) {
+      const ssize_t k = ::recv(fd, out.data() + got, n - got, 0);
+      if (k <= 0) return std::string();
+      got += static_cast<std::size_t>(k);
+    }
+    return out;
+  };
+  const std::string head = read_n(4);
+  if (head.size() != 4) return "";
+  const uint32_t len = static_cast<uint8_t>(head[0]) | static_cast<uint8_t>(head[1]) << 8 |
+                       static_cast<uint8_t>(head[2]) << 16 | static_cast<uint32_t>(static_cast<uint8_t>(head[3])) << 24;
+  return read_n(len);
+}
+
+// A non-blocking connect to 127.0.0.1:port, still in progress.
+int start_connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  return fd;
+}
+
+// Waits (at most `limit`) until every connect in `fds` finished; returns how many succeeded.
+int finish_connects(const std::vector<int>& fds, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  std::vector<pollfd> waiting;
+  for (int fd : fds) waiting.push_back({fd, POLLOUT, 0});
+  int ok = 0;
+  while (!waiting.empty() && std::chrono::steady_clock::now() < until) {
+    ::poll(waiting.data(), waiting.size(), 50);
+    std::vector<pollfd> still;
+    for (const pollfd& p : waiting) {
+      if (p.revents == 0) {
+        still.push_back({p.fd, POLLOUT, 0});
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err == 0) ++ok;
+    }
+    waiting = std::move(still);
+  }
+  return ok;
+}
+
+// A store server in a child process (tests/comm/store_host.cc), so its memory is the OS's
+// figure for that process alone. Its log goes to a file.
+class StoreHost {
+ public:
+  explicit StoreHost(std::vector<std::string> args) {
+    log_path_ = (std::filesystem::temp_directory_path() / ("store-host-" + std::to_string(::getpid()) + "-" +
+                                                          std::to_string(counter_++) + ".log"))
+                    .string();
+    args.insert(args.begin(), STORE_HOST);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) std::abort();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int log = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      ::dup2(in[0], 0);
+      ::dup2(out[1], 1);
+      if (log >= 0) ::dup2(log, 2);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::close(in[0]);
+    ::close(out[1]);
+    stdin_ = in[1];
+    std::string line;
+    pollfd p{out[0], POLLIN, 0};
+    while (line.find('\n') == std::string::npos && ::poll(&p, 1, 10'000) > 0) {
+      char buf[64];
+      const ssize_t k = ::read(out[0], buf, sizeof buf);
+      if (k <= 0) break;
+      line.append(buf, static_cast<std::size_t>(k));
+    }
+    ::close(out[0]);
+    std::sscanf(line.c_str(), "port %d", &port_);
+  }
+  ~StoreHost() {
+    ::close(stdin_);
+    int status = 0;
+    for (int i = 0; i < 500 && ::waitpid(pid_, &status, WNOHANG) == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, &status, 0);
+    std::filesystem::remove(log_path_);
+  }
+  int port() const { return port_; }
+  // A field of /proc/<pid>/status in kB (VmRSS, VmHWM), -1 if absent.
+  long status_kb(const std::string& field) const {
+    std::ifstream f("/proc/" + std::to_string(pid_) + "/status");
+    for (std::string line; std::getline(f, line);)
+      if (line.rfind(field + ":", 0) == 0) return std::atol(line.c_str() + field.size() + 1);
+    return -1;
+  }
+  std::string log() const {
+    std::ifstream f(log_path_);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  static inline int counter_ = 0;
+  pid_t pid_ = -1;
+  int stdin_ = -1;
+  int port_ = 0;
+  std::string log_path_;
+};
+
+// The acceptance test of the store's front door: eight strangers each announce a 64 MiB
+// frame and push its bytes, then 2,000 connect and stay silent, against a store with the open-
+// file limit of a launcher started from a shell (1024). The store's peak memory stays under
+// 100 MB and a real rank still gets in within 2 s.
+TEST(TcpStoreAbuse, AFloodOfStrangersNeitherBloatsTheStoreNorLocksARankOut) {
+  constexpr int kIdle = 2000, kBig = 8;
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  const rlim_t need = kIdle + kBig + 64;
+  if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < need)
+    GTEST_SKIP() << "this test holds " << need << " sockets but the hard limit of open files is " << lim.rlim_max
+                 << " (raise it with `ulimit -Hn`)";
+  if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < need) {
+    lim.rlim_cur = lim.rlim_max;
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lim), 0) << std::strerror(errno);
+  }
+  StoreHost host({"--token", kToken, "--nofile", "1024"});
+  ASSERT_GT(host.port(), 0) << host.log();
+  const long rss_before = host.status_kb("VmRSS");
+
+  // Eight strangers announce 64 MiB frames (no HELLO, no token) and push the bytes.
+  std::vector<int> big;
+  for (int i = 0; i < kBig; ++i) big.push_back(start_connect(host.port()));
+  finish_connects(big, 5000ms);
+  const std::string chunk(1 << 20, '\0');
+  std::vector<std::size_t> sent(kBig, 0);
+  std::vector<bool> done(kBig, false);
+  for (int i = 0; i < kBig; ++i) {
+    const std::string head = le32(64u << 20) + std::string("\x02", 1);  // a SET of 64 MiB
+    done[i] = ::send(big[i], head.data(), head.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(head.size());
+  }
+  const auto pump_until = std::chrono::steady_clock::now() + 10s;
+  std::size_t pushed = 0;
+  while (std::chrono::steady_clock::now() < pump_until) {
+    std::vector<pollfd> p;
+    std::vector<int> who;
+    for (int i = 0; i < kBig; ++i)
+      if (!done[i]) {
+        p.push_back({big[i], POLLOUT, 0});
+        who.push_back(i);
+      }
+    if (p.empty()) break;
+    ::poll(p.data(), p.size(), 50);
+    for (std::size_t j = 0; j < p.size(); ++j) {
+      if (p[j].revents == 0) continue;
+      const int i = who[j];
+      const ssize_t k = ::send(big[i], chunk.data(), std::min(chunk.size(), (64u << 20) - sent[i]),
+                               MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k > 0) {
+        sent[i] += static_cast<std::size_t>(k);
+        pushed += static_cast<std::size_t>(k);
+      }
+      if ((k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) || sent[i] >= (64u << 20)) done[i] = true;
+    }
+  }
+
+  // Two thousand strangers connect and say nothing.
+  std::vector<int> idle;
+  for (int i = 0; i < kIdle; ++i) idle.push_back(start_connect(host.port()));
+  const int idle_connected = finish_connects(idle, 5000ms);
+
+  // A real rank, with the token, while every stranger still holds its socket.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string rank_error;
+  try {
+    TcpStore rank("127.0.0.1", host.port(), kToken, 10'000ms);
+    rank.set("rank/0", "here");
+    EXPECT_EQ(rank.get("rank/0", 1000ms), "here");
+  } catch (const Error& e) {
+    rank_error = e.what();
+  }
+  const double rank_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const long hwm = host.status_kb("VmHWM"), rss_after = host.status_kb("VmRSS");
+  std::cout << "[ measured ] store RSS " << rss_before / 1024.0 << " MB before, " << rss_after / 1024.0
+            << " MB after, peak " << hwm / 1024.0 << " MB; strangers pushed " << pushed / 1048576.0
+            << " MiB before being dropped; " << idle_connected << " of " << kIdle
+            << " idle connections completed; a real rank connected and did set+get in " << rank_s << " s\n";
+  EXPECT_EQ(rank_error, "");
+  EXPECT_LT(rank_s, 2.0);
+  EXPECT_GT(hwm, 0);
+  EXPECT_LT(hwm, 100 * 1024) << "the store's peak memory (VmHWM) in kB";
+  for (int fd : big) ::close(fd);
+  for (int fd : idle) ::close(fd);
+}
+
+// After authentication: a client that pipelines GETs of a 1 MiB value and never reads the
+// replies gets at most the reply queue's worth buffered (its further requests wait), and is
+// dropped once it has read nothing for the stall timeout; the store says why in its log.
+TEST(TcpStoreAbuse, PipelinedUnreadGetsHitTheReplyQueueLimit) {
+  StoreHost host({"--token", kToken, "--stall-ms", "1000"});
+  ASSERT_GT(host.port(), 0) << host.log();
+  const int fd = raw_connect(host.port());
+  send_exactly(fd, hello_frame(kToken));
+  ASSERT_EQ(read_reply(fd), std::string("\x00", 1));
+  const std::string value(1 << 20, 'v');
+  send_exactly(fd, frame(std::string("\x02", 1) + wire_str("big") + wire_str(value)));
+  ASSERT_EQ(read_reply(fd), std::string("\x00", 1));
+  constexpr int kGets = 300;  // 300 MiB of replies if nothing held them back
+  std::string gets;
+  std::string get_body(1, '\x03');  // GET "big", no wait
+  get_body += wire_str("big");
+  get_body += le64(0);
+  for (int i = 0; i < kGets; ++i) gets += frame(get_body);
+  send_exactly(fd, gets);
+  std::this_thread::sleep_for(2500ms);  // past the stall timeout
+  const long hwm = host.status_kb("VmHWM");
+  // Now read: the replies that were queued, then the hang-up.
+  std::size_t replies = 0;
+  bool hung_up = false;
+  while (true) {
+    const std::string r = read_reply(fd);
+    if (r.empty()) {
+      hung_up = errno != EAGAIN && errno != EWOULDBLOCK;  // EOF or reset, not the 5 s receive timeout
+      break;
+    }
+    ++replies;
+  }
+  ::close(fd);
+  std::cout << "[ measured ] store peak " << hwm / 1024.0 << " MB; " << replies << " of " << kGets
+            << " pipelined 1 MiB GET replies delivered before the store dropped the client\n";
+  EXPECT_LT(hwm, 100 * 1024) << "the store's peak memory (VmHWM) in kB";
+  EXPECT_TRUE(hung_up) << "the store kept a client that read none of its replies";
+  EXPECT_LT(replies, static_cast<std::size_t>(kGets));
+  EXPECT_NE(host.log().find("read none of its"), std::string::npos) << host.log();
+  // Everyone else is still served.
+  TcpStore other("127.0.0.1", host.port(), kToken, 5000ms);
+  EXPECT_EQ(other.get("big", 1000ms).size(), value.size());
+}
+
+// Oversized keys, values and requests, and the job's quota: an error naming the limit, and the
+// connection stays usable.
+TEST(TcpStoreAbuse, OversizedValuesAndTheQuotaAreRefusedWithAnError) {
+  auto server = std::make_unique<TcpStoreServer>(
+      TcpStoreServer::Options{.host = "127.0.0.1", .token = kToken, .quota_bytes = 8u << 20});
+  auto store = connect(*server, kToken, 30'000ms);
+  const std::size_t limit = TcpStoreServer::Options{}.max_value_bytes;
+  std::string msg = error_of([&] { store->set("too-big", std::string(limit + 1, 'x')); });
+  EXPECT_NE(msg.find("over the store's limit of " + std::to_string(limit) + " bytes"), std::string::npos) << msg;
+  // Beyond a whole request's limit the body is discarded as it arrives, with the same answer.
+  msg = error_of([&] { store->compare_set("k", "", std::string(limit + 1, 'd')); });
+  EXPECT_NE(msg.find("over the store's limit of " + std::to_string(limit) + " bytes"), std::string::npos) << msg;
+  msg = error_of([&] { store->set("too-big", std::string(2 * limit + 8192, 'x')); });
+  EXPECT_NE(msg.find("a request of"), std::string::npos) << msg;
+  msg = error_of([&] { store->set(std::string(5000, 'k'), "v"); });
+  EXPECT_NE(msg.find("a key of 5000 bytes"), std::string::npos) << msg;
+  store->set("fine", "v");
+  EXPECT_EQ(store->get("fine", 1000ms), "v");
+  // The quota: 8 MiB in all.
+  const std::string mib(1 << 20, 'q');
+  int stored = 0;
+  for (; stored < 10; ++stored) {
+    const std::string key = fmt::format("q{}", stored);
+    msg = error_of([&] { store->set(key, mib); });
+    if (msg != "<no error>") break;
+  }
+  EXPECT_EQ(stored, 7) << msg;
+  EXPECT_NE(msg.find("over its quota of 8388608 bytes"), std::string::npos) << msg;
+  EXPECT_TRUE(store->remove("q0"));
+  store->set("q7", mib);  // room again
+  EXPECT_EQ(store->get("q7", 1000ms), mib);
+}
+
+// Before HELLO: silence past the handshake deadline, or more than a handshake frame, is hung
+// up on; after it, half a request that stops arriving is dropped after the stall timeout.
+TEST(TcpStoreAbuse, SilentAndHalfSentConnectionsAreDropped) {
+  auto server = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{
+      .host = "127.0.0.1", .token = kToken, .hello_timeout = 300ms, .stall_timeout = 300ms});
+  const auto t0 = std::chrono::steady_clock::now();
+  const int silent = raw_connect(server->port());
+  EXPECT_TRUE(server_closed(silent));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  ::close(silent);
+
+  const int half = raw_connect(server->port());
+  send_exactly(half, hello_frame(kToken));
+  ASSERT_EQ(read_reply(half), std::string("\x00", 1));
+  const std::string part = le32(100) + std::string("\x02", 1) + "abc";
+  send_exactly(half, part);
+  const auto t1 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(server_closed(half));
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, 3s);
+  ::close(half);
+
+  const int greedy = raw_connect(server->port());  // a 2 KiB "handshake"
+  send_exactly(greedy, frame(std::string("\x01", 1) + wire_str(std::string(2048, 't'))));
+  EXPECT_TRUE(server_closed(greedy));
+  ::close(greedy);
+  EXPECT_THROW(TcpStore("127.0.0.1", server->port(), std::string(2048, 't'), 1000ms), Error);
+  // A real client is not affected by any of it.
+  auto store = connect(*server, kToken);
+  store->set("k", "v");
+  EXPECT_EQ(store->get("k", 1000ms), "v");
+}
+
+// At the limit of authenticated connections a newcomer is told "busy" and retries until its
+// timeout; once a place frees up it gets in. Strangers beyond the pending limit push out the
+// oldest stranger.
+TEST(TcpStoreAbuse, ConnectionLimitsSayBusyAndDropTheOldestStranger) {
+  auto server = std::make_unique<TcpStoreServer>(
+      TcpStoreServer::Options{.host = "127.0.0.1", .token = kToken, .max_connections = 2, .max_pending = 4});
+  auto a = connect(*server, kToken);
+  auto b = connect(*server, kToken);
+  std::string msg = error_of([&] { TcpStore("127.0.0.1", server->port(), kToken, 500ms); });
+  EXPECT_NE(msg.find("busy"), std::string::npos) << msg;
+  auto late = std::async(std::launch::async, [&] { return connect(*server, kToken, 10'000ms); });
+  std::this_thread::sleep_for(200ms);
+  a.reset();
+  auto c = late.get();
+  c->set("k", "v");
+  EXPECT_EQ(b->get("k", 1000ms), "v");
+
+  std::vector<int> strangers;
+  for (int i = 0; i < 5; ++i) {
+    strangers.push_back(raw_connect(server->port()));
+    std::this_thread::sleep_for(50ms);
+  }
+  // The oldest made room for the fifth, long before the 5 s handshake deadline.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(read_reply(strangers[0]), std::string("\x04", 1));  // busy
+  EXPECT_TRUE(server_closed(strangers[0]));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  for (int fd : strangers) ::close(fd);
+}
+
+// A store beyond loopback needs a token of 128 bits or more.
+TEST(TcpStoreAbuse, AShortTokenIsRefusedBeyondLoopback) {
+  for (const std::string token : {"", "t", "0123456789abcdef0123456789abcde"}) {
+    std::string msg = error_of([&] { TcpStoreServer server({.host = "0.0.0.0", .port = 0, .token = token}); });
+    EXPECT_NE(msg.find("at least 128 bits"), std::string::npos) << msg;
+  }
+  // On loopback any token (or none) will do: only local users can reach it.
+  TcpStoreServer local({.host = "127.0.0.1", .port = 0, .token = "t"});
+  EXPECT_GT(local.port(), 0);
 }
 
 }  // namespace

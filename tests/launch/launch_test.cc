@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,6 +36,7 @@ using namespace std::chrono_literals;
 
 const std::string kTessel = TESSEL_BINARY;
 const std::string kFixture = LAUNCH_FIXTURE;
+const std::string kCommWorker = LAUNCH_COMM_WORKER;
 
 struct Result {
   bool exited = false;  // exited normally (else killed by a signal or timed out)
@@ -415,6 +417,41 @@ TEST(Launch, ANodeWithTheWrongTokenIsRejected) {
   EXPECT_TRUE(contains(r0.err, "node rank(s) 1 did not join")) << show(r0);
 }
 
+// The token can come from a file (never the command line, which `ps` shows to every user);
+// --token still works but warns.
+TEST(Launch, TheTokenComesFromAFileAndTheCommandLineWarns) {
+  PidDir dir;
+  const std::string file = dir.path() + "/job.token";
+  {
+    std::ofstream f(file);
+    f << "0123456789abcdef0123456789abcdef\n";
+  }
+  ::chmod(file.c_str(), 0600);
+  const int port = free_port();
+  auto args = [&](int node) {
+    std::vector<std::string> a = node_args(node, port, "unused");
+    a[7] = "--token-file";
+    a[8] = file;
+    return a + std::vector<std::string>{"--", kFixture, "--print-env"};
+  };
+  Proc node0(args(0));
+  Result r1 = Proc(args(1)).wait();
+  Result r0 = node0.wait();
+  ASSERT_EQ(r0.code, 0) << show(r0);
+  ASSERT_EQ(r1.code, 0) << show(r1);
+  EXPECT_TRUE(contains(r1.out, "[rank 3] env RANK=3 ")) << show(r1);
+  EXPECT_TRUE(contains(r1.out, "TOKEN_LEN=32")) << show(r1);
+  EXPECT_FALSE(contains(r0.err + r1.err, "warning")) << show(r0) << show(r1);
+
+  Result r = run_tessel({"launch", "--nproc-per-node", "1", "--token", "visible", "--", kFixture});
+  EXPECT_EQ(r.code, 0) << show(r);
+  EXPECT_TRUE(contains(r.err, "warning: --token is visible to every user")) << show(r);
+  ::chmod(file.c_str(), 0644);
+  r = run_tessel({"launch", "--nproc-per-node", "1", "--token-file", file, "--", kFixture});
+  EXPECT_EQ(r.code, 0) << show(r);
+  EXPECT_TRUE(contains(r.err, "can be read by other users")) << show(r);
+}
+
 // (g) Ctrl-C stops every worker and exits 130.
 TEST(Launch, SigintStopsEveryWorkerAndExits130) {
   PidDir dir;
@@ -427,6 +464,120 @@ TEST(Launch, SigintStopsEveryWorkerAndExits130) {
   EXPECT_LT(r.seconds, 10.0) << show(r);
   EXPECT_TRUE(contains(r.err, "interrupted by SIGINT")) << show(r);
   EXPECT_EQ(dir.alive(), std::vector<pid_t>{});
+}
+
+// SIGTERM (a batch system ending the job) stops every worker too, and the exit status follows
+// the shell's convention for a signal: 128 + 15.
+TEST(Launch, SigtermStopsEveryWorkerAndExits143) {
+  PidDir dir;
+  Proc launcher({"launch", "--nproc-per-node", "2", "--", kFixture, "--sleep", "60", "--pid-dir", dir.path()});
+  ASSERT_TRUE(dir.wait_for(2)) << "workers did not start";
+  ::kill(launcher.pid(), SIGTERM);
+  Result r = launcher.wait();
+  EXPECT_EQ(r.code, 143) << show(r);
+  EXPECT_LT(r.seconds, 10.0) << show(r);
+  EXPECT_TRUE(contains(r.err, "interrupted by SIGTERM")) << show(r);
+  EXPECT_EQ(dir.alive(), std::vector<pid_t>{});
+}
+
+// The acceptance test of hang detection: with --timeout 5, a rank that is stopped (SIGSTOP)
+// in the middle of a job of two real tessel ranks is reported by its heartbeat, named with
+// what it was doing, within 10 s — not when the collectives time out — and every process is
+// gone afterwards (the stopped one included).
+TEST(Launch, AStoppedRankIsCaughtByItsHeartbeatWithinSeconds) {
+  PidDir dir;
+  Proc launcher({"launch", "--nproc-per-node", "2", "--timeout", "5", "--", kCommWorker, "--pid-dir", dir.path(),
+                 "--seconds", "60"},
+                60s);
+  ASSERT_TRUE(dir.wait_for(2)) << "workers did not start";
+  std::this_thread::sleep_for(1s);  // both in their loop, beating
+  const pid_t victim = dir.files().at("1.pid");
+  ASSERT_EQ(::kill(victim, SIGSTOP), 0);
+  const auto stopped_at = Clock::now();
+  Result r = launcher.wait();
+  const double after = std::chrono::duration<double>(Clock::now() - stopped_at).count();
+  std::cout << "[ measured ] rank 1 SIGSTOPped; tessel launch --timeout 5 exited " << r.code << " " << after
+            << " s later\n";
+  EXPECT_EQ(r.code, 1) << show(r);
+  EXPECT_LT(after, 10.0) << show(r);
+  EXPECT_TRUE(contains(r.err, "error: rank 1 stopped responding: no heartbeat for")) << show(r);
+  EXPECT_TRUE(contains(r.err, "the process is stopped")) << show(r);
+  EXPECT_TRUE(contains(r.err, "said: in comm_worker step loop")) << show(r);
+  EXPECT_EQ(dir.alive(), std::vector<pid_t>{});
+}
+
+// The timeout reaches the processes; a bad one is bad input.
+TEST(Launch, TimeoutIsGivenToTheProcesses) {
+  Result r = run_tessel({"launch", "--nproc-per-node", "1", "--timeout", "7.5", "--", "/bin/sh", "-c",
+                         "echo timeout=$TESSEL_TIMEOUT_S heartbeat=$TESSEL_HEARTBEAT_MS"});
+  EXPECT_EQ(r.code, 0) << show(r);
+  EXPECT_TRUE(contains(r.out, "[rank 0] timeout=7.500 heartbeat=")) << show(r);
+  for (const char* bad : {"0", "-1", "inf", "nan"}) {
+    r = run_tessel({"launch", "--nproc-per-node", "1", "--timeout", bad, "--", "true"});
+    EXPECT_EQ(r.code, 2) << bad << ": " << show(r);
+    EXPECT_TRUE(contains(r.err, "--timeout")) << show(r);
+  }
+}
+
+std::string write_tiny_config(const PidDir& dir) {
+  const std::string path = dir.path() + "/tiny.yaml";
+  std::ofstream f(path);
+  f << "model: {arch: gpt2, n_layer: 1, n_embd: 16, n_head: 2, vocab_size: 256, n_positions: 16}\n"
+       "data: {path: " TESSEL_SOURCE_DIR "/data/kjv.txt, format: text}\n"
+       "train: {steps: 1000000, global_batch: 2, seq_len: 8, threads: 1}\n"
+       "parallel: {dp: 2}\n"
+       "log: {every: 1000000}\n";
+  return path;
+}
+
+// `tessel train --timeout` reaches the collectives of a Gloo run: with rank 1 stopped, rank 0
+// fails after 3 s naming it (and what its heartbeat last said), long before the launcher's
+// own heartbeat limit (30 s for its default timeout of 300 s) would.
+TEST(Launch, TrainTimeoutFlagSetsTheCollectiveTimeout) {
+  PidDir dir;
+  const std::string config = write_tiny_config(dir), metrics = dir.path() + "/metrics.jsonl";
+  Proc launcher({"launch", "--nproc-per-node", "2", "--", kTessel, "train", config, "--backend", "gloo", "--timeout",
+                 "3", "--metrics", metrics},
+                90s);
+  // Training runs once rank 0 wrote a step's metrics.
+  const auto until = Clock::now() + 60s;
+  while (Clock::now() < until && (!fs::exists(metrics) || fs::file_size(metrics) == 0))
+    std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(fs::exists(metrics) && fs::file_size(metrics) > 0) << show(launcher.wait());
+  std::ifstream children("/proc/" + std::to_string(launcher.pid()) + "/task/" + std::to_string(launcher.pid()) +
+                         "/children");
+  pid_t rank1 = -1;
+  for (pid_t p; children >> p;) {
+    std::ifstream env("/proc/" + std::to_string(p) + "/environ");
+    for (std::string var; std::getline(env, var, '\0');)
+      if (var == "RANK=1") rank1 = p;
+  }
+  ASSERT_GT(rank1, 0) << "rank 1's process not found";
+  ASSERT_EQ(::kill(rank1, SIGSTOP), 0);
+  const auto stopped_at = Clock::now();
+  Result r = launcher.wait();
+  const double after = std::chrono::duration<double>(Clock::now() - stopped_at).count();
+  std::cout << "[ measured ] rank 1 of a tessel train --timeout 3 run SIGSTOPped; the job failed " << after
+            << " s later\n";
+  EXPECT_EQ(r.code, 1) << show(r);
+  EXPECT_LT(after, 15.0) << show(r);
+  EXPECT_TRUE(contains(r.err, "error: rank 0 exited with code 1")) << show(r);
+  EXPECT_TRUE(contains(r.err, "timed out after 3000 ms")) << show(r);
+  EXPECT_TRUE(contains(r.err, "missing world ranks [1]")) << show(r);
+  EXPECT_TRUE(contains(r.err, "rank 1's last heartbeat")) << show(r);
+}
+
+TEST(Launch, TrainRefusesABadTimeout) {
+  PidDir dir;
+  const std::string config = write_tiny_config(dir);
+  Result r = run_tessel({"train", config, "--timeout", "0"});
+  EXPECT_EQ(r.code, 2) << show(r);
+  EXPECT_TRUE(contains(r.err, "--timeout")) << show(r);
+  for (const char* bad : {"-1", ".inf", "1e9"}) {
+    r = run_tessel({"train", config, "--set", std::string("parallel.timeout_s=") + bad});
+    EXPECT_EQ(r.code, 2) << bad << ": " << show(r);
+    EXPECT_TRUE(contains(r.err, "parallel.timeout_s")) << show(r);
+  }
 }
 
 // A launcher that is itself SIGKILLed cannot clean up: its workers die with it anyway.
@@ -467,6 +618,15 @@ TEST(Launch, BadOptionsExitTwoNamingTheFlag) {
       {{"--nproc-per-node", "1", "--nnodes", "1:4"}, "--nnodes"},
       {{"--nproc-per-node", "1", "--nnodes", "zero"}, "--nnodes"},
       {{"--nproc-per-node", "1", "--rendezvous-timeout", "0"}, "--rendezvous-timeout"},
+      // A store beyond loopback with a guessable token; a token file that is not there, or is a
+      // folder; a token given twice.
+      {{"--nnodes", "2", "--node-rank", "1", "--master", "10.255.0.1:29999", "--token", "short", "--nproc-per-node", "1"},
+       "at least 128 bits"},
+      {{"--nproc-per-node", "1", "--master", "10.255.0.1:29999", "--token", "0123456789abcdef0123456789abcde"},
+       "at least 128 bits"},
+      {{"--nproc-per-node", "1", "--token-file", "/nonexistent/job.token"}, "--token-file '/nonexistent/job.token'"},
+      {{"--nproc-per-node", "1", "--token-file", "/tmp"}, "not a regular file"},
+      {{"--nproc-per-node", "1", "--token-file", "/dev/null", "--token", "t"}, "--token and --token-file"},
       {{"--nproc-per-node", "1", "--no-such-flag"}, "--no-such-flag"},
   };
   for (const Case& c : cases) {
@@ -482,7 +642,8 @@ TEST(Launch, BadOptionsExitTwoNamingTheFlag) {
 TEST(Launch, HelpExplainsFlagsAndEnvironment) {
   Result r = run_tessel({"launch", "--help"});
   EXPECT_EQ(r.code, 0) << show(r);
-  for (const char* word : {"--nproc-per-node", "--nnodes", "--node-rank", "--master", "--token", "--rendezvous-timeout",
+  for (const char* word : {"--nproc-per-node", "--nnodes", "--node-rank", "--master", "--token", "--token-file",
+                           "--rendezvous-timeout", "--timeout", "TESSEL_TIMEOUT_S",
                            "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                            "GROUP_RANK", "TESSEL_JOB_TOKEN"})
     EXPECT_TRUE(contains(r.out, word)) << word << " missing from --help:\n" << r.out;

@@ -1,6 +1,7 @@
 // `tessel launch`: parses the flags into LaunchOptions and runs the launcher. Flag values
 // that cannot describe a job are bad input (exit 2); a job that fails exits 1.
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include "tessel/cli/commands.h"
@@ -21,16 +22,20 @@ constexpr const char* kFooter = R"(Each process gets torchrun's environment:
   MASTER_PORT       port of node 0's TCP store (the real one when it was chosen freely)
   TESSEL_JOB_TOKEN  the job token that the store requires of every client
   TESSEL_NNODES     number of nodes
+  TESSEL_TIMEOUT_S  the job's collective and store timeout (--timeout)
+  TESSEL_HEARTBEAT_MS  how often a tessel rank writes its heartbeat to the store
 Every output line of a process is prefixed with "[rank R] " (stdout to stdout, stderr to
 stderr); stdin is /dev/null. When a process exits non-zero or is killed by a signal, every
 process of the job, on every node, is stopped (SIGTERM, then SIGKILL after a grace period)
-and the failed rank is reported; tessel launch then exits 1. Ctrl-C stops the job and exits
-130.
+and the failed rank is reported; tessel launch then exits 1. So is a rank whose heartbeat
+stops (a stopped or frozen process), with what it was last doing. Ctrl-C (SIGINT) or
+SIGTERM stops the job and exits 128 + the signal: 130 or 143.
 
 Examples:
   tessel launch --nproc-per-node 4 -- python3 train.py --lr 3e-4
-  tessel launch --nnodes 2 --node-rank 0 --master 10.0.0.1:29500 --token $T --nproc-per-node 8 -- ./train
-  tessel launch --nnodes 2 --node-rank 1 --master 10.0.0.1:29500 --token $T --nproc-per-node 8 -- ./train)";
+  openssl rand -hex 16 > job.token; chmod 600 job.token     # once, shared with every node
+  tessel launch --nnodes 2 --node-rank 0 --master 10.0.0.1:29500 --token-file job.token --nproc-per-node 8 -- ./train
+  tessel launch --nnodes 2 --node-rank 1 --master 10.0.0.1:29500 --token-file job.token --nproc-per-node 8 -- ./train)";
 
 // "HOST:PORT", "HOST", "[V6]:PORT" -> host, port (0 when absent).
 std::pair<std::string, int> parse_master(const std::string& s) {
@@ -92,9 +97,11 @@ std::vector<Command> register_launch(CLI::App& app) {
     int node_rank = 0;
     std::string master;
     int nproc_per_node = 1;
-    std::string token;
+    std::string token, token_file;
     double rendezvous_timeout = 300;
     double kill_grace = 3;
+    double timeout = 0;
+    CLI::Option* timeout_opt = nullptr;
     std::vector<std::string> command;
   };
   auto a = std::make_shared<Args>();
@@ -108,12 +115,22 @@ std::vector<Command> register_launch(CLI::App& app) {
       ->default_str("0");
   cmd->add_option("--master", a->master,
                   "HOST:PORT of node 0's store; required with several nodes (default: 127.0.0.1 and a free port)");
+  cmd->add_option("--token-file", a->token_file,
+                  "file whose first line is the job token that every launcher and process must present to the "
+                  "store; required with several nodes, unless TESSEL_JOB_TOKEN is set (default: a random one on a "
+                  "single node); at least 128 bits (32 characters) for a --master beyond loopback");
   cmd->add_option("--token", a->token,
-                  "job token that every launcher and process must present to the store; required with several "
-                  "nodes (default: $TESSEL_JOB_TOKEN, else a random one on a single node)");
+                  "the job token itself; discouraged: every local user can read it in `ps` (use TESSEL_JOB_TOKEN "
+                  "or --token-file)");
   cmd->add_option("--rendezvous-timeout", a->rendezvous_timeout,
                   "seconds to wait for every node to join before giving up")
       ->default_str("300");
+  a->timeout_opt =
+      cmd->add_option("--timeout", a->timeout,
+                      "seconds a collective or store call of the job waits before it fails (given to the processes "
+                      "as TESSEL_TIMEOUT_S); a process whose heartbeat stops for half of it (2 to 30 s) fails the "
+                      "job at once, named with what it was doing")
+          ->default_str("$TESSEL_TIMEOUT_S, else 300");
   cmd->add_option("--kill-grace", a->kill_grace,
                   "seconds between SIGTERM and SIGKILL when stopping the processes")
       ->default_str("3");
@@ -127,8 +144,17 @@ std::vector<Command> register_launch(CLI::App& app) {
              o.nproc_per_node = a->nproc_per_node;
              o.command = a->command;
              o.token = a->token;
+             o.token_file = a->token_file;
+             if (!o.token.empty())
+               std::fprintf(stderr, "warning: --token is visible to every user of this machine (in `ps`); set "
+                                    "TESSEL_JOB_TOKEN or use --token-file instead\n");
              o.rendezvous_timeout = seconds_flag(a->rendezvous_timeout, "--rendezvous-timeout", false);
              o.kill_grace = seconds_flag(a->kill_grace, "--kill-grace", true);
+             try {
+               o.timeout = a->timeout_opt->count() > 0 ? timeout_from_seconds(a->timeout, "--timeout") : default_timeout();
+             } catch (const Error& e) {
+               throw BadInput(e.what());
+             }
              try {
                check_launch_options(o);
              } catch (const Error& e) {

@@ -12,6 +12,7 @@
 #include "tessel/cli/cluster_detect.h"
 #include "tessel/cli/trainer.h"
 #include "tessel/ckpt/checkpoint.h"
+#include "tessel/comm/store.h"
 #include "tessel/comm/world.h"
 #include "tessel/core/input_file.h"
 #include "tessel/core/log.h"
@@ -47,6 +48,8 @@ std::vector<Command> register_train(CLI::App& app) {
     std::string config, metrics, save, resume, trace, backend = "thread", plan;
     std::vector<std::string> sets;
     int nproc = 0;
+    double timeout = 0;
+    CLI::Option* timeout_opt = nullptr;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("train", "train a model from a YAML config");
@@ -68,8 +71,19 @@ std::vector<Command> register_train(CLI::App& app) {
                   "thread: --nproc ranks in this process; gloo: this process is one rank started by `tessel launch`")
       ->check(CLI::IsMember({"thread", "gloo"}));
   cmd->add_option("--trace", a->trace, "write a Chrome-trace/Perfetto timeline (one row per rank) to this JSON file");
+  a->timeout_opt = cmd->add_option("--timeout", a->timeout,
+                                   "seconds a collective or store call waits for the other ranks before the run fails "
+                                   "naming them (overrides the config's parallel.timeout_s)")
+                       ->default_str("parallel.timeout_s, else tessel launch's --timeout, else 300");
   return {{cmd, [a] {
              RunConfig cfg = load_or_bad_input(a->config, a->sets);
+             try {
+               set_default_timeout(a->timeout_opt->count() > 0 ? timeout_from_seconds(a->timeout, "--timeout")
+                                   : cfg.timeout_s > 0 ? timeout_from_seconds(cfg.timeout_s, "parallel.timeout_s")
+                                                       : default_timeout());
+             } catch (const Error& e) {
+               throw BadInput(e.what());
+             }
              if (a->plan == "auto") {
                if (a->backend == "gloo") throw BadInput("--plan auto plans thread ranks; use it with --backend thread");
                const int nproc = a->nproc > 0 ? a->nproc : static_cast<int>(probe_topology().cores);

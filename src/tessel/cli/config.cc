@@ -484,6 +484,9 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   pc.stage_layers = par.get("stage_layers", pc.stage_layers);
   pc.mesh = par.get("mesh", pc.mesh);
   pc.bucket_mb = par.get("bucket_mb", pc.bucket_mb);
+  c.timeout_s = par.get("timeout_s", c.timeout_s);
+  TESSEL_CHECK(c.timeout_s == 0 || (c.timeout_s > 0 && c.timeout_s <= 1e6), "{}: config 'parallel.timeout_s' must be a "
+               "positive number of seconds up to 1000000, got {}", par.origin_of("timeout_s"), c.timeout_s);
   try {
     pc.check_mesh();
   } catch (const Error& e) {

@@ -25,6 +25,7 @@
 #include <mutex>
 #include <thread>
 
+#include "tessel/comm/heartbeat.h"
 #include "tessel/comm/tcp_store.h"
 #include "tessel/core/convert.h"
 #include "tessel/core/error.h"
@@ -139,6 +140,7 @@ class GlooProcessGroup final : public ProcessGroup {
     ctx->setTimeout(timeout);
     auto dev = device_for(host_);
     try {
+      Activity activity(describe("creation") + ": waiting for every member to join");
       ctx->connectFullMesh(gs, dev);
     } catch (const TimeoutError& e) {
       throw TimeoutError(fmt::format("{}: ranks did not all join within {} ms: {}", describe("creation"), timeout.count(),
@@ -152,6 +154,8 @@ class GlooProcessGroup final : public ProcessGroup {
   ~GlooProcessGroup() override { shutdown(); }
   std::string backend() const override { return "gloo"; }
   const std::shared_ptr<gloo::Context>& context() const { return context_; }
+  // Kept alive as long as the group: the heartbeat of this process's rank.
+  void keep_heartbeat(std::unique_ptr<HeartbeatWriter> h) { heartbeat_ = std::move(h); }
 
  protected:
   void do_all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op) override {
@@ -355,6 +359,7 @@ class GlooProcessGroup final : public ProcessGroup {
       std::lock_guard lock(mutex_);
       if (done_) return;
       try {
+        Activity activity(what_);
         bool ok = send_ ? buf_->waitSend(timeout_) : buf_->waitRecv(timeout_);
         if (!ok) throw CommError(fmt::format("{}: aborted", what_));
       } catch (const gloo::IoException& e) {
@@ -386,6 +391,7 @@ class GlooProcessGroup final : public ProcessGroup {
   void run(const char* op, const std::function<void(uint32_t)>& body) {
     uint32_t tag = static_cast<uint32_t>(++collectives_);
     try {
+      Activity activity(fmt::format("{} (collective #{})", describe(op), tag));
       body(tag);
     } catch (const std::exception& e) {
       std::string msg = e.what();
@@ -415,7 +421,16 @@ class GlooProcessGroup final : public ProcessGroup {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
       if (missing.empty()) return "";
-      return fmt::format("missing world ranks {} (dead or never reached this collective)", world_rank_list(missing));
+      // What the missing ranks' heartbeats (under `tessel launch`) last said.
+      std::string beats;
+      for (int r : missing) {
+        const std::string key = heartbeat_key(r);
+        if (!store_->check({key})) continue;
+        if (auto h = parse_heartbeat(store_->get(key, Millis(1000))))
+          beats += fmt::format("; rank {}'s last heartbeat (#{}): {}", r, h->count, h->describe());
+      }
+      return fmt::format("missing world ranks {} (dead or never reached this collective){}", world_rank_list(missing),
+                         beats);
     } catch (const std::exception&) {
       return "the store is unreachable too (rank 0 or the launcher may be gone)";
     }
@@ -425,6 +440,7 @@ class GlooProcessGroup final : public ProcessGroup {
   std::string host_;
   std::shared_ptr<gloo::Context> context_;
   uint64_t collectives_ = 0;
+  std::unique_ptr<HeartbeatWriter> heartbeat_;
 };
 
 int env_int(const char* name, int fallback, bool required) {
@@ -455,6 +471,7 @@ GlooWorldOptions GlooWorldOptions::from_env(Millis timeout) {
   const char* host = std::getenv("TESSEL_GLOO_HOST");
   o.bind_host = host ? host : "";
   o.timeout = timeout;
+  o.heartbeat_interval = Millis(env_int("TESSEL_HEARTBEAT_MS", 0, false));
   return o;
 }
 
@@ -500,7 +517,15 @@ std::shared_ptr<ProcessGroup> make_gloo_world(const GlooWorldOptions& o) {
       host = name;
     }
   }
-  return make_gloo_group(store, o.rank, o.size, nodes, host, o.timeout, "world");
+  // The heartbeat starts before the rendezvous, which may wait long for the other ranks, and on
+  // a connection of its own, so that waits on the rank's store never delay a beat.
+  std::unique_ptr<HeartbeatWriter> heartbeat;
+  if (o.heartbeat_interval.count() > 0)
+    heartbeat = std::make_unique<HeartbeatWriter>(std::make_shared<TcpStore>(o.master_addr, o.master_port, o.token, o.timeout),
+                                                  o.rank, o.heartbeat_interval);
+  auto group = make_gloo_group(store, o.rank, o.size, nodes, host, o.timeout, "world");
+  if (heartbeat) std::static_pointer_cast<GlooProcessGroup>(group)->keep_heartbeat(std::move(heartbeat));
+  return group;
 }
 
 }  // namespace tessel

@@ -21,13 +21,15 @@ struct GlooWorldOptions {
   std::string token;
   int local_world_size = 0;  // ranks per node (0: one node)
   std::string bind_host;     // address of this rank's Gloo device ("": 127.0.0.1 for a loopback master, else the hostname)
-  Millis timeout = kDefaultTimeout;
-  // From RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TESSEL_JOB_TOKEN, LOCAL_WORLD_SIZE and
-  // TESSEL_GLOO_HOST; throws naming a missing or malformed variable.
+  Millis timeout = default_timeout();
+  Millis heartbeat_interval{0};  // > 0: beat for this rank (heartbeat.h) every interval
+  // From RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TESSEL_JOB_TOKEN, LOCAL_WORLD_SIZE,
+  // TESSEL_GLOO_HOST and TESSEL_HEARTBEAT_MS (set by `tessel launch`); throws naming a missing
+  // or malformed variable.
   static GlooWorldOptions from_env(Millis timeout);
 };
 
-// Connects to the job's TCP store and creates the world group.
+// Connects to the job's TCP store and creates the world group (with its heartbeat, when asked).
 std::shared_ptr<ProcessGroup> make_gloo_world(const GlooWorldOptions& options);
 // A Gloo group over an existing store (several ranks in one process for tests, or an
 // embedding application's own rendezvous). `nodes` gives each rank's node (empty: one node).

@@ -127,7 +127,9 @@ Fd listen_tcp(const std::string& host, int port, int* bound_port) {
     }
     int one = 1;
     ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), 512) != 0) {
+    // A deep queue (the kernel caps it at net.core.somaxconn): the ranks of a large job connect
+    // at once, and a full queue drops a newcomer's SYN for a second-long retransmit.
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), 4096) != 0) {
       why = std::strerror(errno);
       continue;
     }

@@ -1,11 +1,50 @@
 // In-memory and prefix stores.
 #include "tessel/comm/store.h"
 
+#include <atomic>
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 
 #include "tessel/core/error.h"
 
 namespace tessel {
+
+namespace {
+std::atomic<int64_t> g_default_timeout_ms{-1};  // -1: not decided yet
+}  // namespace
+
+Millis timeout_from_seconds(double seconds, const std::string& what) {
+  TESSEL_CHECK(std::isfinite(seconds) && seconds > 0 && seconds <= 1e6,
+               "{}: the timeout must be a positive number of seconds up to 1000000, got {}", what, seconds);
+  return Millis(std::max<int64_t>(1, std::llround(seconds * 1000)));
+}
+
+Millis parse_timeout_seconds(const std::string& text, const std::string& what) {
+  double v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  TESSEL_CHECK(ec == std::errc() && p == text.data() + text.size() && !text.empty(),
+               "{}: '{}' is not a number of seconds", what, text);
+  return timeout_from_seconds(v, what);
+}
+
+Millis default_timeout() {
+  int64_t ms = g_default_timeout_ms.load();
+  if (ms < 0) {
+    const char* env = std::getenv("TESSEL_TIMEOUT_S");
+    ms = env != nullptr && *env != '\0' ? parse_timeout_seconds(env, "environment variable TESSEL_TIMEOUT_S").count()
+                                        : kDefaultTimeout.count();
+    int64_t unset = -1;
+    g_default_timeout_ms.compare_exchange_strong(unset, ms);
+    ms = g_default_timeout_ms.load();
+  }
+  return Millis(ms);
+}
+
+void set_default_timeout(Millis timeout) {
+  TESSEL_CHECK(timeout.count() > 0, "set_default_timeout: the timeout must be positive, got {} ms", timeout.count());
+  g_default_timeout_ms = timeout.count();
+}
 
 namespace {
 std::string missing_keys(const std::map<std::string, std::string>& data, const std::vector<std::string>& keys) {

@@ -18,6 +18,18 @@ namespace tessel {
 using Millis = std::chrono::milliseconds;
 inline constexpr Millis kDefaultTimeout{300'000};
 
+// The timeout of every collective, send/recv and store call that is not given one: the last
+// set_default_timeout(), else $TESSEL_TIMEOUT_S (seconds; `tessel launch --timeout` sets it for
+// its processes), else kDefaultTimeout. Process-wide: `tessel train` sets it from --timeout or
+// the config's parallel.timeout_s before any rank starts. Throws Error naming the variable
+// when TESSEL_TIMEOUT_S is not a positive number.
+Millis default_timeout();
+void set_default_timeout(Millis timeout);
+// "SECONDS" (a positive, finite number of seconds, at most a million) as Millis; throws Error
+// naming `what` (a flag, key or variable) otherwise.
+Millis parse_timeout_seconds(const std::string& text, const std::string& what);
+Millis timeout_from_seconds(double seconds, const std::string& what);
+
 class Store {
  public:
   virtual ~Store() = default;
@@ -43,7 +55,7 @@ class Store {
   void set_timeout(Millis t) { timeout_ = t; }
 
  protected:
-  Millis timeout_ = kDefaultTimeout;
+  Millis timeout_ = default_timeout();
 };
 
 // A store in this process's memory (thread ranks, tests).

@@ -16,7 +16,7 @@ namespace tessel {
 class ThreadWorld;
 
 struct SpawnOptions {
-  Millis timeout = kDefaultTimeout;  // of every collective and send/recv
+  Millis timeout = default_timeout();  // of every collective and send/recv
   int threads_per_rank = 0;          // intra-op threads per rank; 0: cores / world_size (at least 1)
   std::vector<int> nodes;            // node of each rank (emulates several hosts); empty: one node
 };
@@ -29,7 +29,7 @@ void spawn(int world_size, const std::function<void(int rank)>& fn, const SpawnO
 
 // A thread-backend world for `world_size` ranks, for callers managing their own threads;
 // make_thread_group(world, rank) gives each rank its handle.
-std::shared_ptr<ThreadWorld> make_thread_world(int world_size, Millis timeout = kDefaultTimeout,
+std::shared_ptr<ThreadWorld> make_thread_world(int world_size, Millis timeout = default_timeout(),
                                                std::vector<int> nodes = {});
 std::shared_ptr<ProcessGroup> make_thread_group(const std::shared_ptr<ThreadWorld>& world, int rank);
 // Makes every pending and future wait in `world` fail with CommError(reason).

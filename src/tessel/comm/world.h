@@ -19,7 +19,7 @@ void set_world_group(std::shared_ptr<ProcessGroup> group);
 
 struct WorldOptions {
   std::string backend = "auto";  // auto (gloo under tessel launch, else a single thread rank), gloo, thread
-  Millis timeout = kDefaultTimeout;
+  Millis timeout = default_timeout();
 };
 
 // Creates and installs the world group from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,

@@ -79,6 +79,9 @@ struct RunConfig {
   TrainSection train;
   LogSection log;
   parallel::ParallelConfig parallel;  // degrees 1 when the config has no `parallel:` section
+  // parallel.timeout_s: the timeout of every collective and store call, in seconds (0: not
+  // given — `tessel train --timeout`, else the launcher's, else 300 s; comm/store.h).
+  double timeout_s = 0;
   Json resolved;  // every setting after defaults and overrides, for the checkpoint's record
 
   int64_t micro_batches() const { return train.global_batch / train.micro_batch; }

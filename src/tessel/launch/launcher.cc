@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,10 +17,12 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
 
+#include "tessel/comm/heartbeat.h"
 #include "tessel/comm/socket.h"
 #include "tessel/comm/tcp_store.h"
 #include "tessel/core/error.h"
@@ -69,8 +72,30 @@ std::string random_token() {
   return hex;
 }
 
-std::string token_of(const LaunchOptions& o) {
+// The first line of a token file, without surrounding whitespace; only a regular file will do
+// (a pipe could block the launcher).
+std::string read_token_file(const std::string& path, bool warn) {
+  struct stat st {};
+  TESSEL_CHECK(::stat(path.c_str(), &st) == 0, "--token-file '{}': {}", path, std::strerror(errno));
+  TESSEL_CHECK(S_ISREG(st.st_mode), "--token-file '{}': not a regular file", path);
+  TESSEL_CHECK(st.st_size <= 64 * 1024, "--token-file '{}': {} bytes is too long for a token file", path, st.st_size);
+  std::ifstream in(path);
+  std::string line;
+  TESSEL_CHECK(in.good() && std::getline(in, line), "--token-file '{}': cannot read it{}", path,
+               in.good() ? " (empty)" : fmt::format(": {}", std::strerror(errno)));
+  const std::size_t b = line.find_first_not_of(" \t\r"), e = line.find_last_not_of(" \t\r");
+  line = b == std::string::npos ? std::string() : line.substr(b, e - b + 1);
+  TESSEL_CHECK(!line.empty(), "--token-file '{}': the first line holds no token", path);
+  if (warn && (st.st_mode & 077) != 0)
+    say(fmt::format("warning: --token-file '{}' can be read by other users (mode {:o}); chmod 600 it", path,
+                    st.st_mode & 0777));
+  return line;
+}
+
+std::string token_of(const LaunchOptions& o, bool warn = false) {
+  TESSEL_CHECK(o.token.empty() || o.token_file.empty(), "--token and --token-file both give the job token; use one");
   if (!o.token.empty()) return o.token;
+  if (!o.token_file.empty()) return read_token_file(o.token_file, warn);
   const char* env = std::getenv("TESSEL_JOB_TOKEN");
   return env != nullptr ? std::string(env) : std::string();
 }
@@ -161,7 +186,9 @@ struct Child {
 
 class Launcher {
  public:
-  Launcher(LaunchOptions options, SignalScope& signals) : o_(std::move(options)), signals_(signals) {}
+  Launcher(LaunchOptions options, SignalScope& signals)
+      : o_(std::move(options)), signals_(signals), timing_(HeartbeatTiming::for_timeout(o_.timeout)),
+        ranks_watch_(std::make_unique<HeartbeatMonitor>(timing_.silence)) {}
   ~Launcher();
   Launcher(const Launcher&) = delete;
   Launcher& operator=(const Launcher&) = delete;
@@ -183,6 +210,7 @@ class Launcher {
   void kill_all(int sig);
   void on_signals();
   void watch_store();
+  void watch_heartbeats();
   void fail(const std::string& message, bool local);
   WaitEnd wait_until(const std::function<bool()>& done, Deadline deadline);
   int finish();
@@ -222,6 +250,9 @@ class Launcher {
     bool finished = false;
   };
   std::vector<Beat> beats_;
+  HeartbeatTiming timing_;
+  std::unique_ptr<HeartbeatMonitor> ranks_watch_;  // this node's processes' heartbeats
+  Deadline next_rank_check_{};
 };
 
 Launcher::~Launcher() {
@@ -250,8 +281,11 @@ int Launcher::run() {
 bool Launcher::connect_store() {
   std::string connect_host = o_.master_host;
   if (o_.node_rank == 0) {
-    server_ = std::make_unique<TcpStoreServer>(
-        TcpStoreServer::Options{.host = o_.master_host, .port = o_.master_port, .token = o_.token});
+    // Two connections per rank (its store client and its heartbeat) and one per launcher, with
+    // room to spare.
+    const std::size_t world = static_cast<std::size_t>(o_.nnodes) * static_cast<std::size_t>(o_.nproc_per_node);
+    server_ = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{
+        .host = o_.master_host, .port = o_.master_port, .token = o_.token, .max_connections = 4096 + 2 * world});
     master_port_ = server_->port();
     if (connect_host == "0.0.0.0" || connect_host.empty()) connect_host = "127.0.0.1";
     if (connect_host == "::") connect_host = "::1";
@@ -342,6 +376,8 @@ std::string Launcher::spawn(Child& c) {
       {"MASTER_PORT", std::to_string(master_port_)},
       {"TESSEL_JOB_TOKEN", o_.token},
       {"TESSEL_NNODES", std::to_string(o_.nnodes)},
+      {"TESSEL_TIMEOUT_S", fmt::format("{:.3f}", static_cast<double>(o_.timeout.count()) / 1000)},
+      {"TESSEL_HEARTBEAT_MS", std::to_string(timing_.interval.count())},
   };
   // Everything the child needs is built before fork: after it, only async-signal-safe calls.
   std::vector<std::string> env;
@@ -439,6 +475,7 @@ void Launcher::supervise() {
       }
     }
     if (!stopping_) watch_store();
+    if (!stopping_) watch_heartbeats();
     if (stopping_ && !killed_ && Clock::now() >= kill_at_) kill_all(SIGKILL);
 
     if (all_exited()) {
@@ -546,7 +583,49 @@ void Launcher::kill_all(int sig) {
   for (Child& c : children_) {
     if (c.pid <= 0) continue;
     if (::killpg(c.pid, sig) != 0 && c.running) ::kill(c.pid, sig);
+    // A stopped process (SIGSTOP, a debugger's) acts on SIGTERM only once it runs again.
+    if (sig == SIGTERM && ::killpg(c.pid, SIGCONT) != 0 && c.running) ::kill(c.pid, SIGCONT);
   }
+}
+
+// "T" (stopped), "R", "S", ... from /proc/<pid>/stat; "" when unreadable.
+std::string process_state(pid_t pid) {
+  std::ifstream f(fmt::format("/proc/{}/stat", pid));
+  std::string stat;
+  std::getline(f, stat);
+  const std::size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() ? stat.substr(paren + 2, 1) : "";
+}
+
+// This node's running processes that beat and then fell silent fail the job. A silent process
+// is stopped, frozen or starved; its peers would wait for it until their collectives time out.
+void Launcher::watch_heartbeats() {
+  if (store_lost_ || !store_) return;
+  const Deadline now = Clock::now();
+  if (now < next_rank_check_) return;
+  next_rank_check_ = now + timing_.interval;
+  std::vector<int> ranks;
+  for (const Child& c : children_)
+    if (c.running) ranks.push_back(c.rank);
+  std::vector<HeartbeatMonitor::Silent> silent;
+  try {
+    silent = ranks_watch_->poll(*store_, ranks);
+  } catch (const CommError& e) {
+    store_lost_ = true;
+    fail(fmt::format("node {} lost the job's store at {}: {}", o_.node_rank, store_where_, e.what()), /*local=*/true);
+    return;
+  }
+  if (silent.empty()) return;
+  const HeartbeatMonitor::Silent& s = silent.front();
+  std::string state;
+  for (const Child& c : children_)
+    if (c.rank == s.rank && process_state(c.pid) == "T") state = "; the process is stopped (e.g. by SIGSTOP)";
+  fail(fmt::format("{} stopped responding: no heartbeat for {:.1f} s (the limit for --timeout {:.0f} s is {:.1f} s){}; "
+                   "its last heartbeat (#{}) said: {}",
+                   who(s.rank), static_cast<double>(s.silent.count()) / 1000,
+                   static_cast<double>(o_.timeout.count()) / 1000, static_cast<double>(timing_.silence.count()) / 1000,
+                   state, s.last.count, s.last.describe()),
+       /*local=*/true);
 }
 
 void Launcher::on_signals() {
@@ -714,7 +793,8 @@ int Launcher::finish() {
     } catch (const CommError&) {
     }
   }
-  return interrupted_ != 0 ? 130 : 1;
+  // The shell's convention for a process ended by a signal: 130 for SIGINT, 143 for SIGTERM.
+  return interrupted_ != 0 ? 128 + interrupted_ : 1;
 }
 
 }  // namespace
@@ -734,22 +814,31 @@ void check_launch_options(const LaunchOptions& o) {
   TESSEL_CHECK(o.rendezvous_timeout.count() > 0, "--rendezvous-timeout must be positive, got {} ms",
                o.rendezvous_timeout.count());
   TESSEL_CHECK(o.kill_grace.count() >= 0, "--kill-grace must not be negative, got {} ms", o.kill_grace.count());
+  TESSEL_CHECK(o.timeout.count() >= 0, "--timeout must be positive, got {} ms", o.timeout.count());
+  const std::string token = token_of(o);
   if (o.nnodes > 1) {
     TESSEL_CHECK(o.master_port != 0,
                  "--master HOST:PORT with a port is required with --nnodes {}: every node must find node 0's store "
                  "at the same address",
                  o.nnodes);
-    TESSEL_CHECK(!token_of(o).empty(),
-                 "--nnodes {} needs a job token shared by every node: pass the same --token T to each launcher or set "
-                 "TESSEL_JOB_TOKEN",
+    TESSEL_CHECK(!token.empty(),
+                 "--nnodes {} needs a job token shared by every node: set the same TESSEL_JOB_TOKEN, or --token-file "
+                 "FILE, for each launcher (e.g. from `openssl rand -hex 16`)",
                  o.nnodes);
   }
+  // Beyond loopback anyone on the network can knock: the token must resist guessing.
+  TESSEL_CHECK(net::is_loopback_host(o.master_host) || token.empty() || token.size() >= kMinTokenChars,
+               "--master {}: a store beyond loopback needs a job token of at least 128 bits ({} characters, e.g. from "
+               "`openssl rand -hex 16`), got {} characters",
+               o.master_host, kMinTokenChars, token.size());
 }
 
 int run_launch(const LaunchOptions& options) {
   check_launch_options(options);
   LaunchOptions o = options;
-  o.token = token_of(options);
+  if (o.timeout.count() == 0) o.timeout = default_timeout();
+  o.token = token_of(options, /*warn=*/true);
+  o.token_file.clear();
   if (o.token.empty()) o.token = random_token();
   SignalScope signals;  // destroyed after the launcher, so its children are gone first
   Launcher launcher(std::move(o), signals);

@@ -19,26 +19,38 @@ struct LaunchOptions {
   int master_port = 0;                    // 0 on a single node: pick a free port
   int nproc_per_node = 1;
   std::vector<std::string> command;       // program and arguments
-  std::string token;                      // job token; generated on one node, required for several
+  // The job token: `token`, else the first line of `token_file`, else $TESSEL_JOB_TOKEN; generated
+  // on one node, required for several (at least 128 bits when the store is beyond loopback).
+  // Prefer the file or the environment: a command line is visible to every local user in `ps`.
+  std::string token;
+  std::string token_file;
   Millis rendezvous_timeout = Millis(300'000);
+  // The job's collective and store timeout (0: default_timeout()), exported to the processes as
+  // TESSEL_TIMEOUT_S; it also sets how soon a silent process is reported (heartbeat.h).
+  Millis timeout{0};
   Millis kill_grace = Millis(3'000);      // SIGTERM, then SIGKILL after this long
 };
 
 // Throws Error, naming the `tessel launch` flag, when the options cannot describe a job
-// (e.g. --node-rank outside 0..--nnodes-1, several nodes without --master or a token).
-// The token may come from the environment (TESSEL_JOB_TOKEN). run_launch calls it first;
+// (e.g. --node-rank outside 0..--nnodes-1, several nodes without --master or a token, a
+// token under 128 bits for a store beyond loopback, an unreadable --token-file). run_launch calls it first;
 // the CLI calls it on its own to tell bad input (exit 2) from a failed run (exit 1).
 void check_launch_options(const LaunchOptions& options);
 
 // Runs the job and returns the exit status for `tessel launch`: 0 when every process
 // succeeded, 1 when one failed (its rank, node and exit code or signal are reported on
-// stderr), 130 when interrupted. Throws Error for bad options, CommError/TimeoutError when
-// the store cannot be hosted or reached or the rendezvous times out; no process it started
-// outlives the call, whatever the path out of it (and, through PR_SET_PDEATHSIG, none
-// outlives a launcher that is itself SIGKILLed). Each process runs in its own process group
+// stderr), 128 + the signal when interrupted (130 for SIGINT, 143 for SIGTERM). Throws Error
+// for bad options, CommError/TimeoutError when the store cannot be hosted or reached or the
+// rendezvous times out; no process it started outlives the call, whatever the path out of
+// it (and, through PR_SET_PDEATHSIG, none outlives a launcher that is itself SIGKILLed). Each process runs in its own process group
 // with stdin from /dev/null. For its duration it handles SIGINT, SIGTERM and SIGCHLD and
 // ignores SIGPIPE, restoring the previous dispositions on return: one launch per process at
 // a time.
+//
+// Every process gets TESSEL_HEARTBEAT_MS; a tessel rank (init_world) then beats under
+// heartbeat/rank/<r> (heartbeat.h), and each launcher watches its own processes: one that
+// beat and then fell silent for HeartbeatTiming::for_timeout(timeout).silence (2.5 s for a
+// 5 s timeout, 30 s at most) fails the job, named with what its last heartbeat said.
 //
 // Protocol between the launchers of a job (all keys in node 0's TcpStore):
 //   launch/node/<r>       node r joined (rendezvous waits for all of them)
