@@ -1002,6 +1002,15 @@ std::string checkpoint_incomplete(const std::string& step_dir) {
   return "";
 }
 
+bool has_complete_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return false;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (step_of_folder(entry.path().filename().string()) >= 0 && checkpoint_incomplete(entry.path().string()).empty())
+      return true;
+  return false;
+}
+
 std::string choose_checkpoint(const std::string& path, ProcessGroup* group, bool verify) {
   const fs::path p(path);
   const int rank = group ? group->rank() : 0, ranks = group ? group->size() : 1;

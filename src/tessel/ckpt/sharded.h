@@ -121,6 +121,9 @@ class CheckpointReader {
 // header is whole). "" when complete, else why not.
 std::string checkpoint_incomplete(const std::string& step_dir);
 
+// Whether `dir` holds a complete step folder (no checksums read).
+bool has_complete_checkpoint(const std::string& dir);
+
 // The step folder to resume from, collectively over `group` (null: alone): `path` itself when it
 // is a step folder (it must be complete), else the newest complete step folder under it whose
 // pieces match their checksums (each rank checks its share) — newer incomplete or damaged ones

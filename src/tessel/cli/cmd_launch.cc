@@ -24,12 +24,15 @@ constexpr const char* kFooter = R"(Each process gets torchrun's environment:
   TESSEL_NNODES     number of nodes
   TESSEL_TIMEOUT_S  the job's collective and store timeout (--timeout)
   TESSEL_HEARTBEAT_MS  how often a tessel rank writes its heartbeat to the store
+  TESSEL_RESTART_COUNT  0, then 1, 2, ... for each restart (--max-restarts)
 Every output line of a process is prefixed with "[rank R] " (stdout to stdout, stderr to
 stderr); stdin is /dev/null. When a process exits non-zero or is killed by a signal, every
 process of the job, on every node, is stopped (SIGTERM, then SIGKILL after a grace period)
 and the failed rank is reported; tessel launch then exits 1. So is a rank whose heartbeat
 stops (a stopped or frozen process), with what it was last doing. Ctrl-C (SIGINT) or
-SIGTERM stops the job and exits 128 + the signal: 130 or 143.
+SIGTERM stops the job and exits 128 + the signal: 130 or 143. With --max-restarts K, a
+failed job is started again, up to K times; `tessel train --save DIR` resumes each restart
+from the newest complete checkpoint in DIR, on the same trajectory.
 
 Examples:
   tessel launch --nproc-per-node 4 -- python3 train.py --lr 3e-4
@@ -101,6 +104,7 @@ std::vector<Command> register_launch(CLI::App& app) {
     double rendezvous_timeout = 300;
     double kill_grace = 3;
     double timeout = 0;
+    int max_restarts = 0;
     CLI::Option* timeout_opt = nullptr;
     std::vector<std::string> command;
   };
@@ -131,6 +135,12 @@ std::vector<Command> register_launch(CLI::App& app) {
                       "as TESSEL_TIMEOUT_S); a process whose heartbeat stops for half of it (2 to 30 s) fails the "
                       "job at once, named with what it was doing")
           ->default_str("$TESSEL_TIMEOUT_S, else 300");
+  cmd->add_option("--max-restarts", a->max_restarts,
+                  "after a failure (a process dies, stops responding or exits non-zero), start every process again, "
+                  "up to this many times; each gets TESSEL_RESTART_COUNT, and `tessel train --save DIR` resumes from "
+                  "the newest complete checkpoint in DIR")
+      ->default_str("0")
+      ->check(kNonNegativeCount);
   cmd->add_option("--kill-grace", a->kill_grace,
                   "seconds between SIGTERM and SIGKILL when stopping the processes")
       ->default_str("3");
@@ -143,6 +153,7 @@ std::vector<Command> register_launch(CLI::App& app) {
              if (!a->master.empty()) std::tie(o.master_host, o.master_port) = parse_master(a->master);
              o.nproc_per_node = a->nproc_per_node;
              o.command = a->command;
+             o.max_restarts = a->max_restarts;
              o.token = a->token;
              o.token_file = a->token_file;
              if (!o.token.empty())

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -12,6 +13,7 @@
 #include "tessel/cli/cluster_detect.h"
 #include "tessel/cli/trainer.h"
 #include "tessel/ckpt/checkpoint.h"
+#include "tessel/ckpt/sharded.h"
 #include "tessel/comm/store.h"
 #include "tessel/comm/world.h"
 #include "tessel/core/input_file.h"
@@ -99,8 +101,16 @@ std::vector<Command> register_train(CLI::App& app) {
                         plan::parallel_yaml(e.layout));
              }
              const int64_t ranks = cfg.parallel.world_size();
-             const TrainOptions base{.metrics_path = a->metrics, .save_dir = a->save, .resume_dir = a->resume,
+             TrainOptions base{.metrics_path = a->metrics, .save_dir = a->save, .resume_dir = a->resume,
                                      .stop_on_signal = true};
+             // Restarted by `tessel launch --max-restarts`: go on from the newest complete
+             // checkpoint of --save, when there is one.
+             if (const char* restart = std::getenv("TESSEL_RESTART_COUNT");
+                 restart != nullptr && std::atoi(restart) > 0 && base.resume_dir.empty() && !base.save_dir.empty() &&
+                 has_complete_checkpoint(base.save_dir)) {
+               base.resume_dir = base.save_dir;
+               log_info("restart {}: resuming from the newest complete checkpoint in {}", restart, base.save_dir);
+             }
              if (a->backend == "gloo" || ranks > 1 || a->nproc > 1 || !a->trace.empty()) {
                ParallelTrainOptions po{.base = base, .trace_path = a->trace};
                // A folder it cannot write or a checkpoint that is not there is the user's to fix

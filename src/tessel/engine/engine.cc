@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -96,6 +97,36 @@ void write_trace(const std::string& path, const std::vector<TraceEvent>& events,
   }
   out << "]}\n";
   TESSEL_CHECK(out.good(), "failed writing trace file '{}'", path);
+}
+
+// Rewrites a JSONL metrics file keeping only the lines of steps before `step` (and lines that
+// are not step records), atomically.
+void keep_metrics_before(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  bool dropped = false;
+  while (std::getline(in, line)) {
+    int64_t s = -1;
+    try {
+      const Json j = Json::parse(line);
+      if (const Json* v = j.is_object() ? j.find("step") : nullptr) s = v->as_int();
+    } catch (const Error&) {
+    }
+    if (s >= step) {
+      dropped = true;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  if (!dropped) return;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept;
+    TESSEL_CHECK(out.good(), "cannot rewrite metrics file '{}'", path);
+  }
+  std::filesystem::rename(tmp, path);
 }
 
 std::string bytes_str(int64_t b) {
@@ -460,7 +491,10 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
   std::ofstream metrics;
   const std::string metrics_path = base.metrics_path.empty() ? cfg.log.metrics : base.metrics_path;
   if (s.lead() && !metrics_path.empty()) {
-    metrics.open(metrics_path, start > 0 ? std::ios::app : std::ios::trunc);  // a resumed run appends
+    // A resumed run appends, after dropping lines of the steps it runs again (a run that
+    // crashed after its last checkpoint logged them): the file holds each step once.
+    if (start > 0) keep_metrics_before(metrics_path, start);
+    metrics.open(metrics_path, start > 0 ? std::ios::app : std::ios::trunc);
     TESSEL_CHECK(metrics.good(), "cannot write metrics file '{}'", metrics_path);
   }
 

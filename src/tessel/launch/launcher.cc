@@ -378,6 +378,7 @@ std::string Launcher::spawn(Child& c) {
       {"TESSEL_NNODES", std::to_string(o_.nnodes)},
       {"TESSEL_TIMEOUT_S", fmt::format("{:.3f}", static_cast<double>(o_.timeout.count()) / 1000)},
       {"TESSEL_HEARTBEAT_MS", std::to_string(timing_.interval.count())},
+      {"TESSEL_RESTART_COUNT", std::to_string(o_.restart_count)},
   };
   // Everything the child needs is built before fork: after it, only async-signal-safe calls.
   std::vector<std::string> env;
@@ -649,6 +650,8 @@ void Launcher::fail(const std::string& message, bool local) {
   if (failure_.empty()) {
     failure_ = message;
     local_failure_ = local;
+    // Said at once: stopping the other processes may take up to --kill-grace.
+    say(fmt::format("tessel launch: {}; stopping the job", message));
   }
   if (local && store_ && !store_lost_) {
     try {
@@ -840,9 +843,20 @@ int run_launch(const LaunchOptions& options) {
   o.token = token_of(options, /*warn=*/true);
   o.token_file.clear();
   if (o.token.empty()) o.token = random_token();
-  SignalScope signals;  // destroyed after the launcher, so its children are gone first
-  Launcher launcher(std::move(o), signals);
-  return launcher.run();
+  TESSEL_CHECK(o.max_restarts >= 0, "--max-restarts must be 0 or more, got {}", o.max_restarts);
+  for (int attempt = 0;; ++attempt) {
+    o.restart_count = attempt;
+    int rc;
+    {
+      SignalScope signals;  // destroyed after the launcher, so its children are gone first
+      Launcher launcher(o, signals);
+      rc = launcher.run();
+    }
+    if (rc != 1 || attempt >= o.max_restarts) return rc;
+    say(fmt::format("tessel launch: restarting the job ({} of at most {} restarts): every process starts again with "
+                    "TESSEL_RESTART_COUNT={}; tessel train --save resumes from its newest complete checkpoint",
+                    attempt + 1, o.max_restarts, attempt + 1));
+  }
 }
 
 }  // namespace tessel

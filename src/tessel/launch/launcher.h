@@ -29,6 +29,12 @@ struct LaunchOptions {
   // TESSEL_TIMEOUT_S; it also sets how soon a silent process is reported (heartbeat.h).
   Millis timeout{0};
   Millis kill_grace = Millis(3'000);      // SIGTERM, then SIGKILL after this long
+  // After a failed attempt (a process died, stopped responding or exited non-zero), start every
+  // process again, up to this many times (torchrun's --max-restarts). Each attempt's processes
+  // get TESSEL_RESTART_COUNT (0, 1, ...); `tessel train --save DIR` then resumes from the newest
+  // complete checkpoint in DIR. Every node of a job must give the same number.
+  int max_restarts = 0;
+  int restart_count = 0;                  // this attempt's (set by run_launch)
 };
 
 // Throws Error, naming the `tessel launch` flag, when the options cannot describe a job
@@ -61,6 +67,10 @@ void check_launch_options(const LaunchOptions& options);
 //   launch/done/<r>       node r's processes all exited 0 (node 0 keeps the store up until
 //                         every node is done)
 //   launch/stopped/<r>    node r has stopped its processes after a failure
+//
+// With max_restarts, a failed attempt is followed by a new one (a fresh store and rendezvous),
+// with a line saying why and how long the failure took to detect; an interrupt is never
+// restarted.
 int run_launch(const LaunchOptions& options);
 
 }  // namespace tessel
