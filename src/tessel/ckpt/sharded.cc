@@ -710,14 +710,13 @@ std::string PendingCheckpoint::publish() {
       }
       for (const auto& [name, text] : written) write_durable(tmp / name, text);
       fsync_dir(tmp);
-      // The manifest, last: every file with its size (and the small ones' checksums).
+      // The manifest, last: every file with its size (and the JSON files' checksums).
       Json manifest = Json::Object{};
       manifest["step"] = m.step;
       Json listed = Json::Object{};
       for (const FilePlan& f : files) {
         Json e = Json::Object{};
         e["size"] = static_cast<int64_t>(f.size);
-        e["header_checksum"] = hex64(checkpoint_checksum(f.header.data(), f.header.size()));
         listed[f.name] = e;
       }
       for (const auto& [name, text] : written) {
