@@ -13,7 +13,7 @@
 #include <sstream>
 #include <tuple>
 
-#include "tessel/cli/trainer.h"
+#include "support/reference_trainer.h"
 #include "tessel/engine/engine.h"
 #include "tessel/cli/plan_support.h"
 #include "tessel/plan/planner.h"
@@ -101,7 +101,7 @@ TEST(PlanLayouts, EveryLayoutThePlannerCanEmitTrains) {
       for (const std::string& s : yaml_as_sets(plan::parallel_yaml(run))) run_sets.push_back(s);
       const RunConfig cfg = load_run_config(kConfig, run_sets);
       const TrainOptions opts{.progress = false, .quiet = true};
-      const double loss = ranks == 1 ? train(cfg, opts).steps.at(0).loss
+      const double loss = ranks == 1 ? reference_train(cfg, opts).steps.at(0).loss
                                      : train_parallel_threads(cfg, ranks, ParallelTrainOptions{.base = opts})
                                            .train.steps.at(0)
                                            .loss;

@@ -17,7 +17,7 @@
 
 #include "tessel/engine/engine.h"
 #include "tessel/cli/config.h"
-#include "tessel/cli/trainer.h"
+#include "support/reference_trainer.h"
 
 namespace tessel {
 namespace {
@@ -140,7 +140,7 @@ TEST(HybridParallel, EveryLayoutTrainsLikeOneRank) {
     SCOPED_TRACE(describe(l));
     RunConfig base = config_for(l);
     const std::string key = fmt::format("{}{}{}{}", l.llama, l.dropout, l.mb4, l.sgd);
-    if (!oracles.count(key)) oracles[key] = train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
+    if (!oracles.count(key)) oracles[key] = reference_train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
     const TrainResult& one = oracles[key];
 
     const RunConfig cfg = with_layout(base, l);
@@ -192,12 +192,12 @@ TEST(HybridParallel, StartsFromAWeightsFileLikeOneRank) {
     RunConfig first = config_for(corner);
     first.train.steps = 3;
     first.train.eval_every = 0;
-    const TrainResult saved = train(first, TrainOptions{.save_dir = dir, .progress = false, .quiet = true});
+    const TrainResult saved = reference_train(first, TrainOptions{.save_dir = dir, .progress = false, .quiet = true});
     ASSERT_FALSE(saved.last_checkpoint.empty());
     RunConfig base = config_for(corner);
-    const TrainResult fresh = train(base, TrainOptions{.progress = false, .quiet = true});
+    const TrainResult fresh = reference_train(base, TrainOptions{.progress = false, .quiet = true});
     base.model.init_from = saved.last_checkpoint + "/model.safetensors";
-    const TrainResult one = train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
+    const TrainResult one = reference_train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
     // The file was read: the first loss is that of the trained weights, not of a fresh init.
     EXPECT_LT(one.steps[0].loss, fresh.steps[0].loss - 0.05);
     ParallelTrainResult r = train_parallel_threads(
@@ -219,7 +219,7 @@ TEST(HybridParallel, MeshDimsInAnyOrderTrainAlike) {
   RunConfig base = config_for(corner);
   base.train.steps = 4;
   base.train.eval_every = 0;
-  const TrainResult one = train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
+  const TrainResult one = reference_train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
   std::vector<ParallelTrainResult> runs;
   for (std::vector<std::string> order : {std::vector<std::string>{"pp", "dp", "tp"}, {"tp", "pp", "dp"}, {"dp", "tp", "pp"}}) {
     SCOPED_TRACE(fmt::format("mesh [{}]", fmt::join(order, ", ")));
@@ -306,7 +306,7 @@ TEST(HybridParallel, ZeroThreeWithRecomputeTrainsLikeOneRank) {
     base.train.steps = 4;
     base.train.eval_every = 0;
     base.parallel.recompute = "full";
-    const TrainResult one = train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
+    const TrainResult one = reference_train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
     const RunConfig cfg = with_layout(base, l);
     ParallelTrainResult r = train_parallel_threads(
         cfg, 2 * pp, ParallelTrainOptions{.base = TrainOptions{.progress = false, .quiet = true, .collect_params = true}});
@@ -336,7 +336,7 @@ TEST(HybridParallel, SelectiveRecomputeHoldsLessAndTrainsTheSame) {
     return cfg;
   };
   const TrainOptions opts{.progress = false, .quiet = true, .collect_params = true};
-  const TrainResult one = train(config("none"), opts);
+  const TrainResult one = reference_train(config("none"), opts);
   std::map<std::string, ParallelTrainResult> runs;
   for (const char* recompute : {"none", "selective"})
     runs[recompute] = train_parallel_threads(config(recompute), 1, ParallelTrainOptions{.base = opts});
@@ -370,7 +370,7 @@ TEST(HybridParallel, SelectiveRecomputeHoldsLessAndTrainsTheSame) {
     }
   }
   // The single-rank trainer reads parallel.recompute too (its model is built the same way).
-  const TrainResult one_selective = train(config("selective"), opts);
+  const TrainResult one_selective = reference_train(config("selective"), opts);
   for (size_t i = 0; i < one.steps.size(); ++i)
     EXPECT_LE(std::abs(one_selective.steps[i].loss - one.steps[i].loss) / one.steps[i].loss, 1e-6) << "step " << i;
   for (const auto& [pname, full] : one.final_params)
@@ -386,7 +386,7 @@ TEST(HybridParallel, SelectiveRecomputeLayoutsTrainLikeOneRank) {
     RunConfig base = config_for(l);
     base.train.steps = 4;
     base.train.eval_every = 0;
-    const TrainResult one = train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
+    const TrainResult one = reference_train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
     RunConfig cfg = with_layout(base, l);
     cfg.parallel.recompute = "selective";
     ParallelTrainResult r = train_parallel_threads(

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 #include <sstream>
 
 #include "tessel/ckpt/safetensors.h"
@@ -84,7 +85,9 @@ void check_checkpoint_dir(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   TESSEL_CHECK_AS(CheckpointError, !ec, "checkpoint folder '{}' cannot be created: {}", dir, ec.message());
-  fs::path probe = fs::path(dir) / fmt::format(".write-test.{}", ::getpid());
+  // Named per process and thread: the thread ranks of one process check at once.
+  fs::path probe = fs::path(dir) / fmt::format(".write-test.{}.{}", ::getpid(),
+                                               std::hash<std::thread::id>{}(std::this_thread::get_id()));
   bool ok = std::ofstream(probe).good();
   fs::remove(probe, ec);
   TESSEL_CHECK_AS(CheckpointError, ok, "checkpoint folder '{}' is not writable", dir);

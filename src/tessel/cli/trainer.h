@@ -1,6 +1,7 @@
-// The single-rank training loop behind `tessel train`: model, data, AdamW/SGD, schedule,
-// gradient accumulation over micro-batches, clipping, JSONL metrics, a live progress line on
-// a terminal, and checkpoints that resume the exact trajectory.
+// `tessel train` on one rank: the engine (engine.h) on a world of one — model, data,
+// AdamW/SGD, schedule, gradient accumulation over micro-batches, clipping, JSONL metrics, a live
+// progress line on a terminal, and checkpoints that resume the exact trajectory in any layout.
+// The plain loop it replaced is the layout tests' oracle (tests/support/reference_trainer.h).
 #pragma once
 
 #include <functional>

@@ -275,13 +275,13 @@ struct Engine::State {
     optimizer->restore_steps(saved_steps);
     next_step = st.step;
     bytes_read = reader.bytes_read();
+    if (lead() && st.settings.is_object()) {  // a warning, even when quiet
+      const std::vector<std::string> changed = changed_settings(st.settings, trajectory_settings(cfg));
+      if (!changed.empty())
+        log_warn("resuming with settings that differ from the checkpoint's, so the run will not continue its "
+                 "trajectory exactly: {}", fmt::join(changed, ", "));
+    }
     if (lead() && !quiet) {
-      if (st.settings.is_object()) {
-        const std::vector<std::string> changed = changed_settings(st.settings, trajectory_settings(cfg));
-        if (!changed.empty())
-          log_warn("resuming with settings that differ from the checkpoint's, so the run will not continue its "
-                   "trajectory exactly: {}", fmt::join(changed, ", "));
-      }
       const Json* from = st.layout.is_object() ? st.layout.find("parallel") : nullptr;
       log_info("resumed from {} at step {}{} (read {} of this rank's pieces)", reader.dir(), st.step,
                from ? fmt::format(", saved by {}", from->as_string()) : std::string(),
@@ -451,6 +451,8 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
   if (pc.pp > 1 && s.lead() && !options.base.quiet) log_info("pipeline schedule (unit-time view):\n{}", s.schedule.grid());
 
   const TrainOptions& base = options.base;
+  // A folder it cannot write fails the run before its first step, not at its first save.
+  if (!base.save_dir.empty()) check_checkpoint_dir(base.save_dir);
   if (!base.resume_dir.empty() && s.next_step == 0) s.load(base.resume_dir, base.quiet);
   const int64_t start = s.next_step;
   ParallelTrainResult result;
