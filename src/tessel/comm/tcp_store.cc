@@ -430,6 +430,17 @@ void TcpStoreServer::Impl::flush(Client& c) {
   c.out.erase(0, sent);
 }
 
+std::string TcpStoreServer::serve_bytes(std::string_view bytes, const std::string& token) {
+  Impl impl;
+  impl.options.token = token;
+  const uint64_t id = impl.next_id++;
+  Impl::Client& c = impl.clients[id];
+  c.authed = token.empty();
+  c.in.assign(bytes);
+  while (!c.closing && !c.parked && impl.process_frames(id, c)) impl.release_parked();
+  return c.out;
+}
+
 // ---------------------------------------------------------------------------------------
 // Client
 
