@@ -127,7 +127,7 @@ void matmul_kernel(const Tensor& a, const Tensor& b, bool ta, bool tb, const Ten
     for (int64_t i = 0; i < n; ++i)
       offsets.push_back({off[0] + i * st[0], ae.offset() + off[1] + i * st[1], be.offset() + off[2] + i * st[2]});
   });
-  const double work = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(std::max<int64_t>(K, 1));
+  const double work = std::max(1.0, static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
   auto run = [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const auto& o = offsets[static_cast<size_t>(i)];
