@@ -136,7 +136,12 @@ void check_duplicate_keys(const YAML::Node& n, const std::string& path, const st
   if (!n.IsMap()) return;
   std::map<std::string, YAML::Node> seen;
   for (const auto& kv : n) {
-    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : YAML::Dump(kv.first);
+    // Every reader below takes keys as strings: a mapping, list or null as a key would escape
+    // from yaml-cpp as an exception naming no key (found by fuzz/config_fuzz.cc).
+    TESSEL_CHECK(kv.first.IsScalar(), "{}: config keys are plain names, but {} has a {} as a key", where(kv.first, source),
+                 path.empty() ? std::string("the top level") : "'" + path + "'",
+                 kv.first.IsMap() ? "mapping" : kv.first.IsSequence() ? "list" : "null");
+    const std::string key = kv.first.Scalar();
     const std::string full = path.empty() ? key : path + "." + key;
     auto [it, fresh] = seen.emplace(key, kv.first);
     TESSEL_CHECK(fresh, "{}: config '{}' is given twice (first at line {}); give it once", where(kv.first, source), full,
