@@ -5,7 +5,8 @@
 #   ./run.sh demo    the main job: build, then train the demo GPT-2 on 4 local ranks
 #                    (data x pipeline parallel, ZeRO-1; a few minutes) and write its timeline
 #   ./run.sh test    the whole test suite: release build + ctest, then the sanitizer build
-#                    (AddressSanitizer + UBSan) of the core, ops and autograd tests
+#                    (AddressSanitizer + UBSan) of the core, ops and autograd tests, then
+#                    each fuzz target of fuzz/ for a few seconds (scripts/fuzz.sh: longer runs)
 #   ./run.sh bench   benchmarks (installs PyTorch 1.13 too, for side-by-side figures)
 #   ./run.sh build   just build (release)
 set -euo pipefail
@@ -15,7 +16,7 @@ mode=${1:-}
 shift || true
 jobs=${TESSEL_JOBS:-$(nproc)}
 
-usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
 
 build() {  # build PRESET [TARGET...]
   local preset=$1
@@ -51,6 +52,8 @@ case "$mode" in
     build asan core_test ops_test autograd_test
     echo "== tests (AddressSanitizer + UndefinedBehaviorSanitizer: core, ops, autograd)"
     ctest --preset asan -j "$jobs" -L 'core|ops|autograd' "$@"
+    echo "== fuzz targets (libFuzzer, clang; ${TESSEL_FUZZ_SECONDS:-3} s each over their seeds)"
+    scripts/fuzz.sh "${TESSEL_FUZZ_SECONDS:-3}"
     ;;
   bench)
     scripts/install-deps.sh --bench

@@ -17,6 +17,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libopenblas-dev libgloo-dev libyaml-cpp-dev libcli11-dev libfmt-dev libhwloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev
   iproute2 procps python3 strace
 )
 if [ "$want_bench" = 1 ]; then

@@ -1,6 +1,8 @@
 // JSON: round trips, integer preservation, escapes, and rejection of malformed text.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "tessel/core/error.h"
 #include "tessel/core/json.h"
 
@@ -15,6 +17,14 @@ TEST(Json, ParsesAndDumpsRoundTrip) {
   EXPECT_EQ(j.at("big").as_int(), 9007199254740993);  // beyond 2^53 survives as an integer
   EXPECT_EQ(j.dump(), R"({"a":{"n":-7},"b":[1,2.5,"x",true,null],"big":9007199254740993})");
   EXPECT_EQ(Json::parse(j.dump()).dump(), j.dump());
+}
+
+// Found by fuzz/json_fuzz.cc: -0.0 was written "-0", which reads back as the integer 0.
+TEST(Json, NegativeZeroKeepsItsSignThroughDumpAndParse) {
+  const Json back = Json::parse(Json(-0.0).dump());
+  ASSERT_FALSE(back.is_int());
+  EXPECT_TRUE(std::signbit(back.as_double()));
+  EXPECT_EQ(Json::parse("[-0e-300]").dump(), Json::parse(Json::parse("[-0e-300]").dump()).dump());
 }
 
 TEST(Json, Escapes) {

@@ -130,7 +130,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
       }
       continue;
     }
-    auto bad = [&](const std::string& why) { fail(fmt::format("tensor \"{}\": {}", name, why)); };
+    // A named copy of the binding: clang before 16 cannot capture structured bindings.
+    auto bad = [&, &tensor = name](const std::string& why) { fail(fmt::format("tensor \"{}\": {}", tensor, why)); };
     if (!v.is_object()) bad("entry is not an object");
     const Json* dt = v.find("dtype");
     const Json* shape = v.find("shape");

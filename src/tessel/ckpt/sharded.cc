@@ -918,6 +918,16 @@ void CheckpointReader::read(const std::vector<CheckpointTensor>& targets, int th
 
 std::string CheckpointReader::verify(int rank, int ranks) const {
   if (!index_.is_object()) return "";  // a checkpoint from before checksums: nothing to check
+  try {
+    return verify_pieces(rank, ranks);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const Error& e) {
+    return fmt::format("bad {}: {}", kIndexFile, e.what());
+  }
+}
+
+std::string CheckpointReader::verify_pieces(int rank, int ranks) const {
   struct Piece {
     const std::string* name;
     const Where* where;
@@ -930,10 +940,26 @@ std::string CheckpointReader::verify(int rank, int ranks) const {
     auto w = where_.find(name);
     if (w == where_.end()) return fmt::format("{} lists \"{}\", which no safetensors file holds", kIndexFile, name);
     const Shape shape = t.find("layout_shape") ? json_shape(t.at("layout_shape")) : json_shape(t.at("shape"));
-    for (const Json& p : t.at("pieces").as_array())
-      if (i++ % ranks == rank)
-        mine.push_back({&name, w->second.get(), shape, json_shape(p.at("offset")), json_shape(p.at("extent")),
-                        p.at("checksum").as_string()});
+    // The index is read, not trusted: every box must lie inside a tensor the files hold.
+    int64_t numel = 1;
+    for (int64_t d : shape) {
+      if (d < 0 || (d > 0 && numel > (int64_t{1} << 50) / d)) return fmt::format("{}: \"{}\" has a bad shape", kIndexFile, name);
+      numel *= d;
+    }
+    if (numel != shape_numel(w->second->shape))
+      return fmt::format("{}: \"{}\" has {} elements in the index but {} in {}", kIndexFile, name, numel,
+                         shape_numel(w->second->shape), w->second->file);
+    for (const Json& p : t.at("pieces").as_array()) {
+      if (i++ % ranks != rank) continue;
+      Piece piece{&name, w->second.get(), shape, json_shape(p.at("offset")), json_shape(p.at("extent")),
+                  p.at("checksum").as_string()};
+      bool inside = piece.offset.size() == shape.size() && piece.extent.size() == shape.size();
+      for (size_t d = 0; inside && d < shape.size(); ++d)
+        inside = piece.offset[d] >= 0 && piece.extent[d] >= 0 && piece.offset[d] <= shape[d] &&
+                 piece.extent[d] <= shape[d] - piece.offset[d];
+      if (!inside) return fmt::format("{}: a piece of \"{}\" lies outside its shape {}", kIndexFile, name, shape_str(shape));
+      mine.push_back(std::move(piece));
+    }
   }
   FdCache fds(O_RDONLY);
   std::vector<std::string> bad(mine.size());

@@ -110,6 +110,7 @@ class CheckpointReader {
 
  private:
   struct Where;
+  std::string verify_pieces(int rank, int ranks) const;
   std::string dir_;
   Json trainer_, index_;
   std::map<std::string, std::shared_ptr<Where>> where_;

@@ -16,7 +16,8 @@ struct TrainBenchOptions {
 // threads, parameters.
 Json bench_train(RunConfig config, const TrainBenchOptions& options);
 
-// The best median rate of cblas_sgemm on a few large shapes with the current threads, in FLOP/s.
+// The best median rate of sgemm (kernels::gemm: BLAS tiles over the pool) on a few large shapes
+// with the current threads, in FLOP/s.
 double measure_sgemm_peak();
 
 }  // namespace tessel

@@ -3,7 +3,6 @@
 // two ranks, one tiny op through the normal dispatch. Budget: a few seconds in all.
 #include "tessel/cli/cluster_detect.h"
 
-#include <cblas.h>
 #include <hwloc.h>
 #include <unistd.h>
 
@@ -26,6 +25,7 @@
 #include "tessel/core/philox.h"
 #include "tessel/core/thread_pool.h"
 #include "tessel/ops/dispatch.h"
+#include "tessel/ops/kernel_util.h"
 #include "tessel/ops/ops.h"
 #include "tessel/ops/registry.h"
 #include "tessel/plan/cost_model.h"
@@ -53,7 +53,7 @@ std::string bytes_text(double b) {
   return fmt::format("{:.{}f} {}", b, b == static_cast<int64_t>(b) ? 0 : 1, units[u]);
 }
 
-// The process default thread count (intra-op pool and BLAS) for a scope.
+// The process default thread count (the intra-op pool, which gemms split over) for a scope.
 class ThreadsScope {
  public:
   explicit ThreadsScope(int n) : before_(current_num_threads()) { set_default_num_threads(n); }
@@ -71,7 +71,7 @@ struct Square {
   double rate(int reps) {
     auto t0 = Clock::now();
     for (int i = 0; i < reps; ++i)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+      kernels::gemm<float>(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     return 2.0 * n * n * static_cast<double>(n) * reps / seconds_since(t0);
   }
 };
@@ -335,7 +335,7 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
   MachineTopology m = probe_topology();
   if (ranks <= 0) ranks = m.cores;
   TESSEL_CHECK(ranks >= 1, "cluster detect: --ranks {}: need at least one rank", ranks);
-  // A rank's BLAS threads are its share of the cores (one each when ranks >= cores).
+  // A rank's gemm threads are its share of the cores (one each when ranks >= cores).
   const int threads = std::max(1, m.cores / ranks);
   const std::string origin = fmt::format("measured by tessel cluster detect on {}, {}", hostname(), today());
   // Every core a rank would run on works at once, as the ranks of a training step do: the
@@ -346,7 +346,7 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
   double peak = 0, best_peak = 0;
   KernelFigures kernels;
   {
-    progress(fmt::format("measuring sgemm peak and tessel's kernels ({} rank{} at once, {} BLAS thread{} each)...",
+    progress(fmt::format("measuring sgemm peak and tessel's kernels ({} rank{} at once, {} thread{} each)...",
                          concurrent, concurrent == 1 ? "" : "s", threads, threads == 1 ? "" : "s")
                  .c_str());
     std::vector<double> best(static_cast<size_t>(concurrent)), typical(static_cast<size_t>(concurrent)),
@@ -422,7 +422,7 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
   k.reserved_bytes = 0;
   k.sources = {
       {"machine", fmt::format("hwloc: {}; {} ranks; {}", m.str(), ranks, origin)},
-      {"peak_flops", fmt::format("time-averaged cblas_sgemm 1024^3 rate with {} thread{} per rank while {} rank{} "
+      {"peak_flops", fmt::format("time-averaged sgemm 1024^3 rate (tiled over the pool, as tessel runs it) with {} thread{} per rank while {} rank{} "
                                  "compute (the rounds that time the kernels): {:.2f} GFLOP/s (best-of-shapes peak "
                                  "{:.2f}); {}",
                                  threads, threads == 1 ? "" : "s", concurrent, concurrent == 1 ? "" : "s",

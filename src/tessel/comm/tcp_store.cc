@@ -622,6 +622,21 @@ Deadline TcpStoreServer::Impl::sweep() {
   return wake;
 }
 
+std::string TcpStoreServer::serve_bytes(std::string_view bytes, const std::string& token) {
+  Impl impl;
+  impl.options.token = token;
+  impl.max_request = 64 + impl.options.max_key_bytes + 2 * impl.options.max_value_bytes;
+  impl.where = "serve_bytes";
+  const uint64_t id = impl.next_id++;
+  Impl::Client& c = impl.clients[id];
+  c.authed = token.empty();
+  if (c.authed) ++impl.authed;
+  else impl.pending.insert(id);
+  c.in.assign(bytes);
+  while (!c.closing && !c.close_after_flush && !c.parked && impl.process_frames(id, c)) impl.release_parked();
+  return c.out;
+}
+
 // ---------------------------------------------------------------------------------------
 // Client
 

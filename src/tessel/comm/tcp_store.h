@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "tessel/comm/store.h"
@@ -62,6 +63,12 @@ class TcpStoreServer {
 
   const std::string& host() const;
   int port() const;
+
+  // One connection's bytes through the server's frame parsing and request handling, without
+  // sockets or a thread (fuzz/store_fuzz.cc): runs the frames in `bytes` on a fresh, empty
+  // store whose token is `token` as the server runs a client's, and returns the bytes it would
+  // send back. Stops where the server would close the connection or park a request.
+  static std::string serve_bytes(std::string_view bytes, const std::string& token);
 
  private:
   struct Impl;

@@ -2,8 +2,6 @@
 // and spawn().
 #include "tessel/comm/thread_backend.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -576,9 +574,6 @@ void spawn(int world_size, const std::function<void(int rank)>& fn, const SpawnO
   auto world = make_thread_world(world_size, options.timeout, options.nodes);
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int per_rank = options.threads_per_rank > 0 ? options.threads_per_rank : std::max(1, cores / world_size);
-  // BLAS threads are process-wide: give each rank its share for the duration of the job.
-  int blas_before = openblas_get_num_threads();
-  openblas_set_num_threads(per_rank);
 
   std::mutex error_mutex;
   std::exception_ptr first;
@@ -615,7 +610,6 @@ void spawn(int world_size, const std::function<void(int rank)>& fn, const SpawnO
     });
   }
   for (auto& t : threads) t.join();
-  openblas_set_num_threads(blas_before);
   if (first) std::rethrow_exception(first);
 }
 

@@ -43,10 +43,8 @@ std::shared_ptr<ThreadPool> default_pool() {
   ProcessDefaults& d = defaults();
   std::lock_guard lock(d.mutex);
   if (!d.pool) {
-    if (d.num_threads == 0) {
-      d.num_threads = default_num_threads();
-      openblas_set_num_threads(d.num_threads);
-    }
+    if (d.num_threads == 0) d.num_threads = default_num_threads();
+    openblas_set_num_threads(1);
     d.pool = std::make_shared<ThreadPool>(d.num_threads);
   }
   return d.pool;
@@ -96,7 +94,9 @@ void set_default_num_threads(int num_threads) {
   ProcessDefaults& d = defaults();
   std::lock_guard lock(d.mutex);
   d.num_threads = std::max(1, num_threads);
-  openblas_set_num_threads(d.num_threads);
+  // OpenBLAS always runs on one thread: its split of a product depends on its thread count,
+  // so kernels::gemm tiles products itself on the pool (same bits at any count).
+  openblas_set_num_threads(1);
   if (!d.pool || d.pool->num_threads() != d.num_threads) d.pool = std::make_shared<ThreadPool>(d.num_threads);
 }
 

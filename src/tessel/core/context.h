@@ -97,7 +97,8 @@ inline bool grad_enabled() { return rank_context().grad_enabled; }
 
 // Process defaults: TESSEL_NUM_THREADS, else OMP_NUM_THREADS, else the online cores.
 int default_num_threads();
-// Sets the process default thread count (the default context's pool and OpenBLAS).
+// Sets the process default thread count (the default context's pool); OpenBLAS stays on one
+// thread, since kernels::gemm splits products over the pool itself.
 void set_default_num_threads(int num_threads);
 // Makes OpenBLAS's idle worker threads sleep right after each call instead of polling for
 // about 0.1 s (unless OPENBLAS_THREAD_TIMEOUT is set). Pollers take the cores from tessel's own

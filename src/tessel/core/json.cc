@@ -258,6 +258,7 @@ void dump_to(const Json& j, std::string& out) {
   } else if (j.is_number()) {
     double d = j.as_double();
     if (!std::isfinite(d)) out += "null";
+    else if (d == 0 && std::signbit(d)) out += "-0.0";  // "-0" would read back as the integer 0
     else out += fmt::format("{}", d);
   } else if (j.is_string()) {
     out += json_quote(j.as_string());

@@ -1,6 +1,11 @@
 // Kernel helpers.
 #include "tessel/ops/kernel_util.h"
 
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
 #include "tessel/ops/reduce.h"
 #include "tessel/ops/shape.h"
 
@@ -32,6 +37,83 @@ void check_index(const MetaCall& call, size_t i) {
   TESSEL_CHECK(is_integral(call.inputs[i].dtype), "{}: input {} has dtype {}; expected i32 or i64 indices", call.op.name,
                i, call.inputs[i].dtype);
 }
+
+namespace {
+
+// Keeps OpenBLAS on one thread: tessel sets it so (set_default_num_threads), but a program that
+// embeds tessel may have set more, and then each tile would again depend on the count.
+void blas_single_threaded() {
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
+void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
+              ldb, beta, C, ldc);
+}
+void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+               const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
+              ldb, beta, C, ldc);
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+// Halves the larger tile side (rows in multiples of 16, BLAS's widest register tile) until
+// the grid has about work / kGemmTileWork tiles, keeping tiles at least 32 x 64.
+GemmGrid gemm_grid(int64_t M, int64_t N, int64_t K) {
+  constexpr int64_t kAlign = 16, kMinRows = 32, kMinCols = 64, kMaxTiles = 256;
+  GemmGrid g{.rows = std::max<int64_t>(M, 1), .cols = std::max<int64_t>(N, 1)};
+  const double work = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(std::max<int64_t>(K, 1));
+  const double want = std::min<double>(kMaxTiles, std::ceil(work / static_cast<double>(kGemmTileWork)));
+  while (static_cast<double>(g.row_blocks * g.col_blocks) < want) {
+    const bool rows_ok = g.rows >= 2 * kMinRows, cols_ok = g.cols >= 2 * kMinCols;
+    if (rows_ok && (g.rows >= g.cols || !cols_ok)) {
+      g.rows = ceil_div(ceil_div(g.rows, 2), kAlign) * kAlign;
+      g.row_blocks = ceil_div(M, g.rows);
+    } else if (cols_ok) {
+      g.cols = ceil_div(ceil_div(g.cols, 2), kAlign) * kAlign;
+      g.col_blocks = ceil_div(N, g.cols);
+    } else {
+      break;
+    }
+  }
+  return g;
+}
+
+template <typename T>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
+          T beta, T* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
+    return;
+  }
+  ProfileScope profile_scope("(blas gemm)");
+  blas_single_threaded();
+  const GemmGrid g = gemm_grid(M, N, K);
+  // Tile t covers rows [i0, i0 + m) and columns [j0, j0 + n) of C: op(A)'s rows i0.. are A's
+  // rows (or, transposed, its columns) from i0; op(B)'s columns j0.. likewise.
+  auto tile = [&](int64_t t) {
+    const int64_t i0 = (t / g.col_blocks) * g.rows, j0 = (t % g.col_blocks) * g.cols;
+    const int64_t m = std::min(g.rows, M - i0), n = std::min(g.cols, N - j0);
+    blas_gemm(ta, tb, m, n, K, alpha, ta ? A + i0 : A + i0 * lda, lda, tb ? B + j0 * ldb : B + j0, ldb, beta,
+              C + i0 * ldc + j0, ldc);
+  };
+  const int64_t tiles = g.row_blocks * g.col_blocks;
+  if (tiles == 1) return tile(0);
+  parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) tile(t);
+  });
+}
+
+template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
+                          float, float*, int64_t);
+template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
+                           int64_t, double, double*, int64_t);
 
 Tensor sum_to(const Tensor& grad, const Shape& shape) {
   if (grad.shape() == shape) return grad;

@@ -7,6 +7,8 @@
 //         linear with several output dims (in_out layout only): y[..., O1, O2] = x[..., I] @
 //         W[I, O1, O2] + bias[O1, O2] — one GEMM with O = O1·O2, W's contiguous local piece
 //         read as the matrix [I, O] (GPT-2's c_attn [C, 3, C], sharded by heads on its last dim).
+#include <array>
+
 #include "tessel/core/strided.h"
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/kernel_util.h"
@@ -115,12 +117,26 @@ void matmul_kernel(const Tensor& a, const Tensor& b, bool ta, bool tb, const Ten
   Shape out_bstrides = batch_of(out.strides());
   const T* A = static_cast<const T*>(oa.t.storage()->data());
   const T* B = static_cast<const T*>(ob.t.storage()->data());
+  // Offsets of each batch's C, A and B. Products of at least one gemm tile run one after
+  // another, each split over the pool; smaller ones run several at once, each whole on one
+  // thread (its bits are those of its own gemm call, whichever thread runs it).
+  std::vector<std::array<int64_t, 3>> offsets;
+  offsets.reserve(static_cast<size_t>(batches));
   StridedLoop<3> loop(out_batch, {&out_bstrides, &ae.strides(), &be.strides()});
   loop.run([&](const auto& off, int64_t n, const auto& st) {
     for (int64_t i = 0; i < n; ++i)
-      gemm<T>(eff_ta, eff_tb, M, N, K, T(1), A + ae.offset() + off[1] + i * st[1], oa.ld,
-              B + be.offset() + off[2] + i * st[2], ob.ld, T(0), C + off[0] + i * st[0], std::max<int64_t>(N, 1));
+      offsets.push_back({off[0] + i * st[0], ae.offset() + off[1] + i * st[1], be.offset() + off[2] + i * st[2]});
   });
+  const double work = std::max(1.0, static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
+  auto run = [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const auto& o = offsets[static_cast<size_t>(i)];
+      gemm<T>(eff_ta, eff_tb, M, N, K, T(1), A + o[1], oa.ld, B + o[2], ob.ld, T(0), C + o[0], std::max<int64_t>(N, 1));
+    }
+  };
+  const int64_t count = static_cast<int64_t>(offsets.size());
+  if (work >= static_cast<double>(kernels::kGemmTileWork)) return run(0, count);  // each gemm splits itself
+  parallel_for(0, count, static_cast<int64_t>(static_cast<double>(kernels::kGemmTileWork) / work), run);
 }
 
 std::vector<Tensor> matmul_forward(const OpCall& c) {
