@@ -10,6 +10,7 @@
 
 #include "tessel/cli/config.h"
 #include "tessel/cli/trainer.h"
+#include "support/compare.h"
 #include "tessel/engine/engine.h"
 
 namespace tessel {
@@ -72,16 +73,6 @@ RunRecord run(const RunConfig& cfg, const Shape3& l, const std::string& save, co
   out.params = r.final_params;
   out.bytes_read = r.resume_bytes_read;
   return out;
-}
-
-double rel_diff(const Tensor& a, const Tensor& b) {
-  std::vector<double> x = a.to_doubles(), y = b.to_doubles();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    num += (x[i] - y[i]) * (x[i] - y[i]);
-    den += y[i] * y[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-12);
 }
 
 int64_t checkpoint_tensor_bytes(const std::string& step_dir) {

@@ -20,6 +20,7 @@
 
 #include <fmt/ranges.h>
 
+#include "support/compare.h"
 #include "tessel/engine/engine.h"
 #include "tessel/cli/config.h"
 #include "support/reference_trainer.h"
@@ -131,16 +132,6 @@ constexpr double kLossRel = 0x1p-22;  // 2.4e-7: docs/development.md, "Equality 
 constexpr double kParamRel = 1e-4;
 
 double loss_diff(double got, double want) { return std::abs(got - want) / std::abs(want); }
-
-double rel_diff(const Tensor& a, const Tensor& b) {
-  std::vector<double> x = a.to_doubles(), y = b.to_doubles();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    num += (x[i] - y[i]) * (x[i] - y[i]);
-    den += y[i] * y[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-12);
-}
 
 TEST(HybridParallel, EveryLayoutTrainsLikeOneRank) {
   std::map<std::string, TrainResult> oracles;  // by model/dropout/micro-batches

@@ -43,21 +43,7 @@ std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
 
 std::vector<std::string> gather_text(ProcessGroup* g, const std::string& mine) {
   if (g == nullptr || g->size() == 1) return {mine};
-  const int n = g->size();
-  std::vector<int64_t> sizes(static_cast<size_t>(n));
-  int64_t my_size = static_cast<int64_t>(mine.size());
-  g->all_gather(&my_size, sizes.data(), 1, DType::i64);
-  int64_t total = 0;
-  for (int64_t s : sizes) total += s;
-  std::string all(static_cast<size_t>(total), ' ');
-  g->all_gather_v(mine.data(), all.data(), sizes, DType::b8);
-  std::vector<std::string> out;
-  int64_t at = 0;
-  for (int64_t s : sizes) {
-    out.push_back(all.substr(static_cast<size_t>(at), static_cast<size_t>(s)));
-    at += s;
-  }
-  return out;
+  return all_gather_strings(*g, mine);
 }
 
 // True on every rank when `ok` holds on every rank.

@@ -522,4 +522,22 @@ void ProcessGroup::hierarchical_all_reduce(void* buf, int64_t count, DType dtype
   intra_node_->all_gather_v(part.data(), buf, counts, dtype);
 }
 
+std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& mine) {
+  const int n = group.size();
+  std::vector<int64_t> sizes(static_cast<size_t>(n));
+  int64_t my_size = static_cast<int64_t>(mine.size());
+  group.all_gather(&my_size, sizes.data(), 1, DType::i64);
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  std::string all(static_cast<size_t>(total), ' ');
+  group.all_gather_v(mine.data(), all.data(), sizes, DType::b8);
+  std::vector<std::string> out;
+  int64_t at = 0;
+  for (int64_t s : sizes) {
+    out.push_back(all.substr(static_cast<size_t>(at), static_cast<size_t>(s)));
+    at += s;
+  }
+  return out;
+}
+
 }  // namespace tessel

@@ -257,4 +257,8 @@ void finish_avg(void* buf, int64_t n, DType dtype, int ranks);
 // Throws naming `where` when `op` cannot reduce `dtype` (avg and prod of bool).
 void check_reducible(DType dtype, ReduceOp op, const std::string& where);
 
+// Every rank's `mine` (any length), in rank order: an all_gather of the lengths, then of the
+// bytes. Collective over `group`.
+std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& mine);
+
 }  // namespace tessel

@@ -66,24 +66,15 @@ void write_trace(const std::string& path, const std::vector<TraceEvent>& events,
     j["tid"] = 0;
     mine.push_back(j);
   }
-  std::string text = mine.dump();
+  const std::vector<std::string> parts = all_gather_strings(*world, mine.dump());
   const int n = world->size();
-  std::vector<int64_t> sizes(static_cast<size_t>(n));
-  int64_t my_size = static_cast<int64_t>(text.size());
-  world->all_gather(&my_size, sizes.data(), 1, DType::i64);
-  int64_t total = 0;
-  for (int64_t s : sizes) total += s;
-  std::string all(static_cast<size_t>(total), ' ');
-  world->all_gather_v(text.data(), all.data(), sizes, DType::b8);
   if (world->rank() != 0) return;
   std::ofstream out(path);
   TESSEL_CHECK(out.good(), "cannot write trace file '{}'", path);
   out << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"layout\":" << Json(label).dump() << "},\"traceEvents\":[";
-  int64_t at = 0;
   bool first = true;
   for (int r = 0; r < n; ++r) {
-    std::string part = all.substr(static_cast<size_t>(at), static_cast<size_t>(sizes[static_cast<size_t>(r)]));
-    at += sizes[static_cast<size_t>(r)];
+    const std::string& part = parts[static_cast<size_t>(r)];
     Json meta = Json::Object{};
     meta["name"] = "process_name";
     meta["ph"] = "M";
