@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <condition_variable>
 #include <thread>
 #include <atomic>
 #include <optional>
@@ -211,23 +212,39 @@ struct Engine::State {
                                    {.keep_last = static_cast<int>(cfg.train.keep_last)});
   }
 
-  // A save written by a background thread: the pieces are copied now, at the step boundary;
-  // finish_save publishes it once every rank has written its part.
+  // A save written by a background thread from the live tensors: it plans at the step
+  // boundary and writes while the next step's forward and backward run, which read the
+  // parameters and optimizer states but do not change them; the step's update waits for the
+  // writer (wait_for_writer). finish_save publishes it once every rank has written its part.
   std::optional<PendingCheckpoint> pending;
   std::thread writer;
   std::atomic<bool> written{false};
-  Clock::time_point save_began;
+  std::mutex write_mu;
+  std::condition_variable write_cv;
 
   void start_save(const std::string& dir) {
     finish_save(true);
-    save_began = Clock::now();
     pending.emplace(dir, checkpoint_content(), world.get(),
-                    CheckpointSaveOptions{.keep_last = static_cast<int>(cfg.train.keep_last)}, /*snapshot=*/true);
+                    CheckpointSaveOptions{.keep_last = static_cast<int>(cfg.train.keep_last)}, /*snapshot=*/false);
     written = false;
     writer = std::thread([this] {
       pending->write();
-      written = true;
+      {
+        std::lock_guard<std::mutex> lock(write_mu);
+        written = true;
+      }
+      write_cv.notify_all();
     });
+  }
+
+  // Before anything changes the parameters or optimizer states: waits until the background
+  // writer has written them; the seconds waited (0 when none is writing).
+  double wait_for_writer() {
+    if (!pending || written) return 0;
+    const auto t0 = Clock::now();
+    std::unique_lock<std::mutex> lock(write_mu);
+    write_cv.wait(lock, [this] { return written.load(); });
+    return std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
   // Publishes the background save when every rank has written (or, with `wait`, after waiting
@@ -455,7 +472,8 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
     if (live) std::fputs("\r\033[K", stderr);
     say(fmt::format("saved {}{}", path, note));
   };
-  // `background`: copy the state now and write it while training goes on.
+  bool holding = false;  // a background save started and the next update has not waited for it yet
+  // `background`: write the state while training goes on.
   auto save = [&](bool background) {
     saved_at = s.next_step;
     const auto t0 = Clock::now();
@@ -464,12 +482,14 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
       return;
     }
     s.start_save(base.save_dir);
+    // The step is held for the plan now and, at the next update, for what is left to write.
     result.save_block_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    holding = true;
   };
   auto published = [&](bool wait) {
     const std::string path = s.finish_save(wait);
     if (!path.empty())
-      saved(path, fmt::format(" (written in the background; the step was held {:.3f} s to copy the state)",
+      saved(path, fmt::format(" (written in the background; the steps were held {:.3f} s in all)",
                               result.save_block_seconds.back()));
   };
   if (!base.save_dir.empty() && t.save_init && start == 0) save(false);
@@ -513,6 +533,10 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
     if (s.gather) s.gather->finish_step();
     const auto t_opt = Clock::now();
     const int64_t peak_activations = mem.peak.load() - base_bytes;
+    if (holding) {
+      result.save_block_seconds.back() += s.wait_for_writer();
+      holding = false;
+    }
     const double norm = s.optimizer->step(lr, t.grad_clip);
     RankMemory& peaks = result.memory;
     peaks.params = std::max(peaks.params, mem.peak_of(MemoryKind::params));

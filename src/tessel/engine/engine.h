@@ -37,7 +37,8 @@ struct ParallelTrainResult {
   std::vector<std::vector<double>> rank_idle_shares;  // every rank's (thread backend)
   RankMemory memory;                            // what this rank's allocator saw
   int64_t resume_bytes_read = 0;                // tensor bytes this rank read from the checkpoint it resumed from
-  std::vector<double> save_block_seconds;       // how long each background save held the step (copying the state)
+  std::vector<double> save_block_seconds;       // how long each background save held training (planning, and
+                                                // the next update waiting for the writer)
 };
 
 class Engine {
