@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -470,6 +471,13 @@ struct PendingCheckpoint::Impl {
   std::string write_error;
   Json trainer;
   bool written = false, published = false;
+  // A background write and release_tensors(): which pieces the writer has claimed.
+  static constexpr int kWaiting = 0, kWriting = 1, kWritten = 2;
+  std::mutex claim_mu;
+  std::condition_variable claim_cv;
+  std::vector<int> job_state;
+  std::atomic<bool> failed{false};
+  bool released = false;
 };
 
 PendingCheckpoint::PendingCheckpoint(const std::string& dir, const CheckpointContent& content, ProcessGroup* group,
@@ -555,6 +563,7 @@ PendingCheckpoint::PendingCheckpoint(const std::string& dir, const CheckpointCon
     m.sources[j] = snapshot ? view::clone(piece) : view::contiguous(piece);
   }
   m.sums.resize(m.jobs.size());
+  m.job_state.assign(m.jobs.size(), Impl::kWaiting);
 }
 
 PendingCheckpoint::~PendingCheckpoint() = default;
@@ -572,7 +581,6 @@ void PendingCheckpoint::write() {
   const std::vector<TensorPlan>& plans = m.plans;
   const std::vector<FilePlan>& files = m.files;
   const auto& jobs = m.jobs;
-  const auto& sources = m.sources;
   auto& sums = m.sums;
   const CheckpointSaveOptions& options = m.options;
   FdCache fds(O_WRONLY | O_CREAT);
@@ -586,9 +594,27 @@ void PendingCheckpoint::write() {
       pwrite_all(fd, files[f].header.data(), files[f].header.size(), 0, path);
     }
     run_parallel(jobs.size(), options.threads, [&](size_t j) {
+      // Claim the piece: from here release_tensors() waits for it instead of copying it.
+      Tensor source;
+      {
+        std::lock_guard<std::mutex> lock(m.claim_mu);
+        m.job_state[j] = Impl::kWriting;
+        source = m.sources[j];
+      }
+      struct Done {
+        Impl& m;
+        size_t j;
+        ~Done() {
+          {
+            std::lock_guard<std::mutex> lock(m.claim_mu);
+            m.job_state[j] = Impl::kWritten;
+          }
+          m.claim_cv.notify_all();
+        }
+      } done{m, j};
       const TensorPlan& p = plans[jobs[j].plan];
       const PieceRef& piece_ref = p.pieces[jobs[j].piece];
-      const char* src = static_cast<const char*>(sources[j].raw_data());
+      const char* src = static_cast<const char*>(source.raw_data());
       const FilePlan& file = files[p.file];
       const std::string path = (tmp / file.name).string();
       const int fd = fds.get(path);
@@ -597,13 +623,27 @@ void PendingCheckpoint::write() {
         pwrite_all(fd, src + static_cast<uint64_t>(from) * es, static_cast<uint64_t>(count) * es,
                    base + static_cast<uint64_t>(at) * es, path);
       });
-      sums[j] = checkpoint_checksum(src, sources[j].nbytes());
+      sums[j] = checkpoint_checksum(src, source.nbytes());
     });
     fds.finish(/*sync=*/true);
   } catch (const std::exception& e) {
     m.write_error = fmt::format("rank {}: {}", rank, e.what());
+    m.failed = true;
   }
+}
 
+void PendingCheckpoint::release_tensors() {
+  Impl& m = *impl_;
+  std::unique_lock<std::mutex> lock(m.claim_mu);
+  if (m.released) return;
+  // Pieces the writer has not reached yet become private copies (made on this thread, the
+  // rank's); pieces it is writing now are waited for.
+  for (size_t j = 0; j < m.sources.size(); ++j)
+    if (m.job_state[j] == Impl::kWaiting && !m.failed) m.sources[j] = view::clone(m.sources[j]);
+  m.claim_cv.wait(lock, [&] {
+    return std::none_of(m.job_state.begin(), m.job_state.end(), [](int st) { return st == Impl::kWriting; });
+  });
+  m.released = true;
 }
 
 std::string PendingCheckpoint::publish() {

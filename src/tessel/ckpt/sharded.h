@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -53,8 +54,10 @@ std::string save_sharded_checkpoint(const std::string& dir, const CheckpointCont
 
 // A save in its three phases, for saving in the background: the constructor (collective, on
 // the rank's own thread) plans the files and takes this rank's pieces — copies of them with
-// `snapshot`, so training may go on changing the tensors; write() writes this rank's pieces and
-// syncs them (no communication: it may run on another thread); publish() (collective, on the
+// `snapshot`, else the tensors themselves; write() writes this rank's pieces and syncs them (no
+// communication: it may run on another thread); release_tensors() (on the rank's thread, while
+// write() runs) makes the pieces the writer has not reached yet private copies and waits for
+// the ones it is writing, after which the tensors may change; publish() (collective, on the
 // rank's thread) records every piece and publishes the step folder, or throws on every rank.
 class PendingCheckpoint {
  public:
@@ -66,6 +69,7 @@ class PendingCheckpoint {
 
   int64_t step() const;
   void write();            // a write error is kept and reported by publish() on every rank
+  void release_tensors();
   std::string publish();   // writes first if write() was not called
 
  private:

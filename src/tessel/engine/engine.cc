@@ -214,36 +214,33 @@ struct Engine::State {
 
   // A save written by a background thread from the live tensors: it plans at the step
   // boundary and writes while the next step's forward and backward run, which read the
-  // parameters and optimizer states but do not change them; the step's update waits for the
-  // writer (wait_for_writer). finish_save publishes it once every rank has written its part.
+  // parameters and optimizer states but do not change them. Before the step's update, what the
+  // writer has not reached yet is copied and what it is writing is waited for
+  // (release_tensors). finish_save publishes it once every rank has written and synced its part.
   std::optional<PendingCheckpoint> pending;
   std::thread writer;
   std::atomic<bool> written{false};
-  std::mutex write_mu;
-  std::condition_variable write_cv;
+  bool released = true;  // the live tensors are no longer the writer's
 
   void start_save(const std::string& dir) {
     finish_save(true);
     pending.emplace(dir, checkpoint_content(), world.get(),
                     CheckpointSaveOptions{.keep_last = static_cast<int>(cfg.train.keep_last)}, /*snapshot=*/false);
     written = false;
+    released = false;
     writer = std::thread([this] {
       pending->write();
-      {
-        std::lock_guard<std::mutex> lock(write_mu);
-        written = true;
-      }
-      write_cv.notify_all();
+      written = true;
     });
   }
 
-  // Before anything changes the parameters or optimizer states: waits until the background
-  // writer has written them; the seconds waited (0 when none is writing).
-  double wait_for_writer() {
-    if (!pending || written) return 0;
+  // Before anything changes the parameters or optimizer states: the seconds it took to take
+  // them back from the writer (0 when none is writing).
+  double release_tensors() {
+    if (!pending || released) return 0;
     const auto t0 = Clock::now();
-    std::unique_lock<std::mutex> lock(write_mu);
-    write_cv.wait(lock, [this] { return written.load(); });
+    pending->release_tensors();
+    released = true;
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
@@ -256,6 +253,7 @@ struct Engine::State {
     world->all_reduce(&done, 1, DType::i64, ReduceOp::min);
     if (done == 0) return "";
     writer.join();
+    released = true;
     std::optional<PendingCheckpoint> p = std::move(pending);
     pending.reset();
     return p->publish();
@@ -534,7 +532,7 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
     const auto t_opt = Clock::now();
     const int64_t peak_activations = mem.peak.load() - base_bytes;
     if (holding) {
-      result.save_block_seconds.back() += s.wait_for_writer();
+      result.save_block_seconds.back() += s.release_tensors();
       holding = false;
     }
     const double norm = s.optimizer->step(lr, t.grad_clip);
