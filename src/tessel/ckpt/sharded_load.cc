@@ -1,0 +1,327 @@
+// Distributed checkpoints, the load: each rank reads the byte runs of its own pieces in its
+// own layout; a step folder is chosen only when complete and its pieces match their checksums.
+#include "tessel/ckpt/sharded.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+
+#include "tessel/ckpt/piece_io.h"
+#include "tessel/ckpt/safetensors.h"
+#include "tessel/core/log.h"
+#include "tessel/dist/dtensor.h"
+#include "tessel/ops/elementwise.h"
+#include "tessel/ops/inplace.h"
+
+namespace tessel {
+
+using namespace ckpt_io;
+
+// ---- reading ----
+
+struct CheckpointReader::Where {
+  std::string file, dtype;
+  Shape shape;
+  uint64_t begin = 0;  // absolute offset of the tensor's data in the file
+};
+
+CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir) {
+  const fs::path d(step_dir);
+  TESSEL_CHECK_AS(CheckpointError, fs::is_directory(d), "checkpoint '{}' is not a folder", step_dir);
+  const fs::path trainer = d / kTrainerFile;
+  TESSEL_CHECK_AS(CheckpointError, fs::exists(trainer), "checkpoint '{}' has no {}", step_dir, kTrainerFile);
+  // Only regular files are read: a pipe or device planted in a checkpoint would block or lie.
+  for (const char* name : {kTrainerFile, kIndexFile, kManifestFile})
+    TESSEL_CHECK_AS(CheckpointError, !fs::exists(d / name) || fs::is_regular_file(d / name),
+                    "checkpoint '{}': {} is not a regular file", step_dir, name);
+  try {
+    trainer_ = Json::parse(read_text(trainer));
+    TESSEL_CHECK(trainer_.is_object(), "not a JSON object");
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const Error& e) {
+    throw CheckpointError(fmt::format("checkpoint '{}': bad {}: {}", trainer.string(), kTrainerFile, e.what()));
+  }
+  if (fs::exists(d / kIndexFile)) {
+    try {
+      index_ = Json::parse(read_text(d / kIndexFile));
+      TESSEL_CHECK(index_.is_object() && index_.find("tensors") != nullptr, "no \"tensors\"");
+    } catch (const CheckpointError&) {
+      throw;
+    } catch (const Error& e) {
+      throw CheckpointError(fmt::format("checkpoint '{}': bad {}: {}", (d / kIndexFile).string(), kIndexFile, e.what()));
+    }
+  }
+  std::vector<fs::path> paths;
+  for (const auto& entry : fs::directory_iterator(d))
+    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") paths.push_back(entry.path());
+  std::sort(paths.begin(), paths.end());
+  for (const fs::path& p : paths) {
+    const SafetensorsFile f = SafetensorsFile::open(p.string());
+    for (const SafetensorsEntry& e : f.entries()) {
+      TESSEL_CHECK_AS(CheckpointError, !where_.count(e.name), "checkpoint '{}': tensor \"{}\" is in both {} and {}",
+                      step_dir, e.name, where_.at(e.name)->file, p.string());
+      auto w = std::make_shared<Where>();
+      w->file = p.string();
+      w->dtype = e.dtype;
+      w->shape = e.shape;
+      w->begin = f.data_start() + e.begin;
+      where_[e.name] = std::move(w);
+    }
+  }
+}
+
+int64_t CheckpointReader::step() const {
+  const Json* s = trainer_.find("step");
+  TESSEL_CHECK_AS(CheckpointError, s != nullptr && s->is_number(), "checkpoint '{}': {} has no step", dir_, kTrainerFile);
+  const int64_t v = s->as_int();
+  TESSEL_CHECK_AS(CheckpointError, v >= 0, "checkpoint '{}': step {} is negative", dir_, v);
+  return v;
+}
+
+const Shape& CheckpointReader::shape(const std::string& name) const {
+  auto it = where_.find(name);
+  TESSEL_CHECK_AS(CheckpointError, it != where_.end(), "checkpoint '{}' has no tensor \"{}\"", dir_, name);
+  return it->second->shape;
+}
+
+const std::string& CheckpointReader::dtype(const std::string& name) const {
+  auto it = where_.find(name);
+  TESSEL_CHECK_AS(CheckpointError, it != where_.end(), "checkpoint '{}' has no tensor \"{}\"", dir_, name);
+  return it->second->dtype;
+}
+
+std::vector<std::string> CheckpointReader::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, w] : where_) out.push_back(name);
+  return out;
+}
+
+std::string CheckpointReader::group(const std::string& name) const {
+  auto it = where_.find(name);
+  TESSEL_CHECK_AS(CheckpointError, it != where_.end(), "checkpoint '{}' has no tensor \"{}\"", dir_, name);
+  const std::string file = fs::path(it->second->file).filename().string();
+  return file.substr(0, file.find_first_of("-."));
+}
+
+void CheckpointReader::read(const std::vector<CheckpointTensor>& targets, int threads) {
+  // Check everything before reading anything, so a mismatch leaves the targets untouched.
+  for (const CheckpointTensor& t : targets) {
+    const Shape& have = shape(t.name);
+    const Where& w = *where_.at(t.name);
+    TESSEL_CHECK_AS(CheckpointError, shape_numel(have) == t.value.numel() && (t.file_shape.empty() || have == t.file_shape),
+                    "checkpoint '{}': tensor \"{}\" has shape {} but {} is needed", w.file, t.name, shape_str(have),
+                    shape_str(t.file_shape.empty() ? t.value.shape() : t.file_shape));
+    TESSEL_CHECK_AS(CheckpointError, w.dtype != "F16" || t.value.dtype() == DType::f32,
+                    "checkpoint '{}': tensor \"{}\" is F16, which loads only into f32", w.file, t.name);
+    TESSEL_CHECK_AS(CheckpointError, w.dtype == "F16" || w.dtype == safetensors_dtype(t.value.dtype()) ||
+                                         (is_floating(t.value.dtype()) && (w.dtype == "F32" || w.dtype == "F64" || w.dtype == "BF16")),
+                    "checkpoint '{}': tensor \"{}\" is {}, which does not convert to {}", w.file, t.name, w.dtype,
+                    t.value.dtype());
+  }
+  // Boxes and buffers are made on this thread: the rank (and its allocator) is the calling thread's.
+  struct Job {
+    const CheckpointTensor* target;
+    const Where* where;
+    Shape offset, extent;
+    Tensor piece, buf;  // buf: where the bytes land (the piece itself when no conversion is needed)
+    std::vector<uint16_t> halves;
+  };
+  std::vector<Job> jobs;
+  for (const CheckpointTensor& t : targets) {
+    Job job{&t, where_.at(t.name).get(), {}, {}, {}, {}, {}};
+    if (!box_of(t.value, job.offset, job.extent, job.piece)) continue;
+    const bool f16 = job.where->dtype == "F16";
+    const bool direct = !f16 && safetensors_tessel_dtype(job.where->dtype) == job.piece.dtype() && job.piece.is_contiguous();
+    job.buf = direct ? job.piece : Tensor::empty(job.extent, f16 ? DType::f32 : safetensors_tessel_dtype(job.where->dtype));
+    if (f16) job.halves.resize(static_cast<size_t>(shape_numel(job.extent)));
+    jobs.push_back(std::move(job));
+  }
+  FdCache fds(O_RDONLY);
+  std::atomic<int64_t> bytes{0};
+  run_parallel(jobs.size(), threads, [&](size_t i) {
+    Job& job = jobs[i];
+    const Where& w = *job.where;
+    const uint64_t es = safetensors_dtype_size(w.dtype);
+    char* dst = job.halves.empty() ? static_cast<char*>(job.buf.raw_data()) : reinterpret_cast<char*>(job.halves.data());
+    const int fd = fds.get(w.file);
+    // Pieces are in the value's coordinates; the file holds the same row-major elements.
+    for_each_run(job.target->value.shape(), job.offset, job.extent, [&](int64_t at, int64_t from, int64_t count) {
+      pread_all(fd, dst + static_cast<uint64_t>(from) * es, static_cast<uint64_t>(count) * es,
+                w.begin + static_cast<uint64_t>(at) * es, w.file);
+      bytes += count * static_cast<int64_t>(es);
+    });
+    if (!job.halves.empty()) widen_f16(job.halves.data(), job.buf.data<float>(), job.halves.size());
+  });
+  for (Job& job : jobs)
+    if (job.buf.raw_data() != job.piece.raw_data())
+      copy_(job.piece, job.buf.dtype() == job.piece.dtype() ? job.buf : cast(job.buf, job.piece.dtype()));
+  fds.finish(/*sync=*/false);
+  bytes_read_ += bytes.load();
+}
+
+std::string CheckpointReader::verify(int rank, int ranks) const {
+  if (!index_.is_object()) return "";  // a checkpoint from before checksums: nothing to check
+  try {
+    return verify_pieces(rank, ranks);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const Error& e) {
+    return fmt::format("bad {}: {}", kIndexFile, e.what());
+  }
+}
+
+std::string CheckpointReader::verify_pieces(int rank, int ranks) const {
+  struct Piece {
+    const std::string* name;
+    const Where* where;
+    Shape shape, offset, extent;
+    std::string checksum;
+  };
+  std::vector<Piece> mine;  // pieces i ≡ rank (mod ranks), in name order
+  int64_t i = 0;
+  for (const auto& [name, t] : index_.at("tensors").as_object()) {
+    auto w = where_.find(name);
+    if (w == where_.end()) return fmt::format("{} lists \"{}\", which no safetensors file holds", kIndexFile, name);
+    const Shape shape = t.find("layout_shape") ? json_shape(t.at("layout_shape")) : json_shape(t.at("shape"));
+    // The index is read, not trusted: every box must lie inside a tensor the files hold.
+    int64_t numel = 1;
+    for (int64_t d : shape) {
+      if (d < 0 || (d > 0 && numel > (int64_t{1} << 50) / d)) return fmt::format("{}: \"{}\" has a bad shape", kIndexFile, name);
+      numel *= d;
+    }
+    if (numel != shape_numel(w->second->shape))
+      return fmt::format("{}: \"{}\" has {} elements in the index but {} in {}", kIndexFile, name, numel,
+                         shape_numel(w->second->shape), w->second->file);
+    for (const Json& p : t.at("pieces").as_array()) {
+      if (i++ % ranks != rank) continue;
+      Piece piece{&name, w->second.get(), shape, json_shape(p.at("offset")), json_shape(p.at("extent")),
+                  p.at("checksum").as_string()};
+      bool inside = piece.offset.size() == shape.size() && piece.extent.size() == shape.size();
+      for (size_t d = 0; inside && d < shape.size(); ++d)
+        inside = piece.offset[d] >= 0 && piece.extent[d] >= 0 && piece.offset[d] <= shape[d] &&
+                 piece.extent[d] <= shape[d] - piece.offset[d];
+      if (!inside) return fmt::format("{}: a piece of \"{}\" lies outside its shape {}", kIndexFile, name, shape_str(shape));
+      mine.push_back(std::move(piece));
+    }
+  }
+  FdCache fds(O_RDONLY);
+  std::vector<std::string> bad(mine.size());
+  run_parallel(mine.size(), 4, [&](size_t k) {
+    const Piece& p = mine[k];
+    const uint64_t es = safetensors_dtype_size(p.where->dtype);
+    const size_t n = static_cast<size_t>(shape_numel(p.extent)) * es;
+    // Reused per thread and not zero-filled: the bytes are read over at once.
+    thread_local std::unique_ptr<char[]> buffer;
+    thread_local size_t capacity = 0;
+    if (capacity < n) {
+      buffer.reset(new char[n]);
+      capacity = n;
+    }
+    const int fd = fds.get(p.where->file);
+    for_each_run(p.shape, p.offset, p.extent, [&](int64_t at, int64_t from, int64_t count) {
+      pread_all(fd, buffer.get() + static_cast<uint64_t>(from) * es, static_cast<uint64_t>(count) * es,
+                p.where->begin + static_cast<uint64_t>(at) * es, p.where->file);
+    });
+    const std::string sum = hex64(checkpoint_checksum(buffer.get(), n));
+    if (sum != p.checksum)
+      bad[k] = fmt::format("the piece of \"{}\" at {} in {} has checksum {}, but {} was written", *p.name,
+                           shape_str(p.offset), p.where->file, sum, p.checksum);
+  });
+  for (const std::string& b : bad)
+    if (!b.empty()) return b;
+  return "";
+}
+
+std::string checkpoint_incomplete(const std::string& step_dir) {
+  const fs::path d(step_dir);
+  std::error_code ec;
+  if (!fs::is_directory(d, ec)) return "not a folder";
+  const fs::path manifest = d / kManifestFile;
+  if (!fs::exists(manifest, ec)) {
+    if (!fs::exists(d / kTrainerFile, ec)) return fmt::format("no {} (the save did not finish)", kManifestFile);
+    try {  // a checkpoint from before manifests: every file must at least parse
+      CheckpointReader reader(step_dir);
+      reader.step();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  }
+  try {
+    const Json m = Json::parse(read_text(manifest));
+    for (const auto& [name, e] : m.at("files").as_object()) {
+      TESSEL_CHECK(name.find('/') == std::string::npos && name != ".." && name != ".",
+                   "it lists '{}', which is not a file of the folder", name);
+      const fs::path f = d / name;
+      std::error_code fe;
+      const auto size = fs::file_size(f, fe);
+      if (fe) return fmt::format("{} lists {}, which is missing", kManifestFile, name);
+      if (static_cast<int64_t>(size) != e.at("size").as_int())
+        return fmt::format("{} has {} bytes but {} were written", name, size, e.at("size").as_int());
+      if (const Json* sum = e.find("checksum")) {
+        const std::string text = read_text(f);
+        if (hex64(checkpoint_checksum(text.data(), text.size())) != sum->as_string())
+          return fmt::format("{} does not match its checksum", name);
+      }
+    }
+  } catch (const std::exception& e) {
+    return fmt::format("bad {}: {}", kManifestFile, e.what());
+  }
+  return "";
+}
+
+bool has_complete_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return false;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (step_of_folder(entry.path().filename().string()) >= 0 && checkpoint_incomplete(entry.path().string()).empty())
+      return true;
+  return false;
+}
+
+std::string choose_checkpoint(const std::string& path, ProcessGroup* group, bool verify) {
+  const fs::path p(path);
+  const int rank = group ? group->rank() : 0, ranks = group ? group->size() : 1;
+  std::error_code ec;
+  TESSEL_CHECK_AS(CheckpointError, fs::exists(p, ec), "checkpoint path '{}' does not exist", path);
+  auto checked = [&](const std::string& dir) -> std::string {
+    std::string why = checkpoint_incomplete(dir);
+    if (why.empty() && verify) {
+      try {
+        why = CheckpointReader(dir).verify(rank, ranks);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    // Every rank must choose the same folder: one rank's doubt rules it out for all.
+    const bool ok = all_ok(group, why.empty());
+    if (!ok && why.empty()) why = "another rank found it damaged";
+    return ok ? "" : why;
+  };
+  const bool is_step = fs::exists(p / kManifestFile, ec) || fs::exists(p / kTrainerFile, ec) ||
+                       step_of_folder(p.filename().string()) >= 0;
+  if (is_step) {
+    const std::string why = checked(p.string());
+    TESSEL_CHECK_AS(CheckpointError, why.empty(), "checkpoint '{}' cannot be resumed from: {}", path, why);
+    return p.string();
+  }
+  if (rank == 0) remove_stale_temporaries(p);
+  std::vector<std::pair<int64_t, fs::path>> steps;  // by number: step-1000000 is newer than step-999999
+  for (const auto& entry : fs::directory_iterator(p)) {
+    const int64_t s = step_of_folder(entry.path().filename().string());
+    if (s >= 0 && entry.is_directory()) steps.emplace_back(s, entry.path());
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  for (const auto& [s, dir] : steps) {
+    const std::string why = checked(dir.string());
+    if (why.empty()) return dir.string();
+    if (rank == 0) log_warn("skipping checkpoint {}: {}; trying an older one", dir.string(), why);
+  }
+  throw CheckpointError(fmt::format("no complete checkpoint (step-NNNNNN folder) under '{}'", path));
+}
+
+}  // namespace tessel
