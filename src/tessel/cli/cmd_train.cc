@@ -3,7 +3,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 
 #include "tessel/cli/bench_train.h"
@@ -11,7 +10,6 @@
 #include "tessel/engine/engine.h"
 #include "tessel/cli/plan_support.h"
 #include "tessel/cli/cluster_detect.h"
-#include "tessel/cli/trainer.h"
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/ckpt/sharded.h"
 #include "tessel/comm/store.h"
@@ -111,53 +109,37 @@ std::vector<Command> register_train(CLI::App& app) {
                base.resume_dir = base.save_dir;
                log_info("restart {}: resuming from the newest complete checkpoint in {}", restart, base.save_dir);
              }
-             if (a->backend == "gloo" || ranks > 1 || a->nproc > 1 || !a->trace.empty()) {
-               ParallelTrainOptions po{.base = base, .trace_path = a->trace};
-               // A folder it cannot write or a checkpoint that is not there is the user's to fix
-               // (exit 2), before any step.
-               try {
-                 if (!a->save.empty()) check_checkpoint_dir(a->save);
-                 if (!a->resume.empty() && !std::filesystem::exists(a->resume))
-                   throw CheckpointError(fmt::format("checkpoint path '{}' does not exist", a->resume));
-               } catch (const Error& e) {
-                 throw BadInput(e.what());
-               }
-               ParallelTrainResult r;
-               if (a->backend == "gloo") {
-                 auto world = init_world(WorldOptions{.backend = "gloo"});
-                 if (world->size() != ranks)
-                   throw BadInput(fmt::format("the config's parallel section needs dp·tp·pp = {} ranks but `tessel "
-                                              "launch` started {}", ranks, world->size()));
-                 r = Engine(cfg).fit(po);
-               } else {
-                 const int nproc = a->nproc > 0 ? a->nproc : static_cast<int>(ranks);
-                 if (nproc != ranks)
-                   throw BadInput(fmt::format(
-                       "--nproc {} but the config's parallel section (dp {}, tp {}, pp {}) needs {} rank{}; give the "
-                       "layout (e.g. --set parallel.dp={}) or let --plan auto choose one for {} ranks",
-                       nproc, cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, ranks, ranks == 1 ? "" : "s", nproc,
-                       nproc));
-                 r = train_parallel_threads(cfg, nproc, po);
-               }
-               if (r.train.stopped_by != 0) return 128 + r.train.stopped_by;  // the shell's convention for a signal
-               if (!r.train.steps.empty() && (a->backend != "gloo" || world_group()->rank() == 0))
-                 log_info("done: {} step{} in {:.1f}s, final loss {:.4f}", r.train.steps.size(),
-                          r.train.steps.size() == 1 ? "" : "s", r.train.seconds, r.train.steps.back().loss);
-               return 0;
-             }
-             // A folder it cannot write or a checkpoint that is not there is the user's to fix (exit 2),
-             // before any step.
+             // A folder it cannot write or a checkpoint that is not there is the user's to fix
+             // (exit 2), before any step.
              try {
-               if (!a->save.empty()) check_checkpoint_dir(a->save);
-               if (!a->resume.empty()) resolve_checkpoint(a->resume);
+               if (!base.save_dir.empty()) check_checkpoint_dir(base.save_dir);
+               if (!base.resume_dir.empty()) resolve_checkpoint(base.resume_dir);
              } catch (const Error& e) {
                throw BadInput(e.what());
              }
-             TrainResult r = train(cfg, base);
-             if (r.stopped_by != 0) return 128 + r.stopped_by;  // the shell's convention for a signal
-             if (!r.steps.empty())
-               log_info("done: {} step{} in {:.1f}s, final loss {:.4f}", r.steps.size(), r.steps.size() == 1 ? "" : "s",
-                        r.seconds, r.steps.back().loss);
+             // Every layout, one rank included, runs on the engine.
+             const ParallelTrainOptions po{.base = base, .trace_path = a->trace};
+             ParallelTrainResult r;
+             if (a->backend == "gloo") {
+               auto world = init_world(WorldOptions{.backend = "gloo"});
+               if (world->size() != ranks)
+                 throw BadInput(fmt::format("the config's parallel section needs dp·tp·pp = {} ranks but `tessel "
+                                            "launch` started {}", ranks, world->size()));
+               r = Engine(cfg).fit(po);
+             } else {
+               const int nproc = a->nproc > 0 ? a->nproc : static_cast<int>(ranks);
+               if (nproc != ranks)
+                 throw BadInput(fmt::format(
+                     "--nproc {} but the config's parallel section (dp {}, tp {}, pp {}) needs {} rank{}; give the "
+                     "layout (e.g. --set parallel.dp={}) or let --plan auto choose one for {} ranks",
+                     nproc, cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, ranks, ranks == 1 ? "" : "s", nproc,
+                     nproc));
+               r = train_parallel_threads(cfg, nproc, po);
+             }
+             if (r.train.stopped_by != 0) return 128 + r.train.stopped_by;  // the shell's convention for a signal
+             if (!r.train.steps.empty() && (a->backend != "gloo" || world_group()->rank() == 0))
+               log_info("done: {} step{} in {:.1f}s, final loss {:.4f}", r.train.steps.size(),
+                        r.train.steps.size() == 1 ? "" : "s", r.train.seconds, r.train.steps.back().loss);
              return 0;
            }}};
 }
