@@ -126,6 +126,9 @@ class CheckpointReader {
 // header is whole). "" when complete, else why not.
 std::string checkpoint_incomplete(const std::string& step_dir);
 
+// N of a folder named step-N (digits only), else -1.
+int64_t checkpoint_step_of(const std::string& folder_name);
+
 // Whether `dir` holds a complete step folder (no checksums read).
 bool has_complete_checkpoint(const std::string& dir);
 

@@ -274,6 +274,8 @@ std::string checkpoint_incomplete(const std::string& step_dir) {
   return "";
 }
 
+int64_t checkpoint_step_of(const std::string& folder_name) { return step_of_folder(folder_name); }
+
 bool has_complete_checkpoint(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return false;

@@ -12,6 +12,7 @@
 #include "tessel/ckpt/sharded.h"
 #include "tessel/cli/commands.h"
 #include "tessel/core/error.h"
+#include "tessel/engine/training.h"
 
 namespace tessel {
 
@@ -19,17 +20,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string bytes_text(double b) {
-  if (b >= (1 << 30)) return fmt::format("{:.2f} GiB", b / (1 << 30));
-  if (b >= (1 << 20)) return fmt::format("{:.2f} MiB", b / (1 << 20));
-  return fmt::format("{:.1f} KiB", b / 1024);
-}
-
 bool is_step_folder(const fs::path& p) {
-  const std::string name = p.filename().string();
   return fs::exists(p / "manifest.json") || fs::exists(p / "trainer.json") ||
-         (name.rfind("step-", 0) == 0 && name.size() > 5 &&
-          name.find_first_not_of("0123456789", 5) == std::string::npos);
+         checkpoint_step_of(p.filename().string()) >= 0;
 }
 
 // The folders `path` names: itself when a step folder, else its step folders and the
@@ -91,7 +84,9 @@ bool inspect_step(const fs::path& dir, bool tensors, bool verify) {
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().extension() == ".safetensors") files.insert(e.path().filename().string());
   std::string groups;
-  for (const auto& [g, c] : count) groups += fmt::format("{}{} {} tensors ({})", groups.empty() ? "" : ", ", g, c, bytes_text(bytes[g]));
+  for (const auto& [g, c] : count)
+    groups += fmt::format("{}{} {} tensors ({})", groups.empty() ? "" : ", ", g, c,
+                          bytes_str(static_cast<int64_t>(bytes[g])));
   std::printf("%s  complete%s: step %lld, %s model, saved by %s; %s in %zu files\n", name.c_str(),
               verify ? " (checksums verified)" : "", static_cast<long long>(reader->step()),
               t.find("arch") ? t.at("arch").as_string().c_str() : "?", layout.c_str(), groups.c_str(), files.size());

@@ -121,12 +121,6 @@ void keep_metrics_before(const std::string& path, int64_t step) {
   std::filesystem::rename(tmp, path);
 }
 
-std::string bytes_str(int64_t b) {
-  if (b >= (int64_t{1} << 30)) return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1 << 30));
-  if (b >= (int64_t{1} << 20)) return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1 << 20));
-  return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024);
-}
-
 }  // namespace
 
 // Everything a rank sets up once: its model pieces, layout, schedule, optimizer shard, loaders.

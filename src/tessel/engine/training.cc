@@ -98,4 +98,10 @@ std::vector<std::string> changed_settings(const Json& then, const Json& now) {
   return out;
 }
 
+std::string bytes_str(int64_t b) {
+  if (b >= (int64_t{1} << 30)) return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1 << 30));
+  if (b >= (int64_t{1} << 20)) return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1 << 20));
+  return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024);
+}
+
 }  // namespace tessel

@@ -75,6 +75,8 @@ std::vector<std::string> changed_settings(const Json& then, const Json& now);
 
 // "1m05s", "2h03m"; "?" when not finite.
 std::string duration_str(double seconds);
+// "812.0 KiB", "12.43 MiB", "1.39 GiB".
+std::string bytes_str(int64_t bytes);
 // "812", "4.1k", "1.25M" (tokens per second).
 std::string rate_str(double tokens_per_s);
 
