@@ -615,7 +615,7 @@ TEST(Launch, BadOptionsExitTwoNamingTheFlag) {
       {{"--nproc-per-node", "0"}, "--nproc-per-node"},
       {{"--nproc-per-node", "1", "--node-rank", "-1"}, "--node-rank"},
       {{"--nproc-per-node", "1", "--master", "127.0.0.1:http"}, "--master"},
-      {{"--nproc-per-node", "1", "--nnodes", "1:4"}, "--nnodes"},
+      {{"--nproc-per-node", "1", "--nnodes", "4:1"}, "--nnodes"},
       {{"--nproc-per-node", "1", "--nnodes", "zero"}, "--nnodes"},
       {{"--nproc-per-node", "1", "--rendezvous-timeout", "0"}, "--rendezvous-timeout"},
       // A store beyond loopback with a guessable token; a token file that is not there, or is a

@@ -17,7 +17,7 @@ constexpr const char* kFooter = R"(Each process gets torchrun's environment:
   WORLD_SIZE        nnodes * nproc_per_node
   LOCAL_RANK        rank on this node, 0 .. nproc_per_node-1
   LOCAL_WORLD_SIZE  nproc_per_node
-  GROUP_RANK        this node's rank (--node-rank)
+  GROUP_RANK        this node's rank (--node-rank; in an elastic job, its place in the join order)
   MASTER_ADDR       host of node 0's TCP store
   MASTER_PORT       port of node 0's TCP store (the real one when it was chosen freely)
   TESSEL_JOB_TOKEN  the job token that the store requires of every client
@@ -34,11 +34,25 @@ SIGTERM stops the job and exits 128 + the signal: 130 or 143. With --max-restart
 failed job is started again, up to K times; `tessel train --save DIR` resumes each restart
 from the newest complete checkpoint in DIR, on the same trajectory.
 
+Elastic jobs (--nnodes MIN:MAX) run in rounds over node 0's store: each round takes the
+nodes that have joined (MAX, or MIN and then --last-call seconds without more) and gives
+them ranks in join order. A failure (a process or a whole node lost) ends the round; the next
+one goes on with the nodes still alive, if at least MIN, counting one restart. A node that
+joins while a round runs waits; node 0 then stops the round at a checkpoint (SIGTERM: tessel
+train saves and exits) and the next round takes it in, without counting a restart. The
+processes also get TESSEL_ELASTIC (MIN:MAX), TESSEL_ELASTIC_ROUND and TESSEL_STORE_PREFIX
+(the round's namespace in the store); `tessel train` re-plans its layout for a world size
+its config does not fit, keeping the global batch. Node 0 hosts the store and must live.
+
 Examples:
   tessel launch --nproc-per-node 4 -- python3 train.py --lr 3e-4
   openssl rand -hex 16 > job.token; chmod 600 job.token     # once, shared with every node
   tessel launch --nnodes 2 --node-rank 0 --master 10.0.0.1:29500 --token-file job.token --nproc-per-node 8 -- ./train
-  tessel launch --nnodes 2 --node-rank 1 --master 10.0.0.1:29500 --token-file job.token --nproc-per-node 8 -- ./train)";
+  tessel launch --nnodes 2 --node-rank 1 --master 10.0.0.1:29500 --token-file job.token --nproc-per-node 8 -- ./train
+  tessel launch --nnodes 1:4 --node-rank 0 --master 10.0.0.1:29500 --token-file job.token --nproc-per-node 8 \
+      --max-restarts 3 -- tessel train cfg.yaml --backend gloo --save /shared/ck    # then, on each other node:
+  tessel launch --nnodes 1:4 --node-rank 1 --master 10.0.0.1:29500 --token-file job.token --nproc-per-node 8 \
+      --max-restarts 3 -- tessel train cfg.yaml --backend gloo --save /shared/ck)";
 
 // "HOST:PORT", "HOST", "[V6]:PORT" -> host, port (0 when absent).
 std::pair<std::string, int> parse_master(const std::string& s) {
@@ -69,8 +83,8 @@ std::pair<std::string, int> parse_master(const std::string& s) {
   return {host, p};
 }
 
-// "N" or "N:N"; elastic ranges (MIN < MAX) are not supported yet.
-int parse_nnodes(const std::string& s) {
+// "N" or "MIN:MAX" -> {MIN, MAX} (MIN == MAX for "N").
+std::pair<int, int> parse_nnodes(const std::string& s) {
   auto number = [&](const std::string& t) {
     char* end = nullptr;
     const long v = std::strtol(t.c_str(), &end, 10);
@@ -79,11 +93,10 @@ int parse_nnodes(const std::string& s) {
     return static_cast<int>(v);
   };
   const std::size_t colon = s.find(':');
-  if (colon == std::string::npos) return number(s);
+  if (colon == std::string::npos) return {number(s), number(s)};
   const int lo = number(s.substr(0, colon)), hi = number(s.substr(colon + 1));
-  if (lo != hi)
-    throw BadInput(fmt::format("--nnodes {}: elastic node ranges are not supported yet; give one number", s));
-  return lo;
+  if (lo > hi) throw BadInput(fmt::format("--nnodes {}: MIN is above MAX", s));
+  return {lo, hi};
 }
 
 Millis seconds_flag(double seconds, const char* flag, bool allow_zero) {
@@ -103,6 +116,7 @@ std::vector<Command> register_launch(CLI::App& app) {
     std::string token, token_file;
     double rendezvous_timeout = 300;
     double kill_grace = 3;
+    double last_call = 3;
     double timeout = 0;
     int max_restarts = 0;
     CLI::Option* timeout_opt = nullptr;
@@ -113,9 +127,13 @@ std::vector<Command> register_launch(CLI::App& app) {
       "launch", "start a job's processes on this node with torchrun's environment; stop them all when one fails");
   cmd->add_option("--nproc-per-node", a->nproc_per_node, "processes to start on this node (one per device)")
       ->required();
-  cmd->add_option("--nnodes", a->nnodes, "number of nodes (machines) in the job, each running its own tessel launch")
+  cmd->add_option("--nnodes", a->nnodes,
+                  "number of nodes (machines) in the job, each running its own tessel launch; MIN:MAX for an elastic "
+                  "job that goes on with at least MIN nodes and takes in up to MAX")
       ->default_str("1");
-  cmd->add_option("--node-rank", a->node_rank, "this node's rank, 0 .. nnodes-1; node 0 hosts the job's store")
+  cmd->add_option("--node-rank", a->node_rank,
+                  "this node's rank, 0 .. nnodes-1; node 0 hosts the job's store. Elastic jobs give ranks in the "
+                  "order nodes join: 0 hosts the store, any other value just joins")
       ->default_str("0");
   cmd->add_option("--master", a->master,
                   "HOST:PORT of node 0's store; required with several nodes (default: 127.0.0.1 and a free port)");
@@ -141,6 +159,9 @@ std::vector<Command> register_launch(CLI::App& app) {
                   "the newest complete checkpoint in DIR")
       ->default_str("0")
       ->check(kNonNegativeCount);
+  cmd->add_option("--last-call", a->last_call,
+                  "elastic jobs: once MIN nodes have joined a round, seconds to wait for more before it starts")
+      ->default_str("3");
   cmd->add_option("--kill-grace", a->kill_grace,
                   "seconds between SIGTERM and SIGKILL when stopping the processes")
       ->default_str("3");
@@ -148,8 +169,17 @@ std::vector<Command> register_launch(CLI::App& app) {
   cmd->footer(kFooter);
   return {{cmd, [a] {
              LaunchOptions o;
-             o.nnodes = parse_nnodes(a->nnodes);
-             o.node_rank = a->node_rank;
+             const auto [min_nodes, max_nodes] = parse_nnodes(a->nnodes);
+             o.nnodes = max_nodes;
+             if (min_nodes < max_nodes) {
+               o.min_nodes = min_nodes;
+               o.max_nodes = max_nodes;
+               o.last_call = seconds_flag(a->last_call, "--last-call", true);
+               // Any rank but 0 only says "join": elastic ranks follow the join order.
+               o.node_rank = a->node_rank == 0 ? 0 : std::min(a->node_rank, max_nodes - 1);
+             } else {
+               o.node_rank = a->node_rank;
+             }
              if (!a->master.empty()) std::tie(o.master_host, o.master_port) = parse_master(a->master);
              o.nproc_per_node = a->nproc_per_node;
              o.command = a->command;

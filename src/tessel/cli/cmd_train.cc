@@ -12,7 +12,9 @@
 #include "tessel/cli/cluster_detect.h"
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/ckpt/sharded.h"
+#include "tessel/comm/gloo_backend.h"
 #include "tessel/comm/store.h"
+#include "tessel/comm/tcp_store.h"
 #include "tessel/comm/world.h"
 #include "tessel/core/input_file.h"
 #include "tessel/core/log.h"
@@ -41,6 +43,43 @@ RunConfig load_or_bad_input(const std::string& path, const std::vector<std::stri
   }
   return cfg;
 }
+
+int env_count(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoi(v) : 0;
+}
+
+// A layout for the world `tessel launch` started when the config's does not fit it (an
+// elastic job's round with fewer or more nodes) or when --plan auto asks: rank 0 plans —
+// measuring this machine as `tessel cluster detect` does, while the other ranks wait — and
+// hands the layout to them through the job's store, so every rank runs the same one. The
+// global batch stays; the planner changes the micro-batches to keep it.
+void plan_for_launched_world(RunConfig& cfg, const std::string& why) {
+  const GlooWorldOptions w = GlooWorldOptions::from_env(default_timeout());
+  std::shared_ptr<Store> store = std::make_shared<TcpStore>(w.master_addr, w.master_port, w.token, w.timeout);
+  if (!w.store_prefix.empty()) store = std::make_shared<PrefixStore>(w.store_prefix, store);
+  const std::string key = "plan/layout";
+  std::string text;
+  if (w.rank == 0) {
+    try {
+      const plan::Estimate e = auto_layout(cfg, w.size, false);
+      text = e.layout.str();
+      log_info("{}: the planner chose {} for {} ranks (predicted {:.3f} s/step, {:.2f} GB per rank); the global batch "
+               "of {} stays, as {} micro-batch{} per replica",
+               why, text, w.size, e.step_time, e.memory.total() / 1e9, cfg.train.global_batch, e.layout.micro_batches,
+               e.layout.micro_batches == 1 ? "" : "es");
+    } catch (const Error& err) {
+      store->set(key, std::string("error: ") + err.what());
+      throw BadInput(fmt::format("{}: {}", why, err.what()));
+    }
+    store->set(key, text);
+  } else {
+    // Rank 0 measures the machine first: wait longer than a collective would.
+    text = store->get(key, std::max(w.timeout, Millis(300'000)));
+    if (text.rfind("error: ", 0) == 0) throw BadInput(fmt::format("{}: rank 0 found no layout: {}", why, text.substr(7)));
+  }
+  apply_layout(cfg, plan::parse_layout(text, cfg.train.global_batch, w.size));
+}
 }  // namespace
 
 std::vector<Command> register_train(CLI::App& app) {
@@ -55,7 +94,8 @@ std::vector<Command> register_train(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train", "train a model from a YAML config");
   cmd->add_option("--plan", a->plan,
                   "auto: let the planner choose the parallel section for --nproc thread ranks (default: one per core) "
-                  "on this machine, measured as `tessel cluster detect` does; replaces the config's parallel section")
+                  "on this machine, measured as `tessel cluster detect` does, or for the ranks `tessel launch` started "
+                  "(--backend gloo: rank 0 plans for all); replaces the config's parallel section")
       ->check(CLI::IsMember({"auto"}));
   cmd->add_option("config", a->config, "training config (YAML)")->required();
   cmd->add_option("--set", a->sets, "override a config value, e.g. --set train.lr=3e-4 (repeatable)");
@@ -84,8 +124,19 @@ std::vector<Command> register_train(CLI::App& app) {
              } catch (const Error& e) {
                throw BadInput(e.what());
              }
-             if (a->plan == "auto") {
-               if (a->backend == "gloo") throw BadInput("--plan auto plans thread ranks; use it with --backend thread");
+             if (a->backend == "gloo") {
+               // Under an elastic `tessel launch`, a round's world may not be the config's.
+               const int world = env_count("WORLD_SIZE");
+               if (a->plan == "auto")
+                 plan_for_launched_world(cfg, "--plan auto");
+               else if (std::getenv("TESSEL_ELASTIC") != nullptr && *std::getenv("TESSEL_ELASTIC") != '\0' &&
+                        world != cfg.parallel.world_size())
+                 plan_for_launched_world(
+                     cfg, fmt::format("elastic round {}: {} ranks, but the config's parallel section (dp {}, tp {}, "
+                                      "pp {}) needs {}",
+                                      env_count("TESSEL_ELASTIC_ROUND"), world, cfg.parallel.dp, cfg.parallel.tp,
+                                      cfg.parallel.pp, cfg.parallel.world_size()));
+             } else if (a->plan == "auto") {
                const int nproc = a->nproc > 0 ? a->nproc : static_cast<int>(probe_topology().cores);
                plan::Estimate e;
                try {
@@ -101,13 +152,15 @@ std::vector<Command> register_train(CLI::App& app) {
              const int64_t ranks = cfg.parallel.world_size();
              TrainOptions base{.metrics_path = a->metrics, .save_dir = a->save, .resume_dir = a->resume,
                                      .stop_on_signal = true};
-             // Restarted by `tessel launch --max-restarts`: go on from the newest complete
-             // checkpoint of --save, when there is one.
-             if (const char* restart = std::getenv("TESSEL_RESTART_COUNT");
-                 restart != nullptr && std::atoi(restart) > 0 && base.resume_dir.empty() && !base.save_dir.empty() &&
+             // Restarted by `tessel launch --max-restarts`, or a later round of an elastic job:
+             // go on from the newest complete checkpoint of --save, when there is one.
+             if (const int restart = env_count("TESSEL_RESTART_COUNT"), round = env_count("TESSEL_ELASTIC_ROUND");
+                 (restart > 0 || round > 0) && base.resume_dir.empty() && !base.save_dir.empty() &&
                  has_complete_checkpoint(base.save_dir)) {
                base.resume_dir = base.save_dir;
-               log_info("restart {}: resuming from the newest complete checkpoint in {}", restart, base.save_dir);
+               log_info("{}: resuming from the newest complete checkpoint in {}",
+                        round > 0 ? fmt::format("elastic round {}", round) : fmt::format("restart {}", restart),
+                        base.save_dir);
              }
              // A folder it cannot write or a checkpoint that is not there is the user's to fix
              // (exit 2), before any step.

@@ -23,8 +23,11 @@ struct GlooWorldOptions {
   std::string bind_host;     // address of this rank's Gloo device ("": 127.0.0.1 for a loopback master, else the hostname)
   Millis timeout = default_timeout();
   Millis heartbeat_interval{0};  // > 0: beat for this rank (heartbeat.h) every interval
+  // Every store key of this rank goes under "<store_prefix>/" (an elastic launch gives each
+  // round of its long-lived store a namespace of its own); "" for none.
+  std::string store_prefix;
   // From RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TESSEL_JOB_TOKEN, LOCAL_WORLD_SIZE,
-  // TESSEL_GLOO_HOST and TESSEL_HEARTBEAT_MS (set by `tessel launch`); throws naming a missing
+  // TESSEL_GLOO_HOST, TESSEL_HEARTBEAT_MS and TESSEL_STORE_PREFIX (set by `tessel launch`); throws naming a missing
   // or malformed variable.
   static GlooWorldOptions from_env(Millis timeout);
 };

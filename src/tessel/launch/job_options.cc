@@ -14,15 +14,10 @@
 #include "tessel/comm/socket.h"
 #include "tessel/comm/tcp_store.h"
 #include "tessel/core/error.h"
+#include "tessel/launch/attempt.h"
 #include "tessel/launch/signals.h"
 
 namespace tessel {
-
-namespace {
-
-void say(const std::string& line) { write_all(2, line + "\n"); }
-
-}  // namespace
 
 std::string random_token() {
   unsigned char bytes[16];

@@ -26,6 +26,7 @@
 #include "tessel/comm/socket.h"
 #include "tessel/comm/tcp_store.h"
 #include "tessel/core/error.h"
+#include "tessel/launch/attempt.h"
 #include "tessel/launch/job_options.h"
 #include "tessel/launch/signals.h"
 
@@ -42,9 +43,6 @@ constexpr Millis kHeartbeatTimeout{30'000};  // node 0 gives up on a silent node
 constexpr Millis kDrain{1000};             // output read after the last process exited
 constexpr Millis kAckWait{5000};           // node 0 keeps the store up this long after a failure
 constexpr std::size_t kMaxLine = 64 << 10;  // a longer line without '\n' is forwarded in pieces
-const std::string kFailedKey = "launch/failed";
-
-std::string node_key(const char* what, int node) { return fmt::format("launch/{}/{}", what, node); }
 
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
@@ -54,73 +52,6 @@ std::string describe_status(int status) {
   }
   return fmt::format("ended with wait status {}", status);
 }
-
-void say(const std::string& line) { write_all(2, line + "\n"); }
-
-// ---------------------------------------------------------------------------------------
-// Signals: SIGINT, SIGTERM and SIGCHLD write their number to a self-pipe that the poll loops
-// watch; SIGPIPE is ignored. The previous dispositions come back on destruction.
-
-int g_signal_pipe = -1;
-
-extern "C" void on_launcher_signal(int sig) {
-  const int saved = errno;
-  const auto b = static_cast<unsigned char>(sig);
-  [[maybe_unused]] ssize_t k = ::write(g_signal_pipe, &b, 1);
-  errno = saved;
-}
-
-class SignalScope {
- public:
-  SignalScope() {
-    auto [r, w] = net::make_pipe();
-    read_ = std::move(r);
-    write_ = std::move(w);
-    // The handlers and the pipe they write to are process-wide: one launch at a time.
-    static std::atomic<bool> active{false};
-    TESSEL_CHECK(!active.exchange(true), "run_launch: another launch is already running in this process");
-    active_ = &active;
-    g_signal_pipe = write_.get();
-    struct sigaction sa {};
-    sa.sa_handler = on_launcher_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    for (std::size_t i = 0; i < 3; ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
-    struct sigaction ign {};
-    ign.sa_handler = SIG_IGN;
-    sigemptyset(&ign.sa_mask);
-    ::sigaction(SIGPIPE, &ign, &old_[3]);
-  }
-  ~SignalScope() {
-    for (std::size_t i = 0; i < 4; ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
-    g_signal_pipe = -1;
-    active_->store(false);
-  }
-  SignalScope(const SignalScope&) = delete;
-  SignalScope& operator=(const SignalScope&) = delete;
-
-  int fd() const { return read_.get(); }
-  // The signals received since the last call (SIGCHLD included).
-  std::vector<int> take() {
-    std::vector<int> out;
-    unsigned char buf[64];
-    while (true) {
-      const ssize_t k = ::read(read_.get(), buf, sizeof buf);
-      if (k > 0) {
-        out.insert(out.end(), buf, buf + k);
-        continue;
-      }
-      if (k < 0 && errno == EINTR) continue;
-      return out;
-    }
-  }
-
- private:
-  static constexpr int kSignals[4] = {SIGINT, SIGTERM, SIGCHLD, SIGPIPE};
-  std::atomic<bool>* active_ = nullptr;
-  net::Fd read_, write_;
-  struct sigaction old_[4];
-};
 
 // ---------------------------------------------------------------------------------------
 
@@ -143,8 +74,9 @@ struct Child {
 
 class Launcher {
  public:
-  Launcher(LaunchOptions options, SignalScope& signals)
-      : o_(std::move(options)), signals_(signals), timing_(HeartbeatTiming::for_timeout(o_.timeout)),
+  Launcher(LaunchOptions options, SignalScope& signals, const Round* round)
+      : o_(std::move(options)), signals_(signals), round_(round), grace_(o_.kill_grace),
+        keys_(round != nullptr ? round->prefix + "/launch" : "launch"), timing_(HeartbeatTiming::for_timeout(o_.timeout)),
         ranks_watch_(std::make_unique<HeartbeatMonitor>(timing_.silence)) {}
   ~Launcher();
   Launcher(const Launcher&) = delete;
@@ -172,6 +104,9 @@ class Launcher {
   WaitEnd wait_until(const std::function<bool()>& done, Deadline deadline);
   int finish();
   void report_fates();
+  std::string node_key(const char* what, int node) const { return fmt::format("{}/{}/{}", keys_, what, node); }
+  std::string failed_key() const { return keys_ + "/failed"; }
+  void check_membership();
   std::string who(int rank) const {
     return o_.nnodes > 1 ? fmt::format("rank {} (node {})", rank, o_.node_rank) : fmt::format("rank {}", rank);
   }
@@ -183,8 +118,12 @@ class Launcher {
 
   LaunchOptions o_;
   SignalScope& signals_;
+  const Round* round_;   // the elastic round this attempt is (null: a fixed-size job)
+  Millis grace_;         // SIGTERM to SIGKILL when stopping: --kill-grace, longer for a planned stop
+  std::string keys_;     // the launchers' keys: "launch", or "<round prefix>/launch"
   std::unique_ptr<TcpStoreServer> server_;
-  std::unique_ptr<TcpStore> store_;
+  std::shared_ptr<TcpStore> store_;
+  std::shared_ptr<Store> ranks_store_;  // the processes' keys (their heartbeats): the round's namespace
   std::string store_where_;
   int master_port_ = 0;
   std::vector<Child> children_;
@@ -227,8 +166,18 @@ Launcher::~Launcher() {
 }
 
 int Launcher::run() {
-  if (!connect_store()) return finish();
-  if (!rendezvous()) return finish();
+  if (round_ != nullptr) {
+    // The elastic coordinator has connected and gathered the nodes of this round already.
+    store_ = round_->store;
+    master_port_ = round_->port;
+    store_where_ = net::host_port(o_.master_host, master_port_);
+    joined_ = true;
+    beats_.assign(static_cast<std::size_t>(o_.nnodes), Beat{.changed = Clock::now()});
+  } else {
+    if (!connect_store()) return finish();
+    if (!rendezvous()) return finish();
+  }
+  ranks_store_ = round_ != nullptr ? std::make_shared<PrefixStore>(round_->prefix, store_) : std::shared_ptr<Store>(store_);
   spawn_all();
   supervise();
   return finish();
@@ -254,7 +203,7 @@ bool Launcher::connect_store() {
   const Deadline deadline = net::deadline_after(o_.rendezvous_timeout);
   while (true) {
     try {
-      store_ = std::make_unique<TcpStore>(connect_host, master_port_, o_.token,
+      store_ = std::make_shared<TcpStore>(connect_host, master_port_, o_.token,
                                           std::max(Millis(1), std::min(Millis(1000), net::time_left(deadline))));
       break;
     } catch (const TimeoutError& e) {
@@ -294,7 +243,7 @@ bool Launcher::rendezvous() {
         "--node-rank R` there with the same --nnodes, --master and --token)",
         store_where_, o_.rendezvous_timeout.count(), missing);
     try {
-      store_->compare_set(kFailedKey, "", msg);
+      store_->compare_set(failed_key(), "", msg);
     } catch (const CommError&) {
     }
     TESSEL_CHECK_AS(TimeoutError, false, "{}", msg);
@@ -336,6 +285,9 @@ std::string Launcher::spawn(Child& c) {
       {"TESSEL_TIMEOUT_S", fmt::format("{:.3f}", static_cast<double>(o_.timeout.count()) / 1000)},
       {"TESSEL_HEARTBEAT_MS", std::to_string(timing_.interval.count())},
       {"TESSEL_RESTART_COUNT", std::to_string(o_.restart_count)},
+      {"TESSEL_STORE_PREFIX", round_ != nullptr ? round_->prefix : ""},
+      {"TESSEL_ELASTIC", round_ != nullptr ? fmt::format("{}:{}", o_.min_nodes, o_.max_nodes) : ""},
+      {"TESSEL_ELASTIC_ROUND", round_ != nullptr ? std::to_string(round_->number) : ""},
   };
   // Everything the child needs is built before fork: after it, only async-signal-safe calls.
   std::vector<std::string> env;
@@ -531,7 +483,7 @@ void Launcher::reap() {
 void Launcher::begin_stop() {
   if (stopping_) return;
   stopping_ = true;
-  kill_at_ = net::deadline_after(o_.kill_grace);
+  kill_at_ = net::deadline_after(grace_);
   for (Child& c : children_) c.stopped_by_us = c.running;
   kill_all(SIGTERM);
 }
@@ -567,7 +519,7 @@ void Launcher::watch_heartbeats() {
     if (c.running) ranks.push_back(c.rank);
   std::vector<HeartbeatMonitor::Silent> silent;
   try {
-    silent = ranks_watch_->poll(*store_, ranks);
+    silent = ranks_watch_->poll(*ranks_store_, ranks);
   } catch (const CommError& e) {
     store_lost_ = true;
     fail(fmt::format("node {} lost the job's store at {}: {}", o_.node_rank, store_where_, e.what()), /*local=*/true);
@@ -604,6 +556,13 @@ void Launcher::on_signals() {
 // Records the job's failure, publishes it to the other nodes (the first one wins in the
 // store) and starts stopping this node's processes.
 void Launcher::fail(const std::string& message, bool local) {
+  // A planned stop of an elastic round (to grow) gives the processes time to save a checkpoint.
+  if (round_ != nullptr && !stopping_ && store_ && !store_lost_) {
+    try {
+      if (store_->check({round_->prefix + "/grow"})) grace_ = std::max(o_.kill_grace, o_.timeout);
+    } catch (const CommError&) {
+    }
+  }
   if (failure_.empty()) {
     failure_ = message;
     local_failure_ = local;
@@ -612,7 +571,7 @@ void Launcher::fail(const std::string& message, bool local) {
   }
   if (local && store_ && !store_lost_) {
     try {
-      store_->compare_set(kFailedKey, "", message);
+      store_->compare_set(failed_key(), "", message);
     } catch (const CommError&) {
       store_lost_ = true;
     }
@@ -627,9 +586,17 @@ void Launcher::watch_store() {
   if (now < next_store_poll_) return;
   next_store_poll_ = now + kStorePoll;
   try {
-    if (store_->check({kFailedKey})) {
-      fail(store_->get(kFailedKey, Millis(5000)), /*local=*/false);
+    if (store_->check({failed_key()})) {
+      fail(store_->get(failed_key(), Millis(5000)), /*local=*/false);
       return;
+    }
+    if (round_ != nullptr && round_->membership_change && o_.node_rank == 0) {
+      const std::string change = round_->membership_change();
+      if (!change.empty()) {
+        store_->set(round_->prefix + "/grow", change);
+        fail(change, /*local=*/true);
+        return;
+      }
     }
     if (now < next_heartbeat_ || o_.nnodes == 1) return;
     next_heartbeat_ = now + kHeartbeat;
@@ -731,7 +698,8 @@ int Launcher::finish() {
     say(fmt::format("error: {}", failure_));
     report_fates();
   }
-  if (store_ && !store_lost_ && joined_) {
+  // An elastic job's store outlives the round: the other nodes read the failure there later.
+  if (store_ && !store_lost_ && joined_ && round_ == nullptr) {
     try {
       if (o_.node_rank != 0) {
         store_->set(node_key("stopped", o_.node_rank), "1");
@@ -742,7 +710,7 @@ int Launcher::finish() {
             if (!store_->check({node_key("stopped", r)}) && !store_->check({node_key("done", r)})) return false;
           return true;
         };
-        const Deadline until = net::deadline_after(o_.kill_grace + kAckWait);
+        const Deadline until = net::deadline_after(grace_ + kAckWait);
         const int seen = signals_seen_;
         while (!acked() && Clock::now() < until && signals_seen_ == seen) {
           on_signals();
@@ -759,6 +727,11 @@ int Launcher::finish() {
 
 }  // namespace
 
+int run_attempt(const LaunchOptions& options, SignalScope& signals, const Round* round) {
+  Launcher launcher(options, signals, round);
+  return launcher.run();
+}
+
 int run_launch(const LaunchOptions& options) {
   check_launch_options(options);
   LaunchOptions o = options;
@@ -767,17 +740,17 @@ int run_launch(const LaunchOptions& options) {
   o.token_file.clear();
   if (o.token.empty()) o.token = random_token();
   TESSEL_CHECK(o.max_restarts >= 0, "--max-restarts must be 0 or more, got {}", o.max_restarts);
+  if (o.elastic()) return run_elastic(o);
   for (int attempt = 0;; ++attempt) {
     o.restart_count = attempt;
     int rc;
     {
       SignalScope signals;  // destroyed after the launcher, so its children are gone first
-      Launcher launcher(o, signals);
-      rc = launcher.run();
+      rc = run_attempt(o, signals, nullptr);
     }
     if (rc != 1 || attempt >= o.max_restarts) return rc;
     say(fmt::format("tessel launch: restarting the job ({} of at most {} restarts): every process starts again with "
-                    "TESSEL_RESTART_COUNT={}; tessel train --save resumes from its newest complete checkpoint",
+                    "TESSEL_RESTART_COUNT={}; tessel train --save DIR resumes from its newest complete checkpoint",
                     attempt + 1, o.max_restarts, attempt + 1));
   }
 }

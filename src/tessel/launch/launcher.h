@@ -15,6 +15,16 @@ namespace tessel {
 struct LaunchOptions {
   int nnodes = 1;
   int node_rank = 0;
+  // An elastic job (`--nnodes MIN:MAX`, MIN < MAX): it runs in rounds, each with every node
+  // that has joined, MIN to MAX of them; node ranks are given in the order the nodes joined
+  // (the store's host, --node-rank 0, first). A failure starts a new round with the nodes
+  // still alive; a node that joins while a round runs is taken in at a checkpoint. nnodes is
+  // MAX, or the round's count inside a round (see elastic.cc).
+  int min_nodes = 0, max_nodes = 0;
+  // With MIN to MAX: once MIN nodes have joined a round, wait this long for more (torchrun's
+  // last-call timeout).
+  Millis last_call = Millis(3'000);
+  bool elastic() const { return max_nodes > min_nodes && min_nodes >= 1; }
   std::string master_host = "127.0.0.1";  // node 0's store address
   int master_port = 0;                    // 0 on a single node: pick a free port
   int nproc_per_node = 1;

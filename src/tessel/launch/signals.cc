@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "tessel/core/error.h"
+#include "tessel/launch/attempt.h"
 
 namespace tessel {
 
@@ -80,5 +81,63 @@ StopSignals::~StopSignals() {
 }
 
 int StopSignals::requested() const { return g_requested; }
+
+void say(const std::string& line) { write_all(2, line + "\n"); }
+
+// ---------------------------------------------------------------------------------------
+// The launcher's signals: SIGINT, SIGTERM and SIGCHLD write their number to a self-pipe.
+
+namespace {
+
+int g_signal_pipe = -1;
+std::atomic<bool> g_scope_active{false};
+constexpr int kScopeSignals[4] = {SIGINT, SIGTERM, SIGCHLD, SIGPIPE};
+
+extern "C" void on_launcher_signal(int sig) {
+  const int saved = errno;
+  const auto b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] ssize_t k = ::write(g_signal_pipe, &b, 1);
+  errno = saved;
+}
+
+}  // namespace
+
+SignalScope::SignalScope() {
+  // The handlers and the pipe they write to are process-wide: one launch at a time.
+  TESSEL_CHECK(!g_scope_active.exchange(true), "run_launch: another launch is already running in this process");
+  auto [r, w] = net::make_pipe();
+  read_ = std::move(r);
+  write_ = std::move(w);
+  g_signal_pipe = write_.get();
+  struct sigaction sa {};
+  sa.sa_handler = on_launcher_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (std::size_t i = 0; i < 3; ++i) ::sigaction(kScopeSignals[i], &sa, &old_[i]);
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  ::sigaction(SIGPIPE, &ign, &old_[3]);
+}
+
+SignalScope::~SignalScope() {
+  for (std::size_t i = 0; i < 4; ++i) ::sigaction(kScopeSignals[i], &old_[i], nullptr);
+  g_signal_pipe = -1;
+  g_scope_active = false;
+}
+
+std::vector<int> SignalScope::take() {
+  std::vector<int> out;
+  unsigned char buf[64];
+  while (true) {
+    const ssize_t k = ::read(read_.get(), buf, sizeof buf);
+    if (k > 0) {
+      out.insert(out.end(), buf, buf + k);
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    return out;
+  }
+}
 
 }  // namespace tessel

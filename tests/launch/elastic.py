@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Elastic training: lose a node, go on with the ranks left, grow back. Two `tessel launch
+--nnodes 1:2` launchers on this machine play two nodes of two Gloo processes each (a 4-rank
+dp2·tp2 ZeRO-2 job writing a background checkpoint every step). RUNS times, a random step of
+the job:
+  - node: node 1's launcher is killed with SIGKILL (its processes die with it): node 0 must go
+    on alone — a round of 2 ranks, a layout the planner chose for them, the global batch kept —
+    from the newest complete checkpoint; then node 1 is started again and the job must grow
+    back to 4 ranks at a checkpoint;
+  - rank: one random process is killed with SIGKILL: the next round restarts it on the same
+    nodes.
+Each time both launchers must exit 0 and the metrics file must hold every step once with the
+losses of an uninterrupted 4-rank job (relative 1e-5). Prints detection (kill to the
+launcher's report) and recovery (kill to the next completed step) times, and the time the
+job took to grow back.
+  elastic.py TESSEL_BINARY SOURCE_DIR [RUNS]
+"""
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+tessel, src = sys.argv[1], sys.argv[2]
+runs = int(sys.argv[3]) if len(sys.argv) > 3 else 4
+steps = 24
+rng = random.Random(5)
+token = "e1a571c0e1a571c0e1a571c0e1a571c0"
+train = [tessel, "train", os.path.join(src, "configs", "gpt2-tiny.yaml"), "--backend", "gloo",
+         "--set", "model.n_layer=2", "--set", "model.n_embd=64", "--set", "model.n_head=4",
+         "--set", "train.seq_len=32", "--set", "train.global_batch=8", "--set", "train.micro_batch=8",
+         "--set", f"train.steps={steps}", "--set", "train.warmup=0", "--set", "train.save_every=1",
+         "--set", "train.threads=1", "--set", "log.every=1", "--set", "parallel.dp=2", "--set", "parallel.tp=2",
+         "--set", "parallel.sharding_stage=2"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def losses(path):
+    out = {}
+    for line in open(path):
+        r = json.loads(line)
+        if r["step"] in out:
+            sys.exit(f"{path}: step {r['step']} appears twice")
+        out[r["step"]] = r["loss"]
+    return out
+
+
+class Node:
+    """One launcher; its stderr lines are collected with their arrival times."""
+
+    def __init__(self, work, rank, port, name):
+        env = dict(os.environ, TESSEL_JOB_TOKEN=token)
+        self.p = subprocess.Popen([tessel, "launch", "--nnodes", "1:2", "--node-rank", str(rank), "--master",
+                                   f"127.0.0.1:{port}", "--nproc-per-node", "2", "--max-restarts", "3", "--timeout", "5",
+                                   "--kill-grace", "1", "--last-call", "1", "--", *train,
+                                   "--save", os.path.join(work, "ck"), "--metrics", os.path.join(work, "m.jsonl")],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, bufsize=1, env=env)
+        self.name, self.lines, self.cv = name, [], threading.Condition()
+        self.t = threading.Thread(target=self.read, daemon=True)
+        self.t.start()
+
+    def read(self):
+        for line in self.p.stderr:
+            with self.cv:
+                self.lines.append((time.monotonic(), line))
+                self.cv.notify_all()
+
+    def wait_line(self, pred, start=0, timeout=120):
+        """Index of the first line from `start` on that satisfies pred."""
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while True:
+                for i in range(start, len(self.lines)):
+                    if pred(self.lines[i][1]):
+                        return i
+                if self.p.poll() is not None and not self.t.is_alive():
+                    return None
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cv.wait(min(left, 0.2))
+
+    def text(self):
+        return "".join(f"{t:.3f} [{self.name}] {l}" for t, l in self.lines)
+
+
+def step_line(step):
+    return lambda l: l.startswith("[rank 0]") and f"info: step {step}/{steps}" in l
+
+
+def workers(launcher_pid):
+    out = subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    base = os.path.join(tmp, "base")
+    os.makedirs(base)
+    p = subprocess.run([tessel, "launch", "--nproc-per-node", "4", "--", *train, "--save", os.path.join(base, "ck"),
+                        "--metrics", os.path.join(base, "m.jsonl")], capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"the uninterrupted job failed:\n{p.stderr}")
+    want = losses(os.path.join(base, "m.jsonl"))
+    if sorted(want) != list(range(steps)):
+        sys.exit(f"the uninterrupted job logged steps {sorted(want)}")
+
+    detections, recoveries, grows = [], [], []
+    for run in range(runs):
+        what = "node" if run % 2 == 0 else "rank"
+        work = os.path.join(tmp, f"run{run}")
+        os.makedirs(work)
+        port = free_port()
+        at_step = rng.randrange(2, 8)
+        n0 = Node(work, 0, port, "node 0")
+        time.sleep(0.2)
+        n1 = Node(work, 1, port, "node 1")
+        nodes = [n0, n1]
+        logs = lambda: "".join(n.text() for n in nodes)
+        i = n0.wait_line(step_line(at_step))
+        if i is None:
+            sys.exit(f"run {run}: step {at_step} never came\n{logs()}")
+        if what == "node":
+            n1.p.kill()
+        else:
+            victim = rng.choice(workers(rng.choice(nodes).p.pid))
+            os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        j = n0.wait_line(lambda l: l.startswith("tessel launch: ") and "stopping the job" in l, i)
+        k = n0.wait_line(lambda l: l.startswith("[rank 0]") and "info: step " in l, j if j is not None else i)
+        if j is None or k is None:
+            sys.exit(f"run {run}: the {what} kill at step {at_step} was not detected and recovered from\n{logs()}")
+        detected, recovered = n0.lines[j][0] - killed, n0.lines[k][0] - killed
+        round_line = n0.wait_line(lambda l: "tessel launch: round 1:" in l, j)
+        expect = "1 node " if what == "node" else "2 nodes "
+        if round_line is None or expect not in n0.lines[round_line][1]:
+            sys.exit(f"run {run}: round 1 should run on {expect.strip()}\n{logs()}")
+        grown = None
+        if what == "node":
+            n1.p.wait()
+            rejoin = time.monotonic()
+            nodes.append(Node(work, 1, port, "node 1 again"))
+            g = n0.wait_line(lambda l: "tessel launch: round 2: 2 nodes" in l, k)
+            if g is None:
+                sys.exit(f"run {run}: the job did not grow back to 2 nodes\n{logs()}")
+            s = n0.wait_line(lambda l: l.startswith("[rank 0]") and "info: step " in l, g)
+            grown = (n0.lines[s][0] if s is not None else time.monotonic()) - rejoin
+        for n in nodes[:1] + nodes[2:] + ([n1] if what == "rank" else []):
+            if n.p.wait(timeout=180) != 0:
+                sys.exit(f"run {run}: {n.name}'s launcher exited {n.p.returncode}\n{logs()}")
+        got = losses(os.path.join(work, "m.jsonl"))
+        if sorted(got) != list(range(steps)):
+            sys.exit(f"run {run}: the metrics file holds steps {sorted(got)}\n{logs()}")
+        for st, l in want.items():
+            if abs(got[st] - l) > 1e-5 * abs(l):
+                sys.exit(f"run {run}: step {st} loss {got[st]} vs {l} uninterrupted\n{logs()}")
+        if os.environ.get("ELASTIC_VERBOSE"):
+            print(logs())
+        detections.append(detected)
+        recoveries.append(recovered)
+        msg = (f"run {run}: SIGKILL of a {what} at step {at_step}: detected in {detected:.2f} s, next step done "
+               f"{recovered:.2f} s after the kill on {'2' if what == 'node' else '4'} ranks")
+        if grown is not None:
+            grows.append(grown)
+            msg += f"; grew back to 4 ranks {grown:.2f} s after node 1 started again"
+        print(msg + f"; all {steps} steps match")
+    med = lambda v: sorted(v)[len(v) // 2]
+    print(f"elastic: ok ({runs} runs; detection median {med(detections):.2f} s, max {max(detections):.2f} s; recovery "
+          f"median {med(recoveries):.2f} s, max {max(recoveries):.2f} s; grow median {med(grows):.2f} s)")
