@@ -105,16 +105,28 @@ class CheckpointReader {
   // when a target gives one, its file_shape; its dtype is converted to the target's. Throws
   // CheckpointError naming the file and the tensor otherwise.
   void read(const std::vector<CheckpointTensor>& targets, int threads = 4);
-  // Bytes of tensor data this reader has read from the files.
+  // read(), collectively over `group` (null: alone), checking every saved piece the ranks read
+  // against its checksum: a piece that lies inside a rank's box is checked from the bytes that
+  // rank read; one that ranks read only in part is read whole by one rank (round-robin) and
+  // checked. Pieces no rank reads are not needed and not checked. "" when every piece matched,
+  // else what did not (the same text on every rank); the targets are then unusable.
+  std::string read_verified(const std::vector<CheckpointTensor>& targets, ProcessGroup* group, int threads = 4);
+  // Bytes of tensor data this reader has read from the files (checks included).
   int64_t bytes_read() const { return bytes_read_; }
 
   // Checks the pieces numbered i ≡ rank (mod ranks) of checkpoint.json against their
   // checksums, reading them: "" when they match, else what did not. With ranks = 1, every piece.
-  std::string verify(int rank, int ranks) const;
+  std::string verify(int rank, int ranks);
 
  private:
   struct Where;
-  std::string verify_pieces(int rank, int ranks) const;
+  struct SavedPiece;
+  struct Verification;
+  void read_into(const std::vector<CheckpointTensor>& targets, int threads, Verification* verify);
+  // The saved pieces of checkpoint.json in name order, bounds-checked; throws Error on a bad index.
+  std::vector<SavedPiece> saved_pieces() const;
+  // Reads each of `pieces` whole and checks its checksum: "" or the first mismatch.
+  std::string check_pieces(const std::vector<const SavedPiece*>& pieces);
   std::string dir_;
   Json trainer_, index_;
   std::map<std::string, std::shared_ptr<Where>> where_;
@@ -131,6 +143,12 @@ int64_t checkpoint_step_of(const std::string& folder_name);
 
 // Whether `dir` holds a complete step folder (no checksums read).
 bool has_complete_checkpoint(const std::string& dir);
+
+// The step folders that are complete, newest first, collectively over `group` (null: alone):
+// `path` itself when it is a step folder (throws CheckpointError unless complete), else those
+// under it; newer incomplete ones are skipped with a warning naming why. Throws CheckpointError
+// when there is none. No piece is read (see CheckpointReader::read_verified).
+std::vector<std::string> checkpoint_candidates(const std::string& path, ProcessGroup* group);
 
 // The step folder to resume from, collectively over `group` (null: alone): `path` itself when it
 // is a step folder (it must be complete), else the newest complete step folder under it whose

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <memory>
+#include <mutex>
 
 #include "tessel/ckpt/piece_io.h"
 #include "tessel/ckpt/safetensors.h"
@@ -27,6 +29,51 @@ struct CheckpointReader::Where {
   Shape shape;
   uint64_t begin = 0;  // absolute offset of the tensor's data in the file
 };
+
+struct CheckpointReader::SavedPiece {
+  const std::string* name;
+  const Where* where;
+  Shape shape, offset, extent;  // in the tensor's layout shape
+  std::string checksum;
+  size_t id;                    // its place in checkpoint.json (name order), the same on every rank
+};
+
+// What a verified read found: per saved piece, whether this rank checked it from its read
+// (1) and whether it read some of it (1); and the first mismatch.
+struct CheckpointReader::Verification {
+  std::vector<SavedPiece> pieces;
+  std::map<std::string, std::vector<const SavedPiece*>> by_name;
+  std::vector<int64_t> checked, touched;
+  std::mutex mu;
+  std::string bad;
+  void fail(std::string why) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (bad.empty()) bad = std::move(why);
+  }
+};
+
+namespace {
+
+bool inside(const Shape& offset, const Shape& extent, const Shape& box_offset, const Shape& box_extent) {
+  for (size_t d = 0; d < offset.size(); ++d)
+    if (offset[d] < box_offset[d] || offset[d] + extent[d] > box_offset[d] + box_extent[d]) return false;
+  return true;
+}
+
+bool overlaps(const Shape& offset, const Shape& extent, const Shape& box_offset, const Shape& box_extent) {
+  for (size_t d = 0; d < offset.size(); ++d)
+    if (offset[d] >= box_offset[d] + box_extent[d] || box_offset[d] >= offset[d] + extent[d] || extent[d] == 0)
+      return false;
+  return true;
+}
+
+std::string mismatch(const std::string& name, const Shape& offset, const std::string& file, const std::string& sum,
+                     const std::string& want) {
+  return fmt::format("the piece of \"{}\" at {} in {} has checksum {}, but {} was written", name, shape_str(offset),
+                     file, sum, want);
+}
+
+}  // namespace
 
 CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir) {
   const fs::path d(step_dir);
@@ -108,6 +155,61 @@ std::string CheckpointReader::group(const std::string& name) const {
 }
 
 void CheckpointReader::read(const std::vector<CheckpointTensor>& targets, int threads) {
+  read_into(targets, threads, nullptr);
+}
+
+std::string CheckpointReader::read_verified(const std::vector<CheckpointTensor>& targets, ProcessGroup* group,
+                                            int threads) {
+  if (!index_.is_object()) {  // a checkpoint from before checksums: nothing to check
+    read_into(targets, threads, nullptr);
+    return "";
+  }
+  const int rank = group ? group->rank() : 0, ranks = group ? group->size() : 1;
+  Verification v;
+  std::string why;
+  try {
+    v.pieces = saved_pieces();
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const Error& e) {
+    why = fmt::format("bad {}: {}", kIndexFile, e.what());
+  }
+  for (const SavedPiece& p : v.pieces) v.by_name[*p.name].push_back(&p);
+  v.checked.assign(v.pieces.size(), 0);
+  v.touched.assign(v.pieces.size(), 0);
+  if (why.empty()) {
+    read_into(targets, threads, &v);
+    why = v.bad;
+  }
+  // Pieces some rank read only in part: one rank reads each whole.
+  if (group != nullptr && ranks > 1 && !v.pieces.empty()) {
+    group->all_reduce(v.checked.data(), static_cast<int64_t>(v.checked.size()), DType::i64, ReduceOp::max);
+    group->all_reduce(v.touched.data(), static_cast<int64_t>(v.touched.size()), DType::i64, ReduceOp::max);
+  }
+  // Largest first, each to the rank with the fewest bytes so far (the same choice on every rank).
+  std::vector<const SavedPiece*> partial;
+  for (const SavedPiece& p : v.pieces)
+    if (v.touched[p.id] != 0 && v.checked[p.id] == 0) partial.push_back(&p);
+  auto bytes_of = [](const SavedPiece* p) {
+    return shape_numel(p->extent) * static_cast<int64_t>(safetensors_dtype_size(p->where->dtype));
+  };
+  std::stable_sort(partial.begin(), partial.end(),
+                   [&](const SavedPiece* a, const SavedPiece* b) { return bytes_of(a) > bytes_of(b); });
+  std::vector<int64_t> load(static_cast<size_t>(ranks), 0);
+  std::vector<const SavedPiece*> rest;
+  for (const SavedPiece* p : partial) {
+    const size_t r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[r] += bytes_of(p);
+    if (static_cast<int>(r) == rank) rest.push_back(p);
+  }
+  if (why.empty()) why = check_pieces(rest);
+  // Every rank must reach the same verdict.
+  const bool ok = all_ok(group, why.empty());
+  if (!ok && why.empty()) why = "another rank found a piece damaged";
+  return ok ? "" : why;
+}
+
+void CheckpointReader::read_into(const std::vector<CheckpointTensor>& targets, int threads, Verification* verify) {
   // Check everything before reading anything, so a mismatch leaves the targets untouched.
   for (const CheckpointTensor& t : targets) {
     const Shape& have = shape(t.name);
@@ -140,6 +242,38 @@ void CheckpointReader::read(const std::vector<CheckpointTensor>& targets, int th
     if (f16) job.halves.resize(static_cast<size_t>(shape_numel(job.extent)));
     jobs.push_back(std::move(job));
   }
+  // Checks the saved pieces of a job's tensor against the bytes just read (in the file's dtype):
+  // those inside the job's box from the buffer; the others it overlaps are marked touched.
+  auto check_read = [](const Job& job, const char* dst, uint64_t es, Verification& v) {
+    auto it = v.by_name.find(job.target->name);
+    if (it == v.by_name.end()) return;
+    const Shape& shape = job.target->value.shape();
+    thread_local std::vector<char> gather;
+    for (const SavedPiece* p : it->second) {
+      if (p->shape != shape) {  // saved in another shape: which bytes it holds is not known here
+        v.touched[p->id] = 1;
+        continue;
+      }
+      if (!overlaps(p->offset, p->extent, job.offset, job.extent)) continue;
+      v.touched[p->id] = 1;
+      if (!inside(p->offset, p->extent, job.offset, job.extent)) continue;
+      const size_t n = static_cast<size_t>(shape_numel(p->extent)) * es;
+      const char* bytes = dst;
+      if (p->offset != job.offset || p->extent != job.extent) {
+        gather.resize(n);
+        Shape rel(p->offset.size());
+        for (size_t d = 0; d < rel.size(); ++d) rel[d] = p->offset[d] - job.offset[d];
+        for_each_run(job.extent, rel, p->extent, [&](int64_t at, int64_t from, int64_t count) {
+          std::memcpy(gather.data() + static_cast<uint64_t>(from) * es, dst + static_cast<uint64_t>(at) * es,
+                      static_cast<uint64_t>(count) * es);
+        });
+        bytes = gather.data();
+      }
+      const std::string sum = hex64(checkpoint_checksum(bytes, n));
+      if (sum != p->checksum) v.fail(mismatch(*p->name, p->offset, p->where->file, sum, p->checksum));
+      v.checked[p->id] = 1;
+    }
+  };
   FdCache fds(O_RDONLY);
   std::atomic<int64_t> bytes{0};
   run_parallel(jobs.size(), threads, [&](size_t i) {
@@ -154,6 +288,7 @@ void CheckpointReader::read(const std::vector<CheckpointTensor>& targets, int th
                 w.begin + static_cast<uint64_t>(at) * es, w.file);
       bytes += count * static_cast<int64_t>(es);
     });
+    if (verify != nullptr) check_read(job, dst, es, *verify);
     if (!job.halves.empty()) widen_f16(job.halves.data(), job.buf.data<float>(), job.halves.size());
   });
   for (Job& job : jobs)
@@ -163,55 +298,56 @@ void CheckpointReader::read(const std::vector<CheckpointTensor>& targets, int th
   bytes_read_ += bytes.load();
 }
 
-std::string CheckpointReader::verify(int rank, int ranks) const {
+std::string CheckpointReader::verify(int rank, int ranks) {
   if (!index_.is_object()) return "";  // a checkpoint from before checksums: nothing to check
+  std::vector<SavedPiece> pieces;
   try {
-    return verify_pieces(rank, ranks);
+    pieces = saved_pieces();
   } catch (const CheckpointError&) {
     throw;
   } catch (const Error& e) {
     return fmt::format("bad {}: {}", kIndexFile, e.what());
   }
+  std::vector<const SavedPiece*> mine;  // pieces i ≡ rank (mod ranks)
+  for (const SavedPiece& p : pieces)
+    if (static_cast<int64_t>(p.id) % ranks == rank) mine.push_back(&p);
+  return check_pieces(mine);
 }
 
-std::string CheckpointReader::verify_pieces(int rank, int ranks) const {
-  struct Piece {
-    const std::string* name;
-    const Where* where;
-    Shape shape, offset, extent;
-    std::string checksum;
-  };
-  std::vector<Piece> mine;  // pieces i ≡ rank (mod ranks), in name order
-  int64_t i = 0;
+std::vector<CheckpointReader::SavedPiece> CheckpointReader::saved_pieces() const {
+  std::vector<SavedPiece> out;
   for (const auto& [name, t] : index_.at("tensors").as_object()) {
     auto w = where_.find(name);
-    if (w == where_.end()) return fmt::format("{} lists \"{}\", which no safetensors file holds", kIndexFile, name);
+    TESSEL_CHECK(w != where_.end(), "it lists \"{}\", which no safetensors file holds", name);
     const Shape shape = t.find("layout_shape") ? json_shape(t.at("layout_shape")) : json_shape(t.at("shape"));
     // The index is read, not trusted: every box must lie inside a tensor the files hold.
     int64_t numel = 1;
     for (int64_t d : shape) {
-      if (d < 0 || (d > 0 && numel > (int64_t{1} << 50) / d)) return fmt::format("{}: \"{}\" has a bad shape", kIndexFile, name);
+      TESSEL_CHECK(d >= 0 && (d == 0 || numel <= (int64_t{1} << 50) / d), "\"{}\" has a bad shape", name);
       numel *= d;
     }
-    if (numel != shape_numel(w->second->shape))
-      return fmt::format("{}: \"{}\" has {} elements in the index but {} in {}", kIndexFile, name, numel,
-                         shape_numel(w->second->shape), w->second->file);
+    TESSEL_CHECK(numel == shape_numel(w->second->shape), "\"{}\" has {} elements in the index but {} in {}", name,
+                 numel, shape_numel(w->second->shape), w->second->file);
     for (const Json& p : t.at("pieces").as_array()) {
-      if (i++ % ranks != rank) continue;
-      Piece piece{&name, w->second.get(), shape, json_shape(p.at("offset")), json_shape(p.at("extent")),
-                  p.at("checksum").as_string()};
-      bool inside = piece.offset.size() == shape.size() && piece.extent.size() == shape.size();
-      for (size_t d = 0; inside && d < shape.size(); ++d)
-        inside = piece.offset[d] >= 0 && piece.extent[d] >= 0 && piece.offset[d] <= shape[d] &&
-                 piece.extent[d] <= shape[d] - piece.offset[d];
-      if (!inside) return fmt::format("{}: a piece of \"{}\" lies outside its shape {}", kIndexFile, name, shape_str(shape));
-      mine.push_back(std::move(piece));
+      SavedPiece piece{&name, w->second.get(), shape, json_shape(p.at("offset")), json_shape(p.at("extent")),
+                       p.at("checksum").as_string(), out.size()};
+      bool in = piece.offset.size() == shape.size() && piece.extent.size() == shape.size();
+      for (size_t d = 0; in && d < shape.size(); ++d)
+        in = piece.offset[d] >= 0 && piece.extent[d] >= 0 && piece.offset[d] <= shape[d] &&
+             piece.extent[d] <= shape[d] - piece.offset[d];
+      TESSEL_CHECK(in, "a piece of \"{}\" lies outside its shape {}", name, shape_str(shape));
+      out.push_back(std::move(piece));
     }
   }
+  return out;
+}
+
+std::string CheckpointReader::check_pieces(const std::vector<const SavedPiece*>& pieces) {
   FdCache fds(O_RDONLY);
-  std::vector<std::string> bad(mine.size());
-  run_parallel(mine.size(), 4, [&](size_t k) {
-    const Piece& p = mine[k];
+  std::atomic<int64_t> bytes{0};
+  std::vector<std::string> bad(pieces.size());
+  run_parallel(pieces.size(), 4, [&](size_t k) {
+    const SavedPiece& p = *pieces[k];
     const uint64_t es = safetensors_dtype_size(p.where->dtype);
     const size_t n = static_cast<size_t>(shape_numel(p.extent)) * es;
     // Reused per thread and not zero-filled: the bytes are read over at once.
@@ -225,12 +361,12 @@ std::string CheckpointReader::verify_pieces(int rank, int ranks) const {
     for_each_run(p.shape, p.offset, p.extent, [&](int64_t at, int64_t from, int64_t count) {
       pread_all(fd, buffer.get() + static_cast<uint64_t>(from) * es, static_cast<uint64_t>(count) * es,
                 p.where->begin + static_cast<uint64_t>(at) * es, p.where->file);
+      bytes += count * static_cast<int64_t>(es);
     });
     const std::string sum = hex64(checkpoint_checksum(buffer.get(), n));
-    if (sum != p.checksum)
-      bad[k] = fmt::format("the piece of \"{}\" at {} in {} has checksum {}, but {} was written", *p.name,
-                           shape_str(p.offset), p.where->file, sum, p.checksum);
+    if (sum != p.checksum) bad[k] = mismatch(*p.name, p.offset, p.where->file, sum, p.checksum);
   });
+  bytes_read_ += bytes.load();
   for (const std::string& b : bad)
     if (!b.empty()) return b;
   return "";
@@ -285,23 +421,16 @@ bool has_complete_checkpoint(const std::string& dir) {
   return false;
 }
 
-std::string choose_checkpoint(const std::string& path, ProcessGroup* group, bool verify) {
+std::vector<std::string> checkpoint_candidates(const std::string& path, ProcessGroup* group) {
   const fs::path p(path);
-  const int rank = group ? group->rank() : 0, ranks = group ? group->size() : 1;
+  const int rank = group ? group->rank() : 0;
   std::error_code ec;
   TESSEL_CHECK_AS(CheckpointError, fs::exists(p, ec), "checkpoint path '{}' does not exist", path);
   auto checked = [&](const std::string& dir) -> std::string {
     std::string why = checkpoint_incomplete(dir);
-    if (why.empty() && verify) {
-      try {
-        why = CheckpointReader(dir).verify(rank, ranks);
-      } catch (const std::exception& e) {
-        why = e.what();
-      }
-    }
     // Every rank must choose the same folder: one rank's doubt rules it out for all.
     const bool ok = all_ok(group, why.empty());
-    if (!ok && why.empty()) why = "another rank found it damaged";
+    if (!ok && why.empty()) why = "another rank found it incomplete";
     return ok ? "" : why;
   };
   const bool is_step = fs::exists(p / kManifestFile, ec) || fs::exists(p / kTrainerFile, ec) ||
@@ -309,7 +438,7 @@ std::string choose_checkpoint(const std::string& path, ProcessGroup* group, bool
   if (is_step) {
     const std::string why = checked(p.string());
     TESSEL_CHECK_AS(CheckpointError, why.empty(), "checkpoint '{}' cannot be resumed from: {}", path, why);
-    return p.string();
+    return {p.string()};
   }
   if (rank == 0) remove_stale_temporaries(p);
   std::vector<std::pair<int64_t, fs::path>> steps;  // by number: step-1000000 is newer than step-999999
@@ -318,10 +447,34 @@ std::string choose_checkpoint(const std::string& path, ProcessGroup* group, bool
     if (s >= 0 && entry.is_directory()) steps.emplace_back(s, entry.path());
   }
   std::sort(steps.rbegin(), steps.rend());
+  std::vector<std::string> out;
   for (const auto& [s, dir] : steps) {
     const std::string why = checked(dir.string());
-    if (why.empty()) return dir.string();
-    if (rank == 0) log_warn("skipping checkpoint {}: {}; trying an older one", dir.string(), why);
+    if (why.empty()) out.push_back(dir.string());
+    else if (rank == 0) log_warn("skipping checkpoint {}: {}; trying an older one", dir.string(), why);
+  }
+  TESSEL_CHECK_AS(CheckpointError, !out.empty(), "no complete checkpoint (step-NNNNNN folder) under '{}'", path);
+  return out;
+}
+
+std::string choose_checkpoint(const std::string& path, ProcessGroup* group, bool verify) {
+  const int rank = group ? group->rank() : 0, ranks = group ? group->size() : 1;
+  const std::vector<std::string> dirs = checkpoint_candidates(path, group);
+  const bool one_step = dirs.size() == 1 && dirs.front() == fs::path(path).string();
+  for (const std::string& dir : dirs) {
+    if (!verify) return dir;
+    std::string why;
+    try {
+      why = CheckpointReader(dir).verify(rank, ranks);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    // Every rank must choose the same folder: one rank's doubt rules it out for all.
+    const bool ok = all_ok(group, why.empty());
+    if (ok) return dir;
+    if (why.empty()) why = "another rank found it damaged";
+    TESSEL_CHECK_AS(CheckpointError, !one_step, "checkpoint '{}' cannot be resumed from: {}", path, why);
+    if (rank == 0) log_warn("skipping checkpoint {}: {}; trying an older one", dir, why);
   }
   throw CheckpointError(fmt::format("no complete checkpoint (step-NNNNNN folder) under '{}'", path));
 }

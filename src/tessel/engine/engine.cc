@@ -255,19 +255,42 @@ struct Engine::State {
 
   int64_t load(const std::string& path, bool quiet) {
     finish_save(true);
-    CheckpointReader reader(choose_checkpoint(path, world.get()));
+    // The newest complete step folder whose pieces match their checksums, checked while they are
+    // read (each rank checks what it reads, so nothing is read twice); a damaged one is skipped
+    // for the next older one.
+    const std::vector<std::string> dirs = checkpoint_candidates(path, world.get());
+    for (size_t i = 0;; ++i) {
+      CheckpointReader reader(dirs[i]);
+      std::map<std::string, Tensor> state = optimizer->state();
+      const std::string damaged = read_checkpoint(reader, state);
+      if (damaged.empty()) return finish_load(reader, state, quiet);
+      const bool one_step = dirs.size() == 1 && dirs.front() == std::filesystem::path(path).string();
+      TESSEL_CHECK_AS(CheckpointError, !one_step, "checkpoint '{}' cannot be resumed from: {}", path, damaged);
+      TESSEL_CHECK_AS(CheckpointError, i + 1 < dirs.size(), "no undamaged checkpoint under '{}' (the oldest, {}: {})",
+                      path, dirs[i], damaged);
+      if (lead()) log_warn("skipping checkpoint {}: {}; trying an older one", dirs[i], damaged);
+    }
+  }
+
+  // Reads the model's parameters and the optimizer's states from `reader`'s step folder into
+  // this rank's pieces (`state`: the optimizer's), checking checksums as it goes: "" or what
+  // was damaged.
+  std::string read_checkpoint(CheckpointReader& reader, const std::map<std::string, Tensor>& state) {
     const TrainerState st = parse_trainer_json(reader, *model);
     TESSEL_CHECK_AS(CheckpointError, st.step <= cfg.train.steps, "checkpoint '{}' is at step {}, past train.steps = {}",
                     reader.dir(), st.step, cfg.train.steps);
     check_model_tensors(reader, *model);
     std::vector<CheckpointTensor> targets = model_checkpoint_tensors(params);
-    const std::map<std::string, Tensor> state = optimizer->state();
     for (const CheckpointTensor& t : optimizer_checkpoint_tensors(*model, state))
       TESSEL_CHECK_AS(CheckpointError, reader.contains(t.name),
                       "checkpoint '{}' has no optimizer state \"{}\" (was it saved with another train.optimizer than "
                       "{}?)", reader.dir(), t.name, cfg.train.optimizer);
     for (CheckpointTensor& t : optimizer_checkpoint_tensors(*model, state)) targets.push_back(std::move(t));
-    reader.read(targets);
+    return reader.read_verified(targets, world.get());
+  }
+
+  int64_t finish_load(const CheckpointReader& reader, const std::map<std::string, Tensor>& state, bool quiet) {
+    const TrainerState st = parse_trainer_json(reader, *model);
     const int64_t saved_steps = static_cast<int64_t>(state.at("step").item());
     TESSEL_CHECK_AS(CheckpointError, saved_steps == st.step,
                     "checkpoint '{}': the optimizer is at step {} but trainer.json says {}", reader.dir(), saved_steps,
