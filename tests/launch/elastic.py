@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Elastic training: lose a node, go on with the ranks left, grow back. Two `tessel launch
 --nnodes 1:2` launchers on this machine play two nodes of two Gloo processes each (a 4-rank
-dp2·tp2 ZeRO-2 job writing a background checkpoint every step). RUNS times, a random step of
+dp2·tp2 ZeRO-2 job with a checkpoint in memory every step and on disk every 5). RUNS times, a random step of
 the job:
   - node: node 1's launcher is killed with SIGKILL (its processes die with it): node 0 must go
     on alone — a round of 2 ranks, a layout the planner chose for them, the global batch kept —
-    from the newest complete checkpoint; then node 1 is started again and the job must grow
+    from the newest complete checkpoint, which is in memory unless the step is a disk one; then node 1 is started again and the job must grow
     back to 4 ranks at a checkpoint;
   - rank: one random process is killed with SIGKILL: the next round restarts it on the same
     nodes.
@@ -34,7 +34,8 @@ token = "e1a571c0e1a571c0e1a571c0e1a571c0"
 train = [tessel, "train", os.path.join(src, "configs", "gpt2-tiny.yaml"), "--backend", "gloo",
          "--set", "model.n_layer=2", "--set", "model.n_embd=64", "--set", "model.n_head=4",
          "--set", "train.seq_len=32", "--set", "train.global_batch=8", "--set", "train.micro_batch=8",
-         "--set", f"train.steps={steps}", "--set", "train.warmup=0", "--set", "train.save_every=1",
+         "--set", f"train.steps={steps}", "--set", "train.warmup=0", "--set", "train.save_every=5",
+         "--set", "train.memory_save_every=1",
          "--set", "train.threads=1", "--set", "log.every=1", "--set", "parallel.dp=2", "--set", "parallel.tp=2",
          "--set", "parallel.sharding_stage=2"]
 
@@ -140,6 +141,8 @@ with tempfile.TemporaryDirectory() as tmp:
         if j is None or k is None:
             sys.exit(f"run {run}: the {what} kill at step {at_step} was not detected and recovered from\n{logs()}")
         detected, recovered = n0.lines[j][0] - killed, n0.lines[k][0] - killed
+        if at_step % 5 != 0 and n0.wait_line(lambda l: "resuming from the in-memory checkpoint" in l, j) is None:
+            sys.exit(f"run {run}: the recovery did not resume from memory\n{logs()}")
         round_line = n0.wait_line(lambda l: "tessel launch: round 1:" in l, j)
         expect = "1 node " if what == "node" else "2 nodes "
         if round_line is None or expect not in n0.lines[round_line][1]:

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 
 #include "tessel/cli/bench_train.h"
 #include "tessel/cli/commands.h"
@@ -18,6 +19,7 @@
 #include "tessel/comm/world.h"
 #include "tessel/core/input_file.h"
 #include "tessel/core/log.h"
+#include "tessel/launch/launcher.h"
 
 namespace tessel {
 
@@ -53,16 +55,27 @@ int env_count(const char* name) {
 // elastic job's round with fewer or more nodes) or when --plan auto asks: rank 0 plans —
 // measuring this machine as `tessel cluster detect` does, while the other ranks wait — and
 // hands the layout to them through the job's store, so every rank runs the same one. The
-// global batch stays; the planner changes the micro-batches to keep it.
+// global batch stays; the planner changes the micro-batches to keep it. The measurement is
+// kept in the store outside the round's namespace, so a later round of the same job with the
+// same number of ranks plans at once.
 void plan_for_launched_world(RunConfig& cfg, const std::string& why) {
   const GlooWorldOptions w = GlooWorldOptions::from_env(default_timeout());
-  std::shared_ptr<Store> store = std::make_shared<TcpStore>(w.master_addr, w.master_port, w.token, w.timeout);
-  if (!w.store_prefix.empty()) store = std::make_shared<PrefixStore>(w.store_prefix, store);
+  const auto job_store = std::make_shared<TcpStore>(w.master_addr, w.master_port, w.token, w.timeout);
+  std::shared_ptr<Store> store = job_store;
+  if (!w.store_prefix.empty()) store = std::make_shared<PrefixStore>(w.store_prefix, job_store);
   const std::string key = "plan/layout";
   std::string text;
   if (w.rank == 0) {
     try {
-      const plan::Estimate e = auto_layout(cfg, w.size, false);
+      const std::string measured_key = fmt::format("plan/measured-cluster/{}", w.size);
+      std::optional<plan::Cluster> measured;
+      if (job_store->check({measured_key})) {
+        measured = plan::parse_cluster(job_store->get(measured_key), "measured earlier in this job");
+      } else {
+        measured = detect_local_cluster(w.size, false);
+        job_store->set(measured_key, measured->to_yaml());
+      }
+      const plan::Estimate e = auto_layout(cfg, w.size, false, &*measured);
       text = e.layout.str();
       log_info("{}: the planner chose {} for {} ranks (predicted {:.3f} s/step, {:.2f} GB per rank); the global batch "
                "of {} stays, as {} micro-batch{} per replica",
@@ -152,21 +165,32 @@ std::vector<Command> register_train(CLI::App& app) {
              const int64_t ranks = cfg.parallel.world_size();
              TrainOptions base{.metrics_path = a->metrics, .save_dir = a->save, .resume_dir = a->resume,
                                      .stop_on_signal = true};
+             if (cfg.train.memory_save_every > 0) {
+               const char* token = std::getenv("TESSEL_JOB_TOKEN");
+               base.memory_dir = !cfg.train.memory_dir.empty() ? cfg.train.memory_dir
+                                 : token != nullptr && *token != '\0' ? job_memory_dir(token)
+                                                                      : std::string();
+               if (base.memory_dir.empty())
+                 throw BadInput("train.memory_save_every keeps checkpoints in memory for restarts by `tessel launch`; "
+                                "run under it, or give train.memory_dir");
+             }
              // Restarted by `tessel launch --max-restarts`, or a later round of an elastic job:
-             // go on from the newest complete checkpoint of --save, when there is one.
+             // go on from the newest complete checkpoint of --save (or of the in-memory ones),
+             // when there is one.
              if (const int restart = env_count("TESSEL_RESTART_COUNT"), round = env_count("TESSEL_ELASTIC_ROUND");
-                 (restart > 0 || round > 0) && base.resume_dir.empty() && !base.save_dir.empty() &&
-                 has_complete_checkpoint(base.save_dir)) {
-               base.resume_dir = base.save_dir;
-               log_info("{}: resuming from the newest complete checkpoint in {}",
+                 (restart > 0 || round > 0) && base.resume_dir.empty() &&
+                 (!base.save_dir.empty() || !base.memory_dir.empty())) {
+               base.resume_dir = !base.save_dir.empty() ? base.save_dir : base.memory_dir;
+               base.resume_optional = true;
+               log_info("{}: resuming from the newest complete checkpoint in {}{}",
                         round > 0 ? fmt::format("elastic round {}", round) : fmt::format("restart {}", restart),
-                        base.save_dir);
+                        base.resume_dir, base.memory_dir.empty() ? "" : " or in memory, if any");
              }
              // A folder it cannot write or a checkpoint that is not there is the user's to fix
              // (exit 2), before any step.
              try {
                if (!base.save_dir.empty()) check_checkpoint_dir(base.save_dir);
-               if (!base.resume_dir.empty()) resolve_checkpoint(base.resume_dir);
+               if (!base.resume_dir.empty() && !base.resume_optional) resolve_checkpoint(base.resume_dir);
              } catch (const Error& e) {
                throw BadInput(e.what());
              }

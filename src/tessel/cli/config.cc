@@ -463,6 +463,8 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   t.save_init = train.get("save_init", t.save_init);
   t.keep_last = train.get("keep_last", t.keep_last);
   t.async_save = train.get("async_save", t.async_save);
+  t.memory_save_every = train.get("memory_save_every", t.memory_save_every);
+  t.memory_dir = train.get("memory_dir", t.memory_dir);
   t.threads = train.get("threads", t.threads);
   t.eval_every = train.get("eval_every", t.eval_every);
   t.eval_batches = train.get("eval_batches", t.eval_batches);
@@ -550,6 +552,7 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   not_negative("train.grad_clip", t.grad_clip);  // 0 turns clipping off
   not_negative("train.save_every", static_cast<double>(t.save_every));
   not_negative("train.keep_last", static_cast<double>(t.keep_last));
+  not_negative("train.memory_save_every", static_cast<double>(t.memory_save_every));
   not_negative("train.threads", static_cast<double>(t.threads));
   not_negative("train.eval_every", static_cast<double>(t.eval_every));
   positive("train.eval_batches", static_cast<double>(t.eval_batches));

@@ -67,9 +67,9 @@ plan::Cluster resolve_cluster(const std::string& text, bool verbose) {
   return plan::parse_cluster(read_input_file(text, "--cluster"), text);
 }
 
-plan::Estimate auto_layout(const RunConfig& config, int ranks, bool verbose) {
+plan::Estimate auto_layout(const RunConfig& config, int ranks, bool verbose, const plan::Cluster* cluster) {
   plan::ModelSpec m = model_spec_of(config);
-  plan::Cluster c = detect_local_cluster(ranks, verbose);
+  plan::Cluster c = cluster != nullptr ? *cluster : detect_local_cluster(ranks, verbose);
   plan::PlanOptions o;
   o.global_batch = config.train.global_batch;
   o.top = 1;

@@ -20,8 +20,8 @@ plan::ModelSpec resolve_model(const std::string& text, RunConfig* config_out = n
 plan::Cluster resolve_cluster(const std::string& text, bool verbose);
 
 // The fastest layout for `ranks` thread ranks of this machine, with the planner's estimate;
-// throws when none fits.
-plan::Estimate auto_layout(const RunConfig& config, int ranks, bool verbose);
+// throws when none fits. `cluster`: the machine as measured before (null: measure it now).
+plan::Estimate auto_layout(const RunConfig& config, int ranks, bool verbose, const plan::Cluster* cluster = nullptr);
 
 // Copies a planned layout into a config's parallel section.
 void apply_layout(RunConfig& config, const plan::Layout& layout);

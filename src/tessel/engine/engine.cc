@@ -14,7 +14,9 @@
 #include <thread>
 #include <atomic>
 #include <optional>
+#include <random>
 #include <set>
+#include <sstream>
 
 #include "tessel/autograd/engine.h"
 #include "tessel/ckpt/checkpoint.h"
@@ -200,10 +202,54 @@ struct Engine::State {
     return c;
   }
 
-  std::string save(const std::string& dir) {
+  std::string save(const std::string& dir, int64_t keep_last = -1) {
     finish_save(true);
     return save_sharded_checkpoint(dir, checkpoint_content(), world.get(),
-                                   {.keep_last = static_cast<int>(cfg.train.keep_last)});
+                                   {.keep_last = static_cast<int>(keep_last >= 0 ? keep_last : cfg.train.keep_last)});
+  }
+
+  // Whether every rank sees `dir` as the same folder (one machine, or a shared file system):
+  // rank 0 leaves a random mark there and every rank looks for it. A memory folder on tmpfs is
+  // each machine's own, and a checkpoint needs one folder that every rank writes into.
+  bool shared_by_all_ranks(const std::string& dir) {
+    namespace fs = std::filesystem;
+    std::string mark;
+    if (world->rank() == 0) {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      mark = fmt::format("{:016x}", std::random_device{}() * 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(::getpid()));
+      std::ofstream(fs::path(dir) / ".tessel-shared-mark") << mark;
+    }
+    mark = all_gather_strings(*world, mark).front();
+    std::ifstream in(fs::path(dir) / ".tessel-shared-mark");
+    std::string seen;
+    std::getline(in, seen);
+    int64_t bad = seen == mark ? 0 : 1;
+    world->all_reduce(&bad, 1, DType::i64, ReduceOp::max);
+    return bad == 0;
+  }
+
+  // The complete step folders under `dir` that every rank sees complete, newest first (no
+  // collective per folder: each rank lists its own, then they agree on the common ones).
+  std::vector<std::pair<int64_t, std::string>> agreed_steps(const std::string& dir) {
+    namespace fs = std::filesystem;
+    std::string mine;
+    std::error_code ec;
+    if (fs::is_directory(dir, ec))
+      for (const auto& e : fs::directory_iterator(dir, ec)) {
+        const int64_t step = checkpoint_step_of(e.path().filename().string());
+        if (step >= 0 && checkpoint_incomplete(e.path().string()).empty()) mine += std::to_string(step) + " ";
+      }
+    std::map<int64_t, int> seen;
+    for (const std::string& list : all_gather_strings(*world, mine)) {
+      std::istringstream in(list);
+      for (int64_t step; in >> step;) ++seen[step];
+    }
+    std::vector<std::pair<int64_t, std::string>> out;
+    for (const auto& [step, n] : seen)
+      if (n == world->size()) out.emplace_back(step, (fs::path(dir) / fmt::format("step-{:06d}", step)).string());
+    std::sort(out.rbegin(), out.rend());
+    return out;
   }
 
   // A save written by a background thread from the live tensors: it plans at the step
@@ -253,12 +299,33 @@ struct Engine::State {
     return p->publish();
   }
 
-  int64_t load(const std::string& path, bool quiet) {
+  // `optional`: no checkpoint anywhere is not an error; the run starts at step 0.
+  int64_t load(const std::string& path, bool quiet, const std::string& memory = "", bool optional = false) {
     finish_save(true);
     // The newest complete step folder whose pieces match their checksums, checked while they are
     // read (each rank checks what it reads, so nothing is read twice); a damaged one is skipped
-    // for the next older one.
-    const std::vector<std::string> dirs = checkpoint_candidates(path, world.get());
+    // for the next older one. With a memory folder, its steps come first when newer (or equal).
+    std::vector<std::string> dirs;
+    try {
+      dirs = checkpoint_candidates(path, world.get());
+    } catch (const CheckpointError&) {
+      if (memory.empty() && !optional) throw;  // (alike on every rank: they see the same folder)
+    }
+    if (!memory.empty()) {
+      std::vector<std::pair<int64_t, std::string>> merged = agreed_steps(memory);
+      for (const std::string& d : dirs) merged.emplace_back(checkpoint_step_of(std::filesystem::path(d).filename().string()), d);
+      std::stable_sort(merged.begin(), merged.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      dirs.clear();
+      for (auto& [step, d] : merged)
+        if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(std::move(d));
+      if (lead() && !quiet && !dirs.empty() && dirs.front().rfind(memory, 0) == 0)
+        log_info("resuming from the in-memory checkpoint {} (newer than any in {})", dirs.front(), path);
+    }
+    if (dirs.empty()) {
+      TESSEL_CHECK_AS(CheckpointError, optional, "no complete checkpoint (step-NNNNNN folder) under '{}'{}", path,
+                      memory.empty() ? std::string() : fmt::format(" or '{}'", memory));
+      return 0;
+    }
     for (size_t i = 0;; ++i) {
       CheckpointReader reader(dirs[i]);
       std::map<std::string, Tensor> state = optimizer->state();
@@ -476,7 +543,20 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
   const TrainOptions& base = options.base;
   // A folder it cannot write fails the run before its first step, not at its first save.
   if (!base.save_dir.empty()) check_checkpoint_dir(base.save_dir);
-  if (!base.resume_dir.empty() && s.next_step == 0) s.load(base.resume_dir, base.quiet);
+  // The in-memory checkpoints' folder, when every rank can write it (one machine's tmpfs).
+  std::string memory;
+  if (t.memory_save_every > 0 && !base.memory_dir.empty()) {
+    if (s.shared_by_all_ranks(base.memory_dir)) {
+      memory = base.memory_dir;
+      if (s.lead() && !base.quiet)
+        log_info("in-memory checkpoints every {} step{} in {}", t.memory_save_every, t.memory_save_every == 1 ? "" : "s",
+                 memory);
+    } else if (s.lead()) {
+      log_warn("train.memory_save_every: the ranks do not share {} (each machine has its own tmpfs), so there are no "
+               "in-memory checkpoints; restarts resume from --save", base.memory_dir);
+    }
+  }
+  if (!base.resume_dir.empty() && s.next_step == 0) s.load(base.resume_dir, base.quiet, memory, base.resume_optional);
   const int64_t start = s.next_step;
   ParallelTrainResult result;
   result.resume_bytes_read = s.bytes_read;
@@ -609,8 +689,15 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
       log_info("{}", line);
     }
     published(false);
-    if (!base.save_dir.empty() && t.save_every > 0 && (step + 1) % t.save_every == 0 && step + 1 != t.steps)
-      save(t.async_save);
+    const bool disk_save = !base.save_dir.empty() && t.save_every > 0 && (step + 1) % t.save_every == 0;
+    if (disk_save && step + 1 != t.steps) save(t.async_save);
+    // The in-memory copy: synchronous (a copy into RAM), kept once, skipped while a disk save is
+    // being written (which is as new) — alike on every rank.
+    if (!memory.empty() && (step + 1) % t.memory_save_every == 0 && !disk_save && step + 1 != t.steps && !s.pending) {
+      const auto t0 = Clock::now();
+      s.save(memory, 1);
+      result.memory_save_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
     if (stoppable) {
       int64_t signal = stop ? stop->requested() : 0;
       s.world->all_reduce(&signal, 1, DType::i64, ReduceOp::max);

@@ -39,6 +39,7 @@ struct ParallelTrainResult {
   int64_t resume_bytes_read = 0;                // tensor bytes this rank read from the checkpoint it resumed from
   std::vector<double> save_block_seconds;       // how long each background save held training (planning, and
                                                 // the next update waiting for the writer)
+  std::vector<double> memory_save_seconds;      // how long each in-memory checkpoint held training
 };
 
 class Engine {

@@ -48,6 +48,11 @@ struct TrainSection {
   bool save_init = false;
   int64_t keep_last = 0;   // > 0: keep only the newest keep_last checkpoints
   bool async_save = true;  // periodic saves written by a background thread while training goes on
+  // > 0: also a checkpoint every this many steps in memory (a tmpfs folder, the node's RAM: it
+  // outlives the processes, not the machine), kept once; a restarted or re-planned run resumes
+  // from it when it is newer than --save's. Under `tessel launch` only (see TrainOptions).
+  int64_t memory_save_every = 0;
+  std::string memory_dir;  // "": /dev/shm/tessel-<uid>-<job id> (removed when the job ends)
   int64_t threads = 0;  // 0: TESSEL_NUM_THREADS / OMP_NUM_THREADS / all cores
   // With validation data: the validation loss every `eval_every` steps (0: at the start and the
   // end only) over `eval_batches` fixed global batches read in order from the validation tokens.

@@ -18,6 +18,12 @@ struct TrainOptions {
   std::string metrics_path;  // JSONL, one line per step (overrides log.metrics)
   std::string save_dir;      // checkpoints go to save_dir/step-NNNNNN/
   std::string resume_dir;    // a step folder or a folder of them (the newest is used)
+  // With train.memory_save_every: where the in-memory checkpoints go (tmpfs). A resume from
+  // resume_dir also considers the step folders here, and takes the newest complete one.
+  std::string memory_dir;
+  // With resume_dir: when neither it nor memory_dir holds a complete checkpoint, start at step
+  // 0 instead of failing (a restart that came before the first save).
+  bool resume_optional = false;
   bool progress = true;      // live line on a terminal, plain lines otherwise
   bool quiet = false;        // no log lines (tests)
   bool collect_params = false;  // return the final parameters (tests compare layouts with them)

@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -732,6 +733,23 @@ int run_attempt(const LaunchOptions& options, SignalScope& signals, const Round*
   return launcher.run();
 }
 
+std::string job_memory_dir(const std::string& token) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a: a stable name, not a secret
+  for (unsigned char c : token) h = (h ^ c) * 0x100000001b3ull;
+  return fmt::format("/dev/shm/tessel-{}-{:016x}", ::getuid(), h);
+}
+
+namespace {
+// Whatever the job left in RAM goes when the job ends.
+struct MemoryDirCleanup {
+  std::string dir;
+  ~MemoryDirCleanup() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+}  // namespace
+
 int run_launch(const LaunchOptions& options) {
   check_launch_options(options);
   LaunchOptions o = options;
@@ -740,6 +758,7 @@ int run_launch(const LaunchOptions& options) {
   o.token_file.clear();
   if (o.token.empty()) o.token = random_token();
   TESSEL_CHECK(o.max_restarts >= 0, "--max-restarts must be 0 or more, got {}", o.max_restarts);
+  const MemoryDirCleanup cleanup{job_memory_dir(o.token)};
   if (o.elastic()) return run_elastic(o);
   for (int attempt = 0;; ++attempt) {
     o.restart_count = attempt;

@@ -83,4 +83,9 @@ void check_launch_options(const LaunchOptions& options);
 // restarted.
 int run_launch(const LaunchOptions& options);
 
+// The folder in RAM (tmpfs) where a job's in-memory checkpoints go unless its config names one
+// (train.memory_save_every): /dev/shm/tessel-<uid>-<a hash of the job token>. run_launch
+// removes it when the job ends, however it ends.
+std::string job_memory_dir(const std::string& token);
+
 }  // namespace tessel
