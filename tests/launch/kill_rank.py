@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Kill -9 a rank, keep training: a 4-process Gloo job (dp2·tp2, ZeRO-2, a checkpoint every
-step, written in the background) under `tessel launch --max-restarts`, whose random rank is
+"""Kill -9 a rank, keep training: a 4-process Gloo job (dp2·tp2, ZeRO-2, a checkpoint in memory
+every step and one on disk, written in the background, every third) under `tessel launch --max-restarts`, whose random rank is
 killed with SIGKILL at a random step, RUNS times, and once stopped with SIGSTOP (a hung rank,
 caught by its heartbeat). Every time the job must finish by itself (exit 0) with the lost rank
 restarted, and its metrics file must hold every step once with the losses of an uninterrupted
@@ -26,7 +26,8 @@ rng = random.Random(11)
 train = [tessel, "train", os.path.join(src, "configs", "gpt2-tiny.yaml"), "--backend", "gloo",
          "--set", "model.n_layer=2", "--set", "model.n_embd=64", "--set", "model.n_head=4",
          "--set", "train.seq_len=32", "--set", "train.global_batch=8", "--set", "train.micro_batch=8",
-         "--set", f"train.steps={steps}", "--set", "train.warmup=0", "--set", "train.save_every=1",
+         "--set", f"train.steps={steps}", "--set", "train.warmup=0", "--set", "train.save_every=3",
+         "--set", "train.memory_save_every=1",
          "--set", "train.threads=1", "--set", "log.every=1", "--set", "parallel.dp=2", "--set", "parallel.tp=2",
          "--set", "parallel.sharding_stage=2"]
 
@@ -63,7 +64,7 @@ with tempfile.TemporaryDirectory() as tmp:
     if sorted(want) != list(range(steps)):
         sys.exit(f"the uninterrupted job logged steps {sorted(want)}")
 
-    detections, recoveries = [], []
+    detections, recoveries, sources = [], [], []
     for run in range(runs + 1):
         how = signal.SIGSTOP if run == runs else signal.SIGKILL
         work = os.path.join(tmp, f"run{run}")
@@ -99,9 +100,14 @@ with tempfile.TemporaryDirectory() as tmp:
         detections.append(detected - killed)
         recoveries.append(recovered - killed)
         if os.environ.get("KILL_RANK_VERBOSE"): print(text)
+        source = "memory" if "resuming from the in-memory checkpoint" in text else "disk"
+        sources.append(source)
         print(f"run {run}: {how.name} of a rank (pid {victim}) at step {at_step}: detected in {detected - killed:.2f} s, "
-              f"next step done {recovered - killed:.2f} s after the kill; all {steps} steps match")
+              f"next step done {recovered - killed:.2f} s after the kill (resumed from {source}); all {steps} steps "
+              f"match")
     med = lambda v: sorted(v)[len(v) // 2]
     print(f"kill a rank, keep training: ok ({runs} SIGKILLs and one SIGSTOP; detection median {med(detections[:-1]):.2f} s, "
           f"max {max(detections[:-1]):.2f} s, SIGSTOP {detections[-1]:.2f} s; recovery median {med(recoveries[:-1]):.2f} s, "
-          f"max {max(recoveries):.2f} s)")
+          f"max {max(recoveries):.2f} s; {sources.count('memory')} of {len(sources)} recoveries from memory)")
+    if "memory" not in sources:
+        sys.exit("no recovery came from the in-memory checkpoint")
