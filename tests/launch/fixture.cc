@@ -94,10 +94,11 @@ int main(int argc, char** argv) {
   }
   if (print_env) {
     std::printf("env RANK=%s WORLD_SIZE=%s LOCAL_RANK=%s LOCAL_WORLD_SIZE=%s MASTER_ADDR=%s MASTER_PORT=%s GROUP_RANK=%s "
-                "TESSEL_NNODES=%s TOKEN_LEN=%zu\n",
+                "TESSEL_NNODES=%s TOKEN_LEN=%zu ELASTIC=%s ROUND=%s PREFIX=%s\n",
                 env("RANK").c_str(), env("WORLD_SIZE").c_str(), env("LOCAL_RANK").c_str(),
                 env("LOCAL_WORLD_SIZE").c_str(), env("MASTER_ADDR").c_str(), env("MASTER_PORT").c_str(),
-                env("GROUP_RANK").c_str(), env("TESSEL_NNODES").c_str(), env("TESSEL_JOB_TOKEN").size());
+                env("GROUP_RANK").c_str(), env("TESSEL_NNODES").c_str(), env("TESSEL_JOB_TOKEN").size(),
+                env("TESSEL_ELASTIC").c_str(), env("TESSEL_ELASTIC_ROUND").c_str(), env("TESSEL_STORE_PREFIX").c_str());
   }
   if (to_stderr) std::fprintf(stderr, "stderr of rank %d\n", rank);
   if (partial) std::printf("partial-%d", rank);

@@ -267,7 +267,7 @@ TEST(Launch, SetsTheEnvironmentAndPrefixesEveryLine) {
     int prefix = -1, rank = -1, local = -1, port = -1;
     if (match(line,
               "[rank %d] env RANK=%d WORLD_SIZE=3 LOCAL_RANK=%d LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 "
-              "MASTER_PORT=%d GROUP_RANK=0 TESSEL_NNODES=1 TOKEN_LEN=32%n",
+              "MASTER_PORT=%d GROUP_RANK=0 TESSEL_NNODES=1 TOKEN_LEN=32 ELASTIC= ROUND= PREFIX=%n",
               &prefix, &rank, &local, &port)) {
       EXPECT_EQ(prefix, rank);
       EXPECT_EQ(prefix, local);
@@ -391,6 +391,61 @@ TEST(Launch, TwoNodesSucceedWithGlobalRanks) {
     EXPECT_TRUE(contains(node == 0 ? r0.out : r1.out, expect)) << expect << "\n" << show(node == 0 ? r0 : r1);
   }
   EXPECT_EQ(dir.alive(), std::vector<pid_t>{});
+}
+
+std::vector<std::string> elastic_args(int node, int port, const std::string& nnodes) {
+  return {"launch", "--nnodes", nnodes, "--node-rank", std::to_string(node), "--master",
+          "127.0.0.1:" + std::to_string(port), "--token", "tok-elastic", "--nproc-per-node", "2", "--last-call", "0.3",
+          "--rendezvous-timeout", "20"};
+}
+
+// An elastic job whose other nodes never come starts with the minimum after --last-call.
+TEST(Launch, ElasticJobStartsWithTheNodesThereAreAfterTheLastCall) {
+  PidDir dir;
+  Result r = run_tessel(elastic_args(0, free_port(), "1:3") +
+                        std::vector<std::string>{"--", kFixture, "--print-env", "--pid-dir", dir.path()});
+  ASSERT_EQ(r.code, 0) << show(r);
+  EXPECT_TRUE(contains(r.err, "round 0: 1 node (--nnodes 1:3, closed 0.3 s after the minimum joined), world size 2 "
+                              "of at most 6")) << show(r);
+  EXPECT_TRUE(contains(r.out, "[rank 1] env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1")) << show(r);
+  EXPECT_TRUE(contains(r.out, "ELASTIC=1:3 ROUND=0 PREFIX=elastic/0")) << show(r);
+  EXPECT_EQ(dir.alive(), std::vector<pid_t>{});
+}
+
+// Each failed round counts against --max-restarts; the next round runs with the nodes alive.
+TEST(Launch, ElasticFailedRoundsCountAgainstMaxRestarts) {
+  Result r = run_tessel(elastic_args(0, free_port(), "1:2") +
+                        std::vector<std::string>{"--max-restarts", "1", "--", kFixture, "--print-env", "--exit-rank",
+                                                 "1", "--exit-code", "5"});
+  EXPECT_EQ(r.code, 1) << show(r);
+  EXPECT_TRUE(contains(r.err, "round 0 failed; restart 1 of at most 1: round 1 gathers the nodes still alive")) << show(r);
+  EXPECT_TRUE(contains(r.err, "round 1: 1 node")) << show(r);
+  EXPECT_TRUE(contains(r.err, "round 1 failed and the job has used its 1 restart (--max-restarts)")) << show(r);
+  EXPECT_TRUE(contains(r.out, "[rank 0] env RANK=0 WORLD_SIZE=2")) << show(r);
+  EXPECT_TRUE(contains(r.out, "ROUND=1 PREFIX=elastic/1")) << show(r);
+}
+
+// A node that joins a running round waits; node 0 stops the round and the next one has both.
+TEST(Launch, ElasticJobGrowsWhenANodeJoins) {
+  const int port = free_port();
+  const std::vector<std::string> work = {"--", kFixture, "--print-env", "--sleep", "3"};
+  const auto t0 = Clock::now();
+  Proc node0(elastic_args(0, port, "1:2") + work);
+  std::this_thread::sleep_for(1500ms);  // round 0 has started with node 0 alone
+  Proc node1(elastic_args(1, port, "1:2") + work);
+  Result r0 = node0.wait(), r1 = node1.wait();
+  ASSERT_EQ(r0.code, 0) << show(r0);
+  ASSERT_EQ(r1.code, 0) << show(r1);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 15.0);
+  EXPECT_TRUE(contains(r0.err, "round 0: 1 node")) << show(r0);
+  EXPECT_TRUE(contains(r0.err, "membership change: 1 node(s) waiting to join")) << show(r0);
+  EXPECT_TRUE(contains(r0.err, "round 1: 2 nodes (--nnodes 1:2, all of them), world size 4")) << show(r0);
+  EXPECT_FALSE(contains(r0.err, "restart 1")) << "growing is not a restart\n" << show(r0);
+  EXPECT_TRUE(contains(r1.err, "this node waits and joins at the next membership change")) << show(r1);
+  EXPECT_TRUE(contains(r0.out, "[rank 0] env RANK=0 WORLD_SIZE=2")) << show(r0);
+  EXPECT_TRUE(contains(r0.out, "[rank 0] env RANK=0 WORLD_SIZE=4")) << show(r0);
+  EXPECT_TRUE(contains(r1.out, "[rank 3] env RANK=3 WORLD_SIZE=4 LOCAL_RANK=1")) << show(r1);
+  EXPECT_TRUE(contains(r1.out, "GROUP_RANK=1 TESSEL_NNODES=2")) << show(r1);
 }
 
 TEST(Launch, RendezvousTimesOutNamingTheMissingNode) {
