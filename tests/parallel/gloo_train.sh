@@ -36,6 +36,10 @@ run() {  # run LABEL NPROC SETTINGS...
 run dp2-pp2-zbh1-stage2 4 --set parallel.dp=2 --set parallel.pp=2 --set parallel.schedule=ZBH1 --set parallel.sharding_stage=2
 run dp2-tp2-sp-stage3 4 --set parallel.dp=2 --set parallel.tp=2 --set parallel.sp=true --set parallel.sharding_stage=3
 run tp2-pp2-vpp 4 --set parallel.tp=2 --set parallel.pp=2 --set parallel.vpp=2 --set parallel.schedule=VPP
+# --plan auto under tessel launch: rank 0 plans for the 4 processes, every rank runs that layout.
+run plan-auto 4 --plan auto
+grep -q "info: --plan auto: the planner chose dp=" "$work/plan-auto.log" ||
+  { cat "$work/plan-auto.log"; echo "plan-auto: no layout was chosen"; exit 1; }
 
 # Save on one backend, resume on the other: Gloo processes dp2·stage 2 save at step 3, thread
 # ranks tp2 resume from it; thread pp2 save, Gloo processes dp2·tp2·stage 3 resume. The steps
