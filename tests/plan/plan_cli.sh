@@ -38,7 +38,12 @@ sed -i "s|path: ../data/kjv.txt|path: $src/data/kjv.txt|" "$tmp/cfg.yaml"
 
 # This machine as `tessel cluster detect` measures it: a cluster file that reads back, whose
 # figures are in range and say where they come from, and that plans a layout.
+export XDG_CACHE_HOME="$tmp/cache"
 "$tessel" cluster detect --ranks 2 -q -o "$tmp/local.yaml"
+# ... and keeps the measurement, which --cluster local:2 (and tessel train --plan auto) reuse for a day.
+ls "$tmp/cache/tessel/cluster-$(hostname)-2ranks.yaml" >/dev/null
+"$tessel" plan --model "$src/configs/gpt2-tiny.yaml" --cluster local:2 > /dev/null 2> "$tmp/cached.err"
+grep -q "as measured 0.0 h ago" "$tmp/cached.err" || { cat "$tmp/cached.err"; echo "the kept measurement was not used"; exit 1; }
 "$tessel" plan --model "$src/configs/gpt2-tiny.yaml" --cluster "$tmp/local.yaml" --format json \
   --layout dp=1,tp=2,pp=1,vpp=1,mbs=16,sharding_stage=0,sp=false,recompute=none > "$tmp/local.json"
 /usr/bin/python3 - "$tmp/local.yaml" "$tmp/local.json" <<'PY'

@@ -5,6 +5,7 @@
 
 #include "tessel/cli/cluster_detect.h"
 #include "tessel/cli/commands.h"
+#include "tessel/cli/plan_support.h"
 #include "tessel/core/error.h"
 
 namespace tessel {
@@ -36,7 +37,8 @@ std::vector<Command> register_cluster(CLI::App& app) {
                file.open(a->output);
                if (!file) throw BadInput(fmt::format("-o {}: cannot open for writing", a->output));
              }
-             std::string yaml = local_cluster_yaml(detect_local_cluster(a->ranks, !a->quiet));
+             // Measured now, and kept for `tessel train --plan auto` and elastic re-plans.
+             std::string yaml = local_cluster_yaml(local_cluster(a->ranks, !a->quiet, /*fresh=*/true));
              if (a->output.empty()) {
                std::fputs(yaml.c_str(), stdout);
                return 0;

@@ -72,7 +72,7 @@ void plan_for_launched_world(RunConfig& cfg, const std::string& why) {
       if (job_store->check({measured_key})) {
         measured = plan::parse_cluster(job_store->get(measured_key), "measured earlier in this job");
       } else {
-        measured = detect_local_cluster(w.size, false);
+        measured = local_cluster(w.size, false);
         job_store->set(measured_key, measured->to_yaml());
       }
       const plan::Estimate e = auto_layout(cfg, w.size, false, &*measured);

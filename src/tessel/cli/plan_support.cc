@@ -1,7 +1,13 @@
 #include "tessel/cli/plan_support.h"
 
+#include <unistd.h>
+
 #include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "tessel/cli/cluster_detect.h"
 #include "tessel/core/error.h"
@@ -57,7 +63,7 @@ plan::Cluster resolve_cluster(const std::string& text, bool verbose) {
       TESSEL_CHECK(ec == std::errc() && end == n.data() + n.size() && ranks > 0 && ranks <= kMaxLocalRanks,
                    "--cluster {}: expected local:N with N a number of thread ranks, 1 to {}", text, kMaxLocalRanks);
     }
-    return detect_local_cluster(ranks, verbose);
+    return local_cluster(ranks, verbose);
   }
   if (plan::is_cluster_preset(text)) return plan::cluster_preset(text);
   const std::string problem = input_file_problem(text);
@@ -67,9 +73,58 @@ plan::Cluster resolve_cluster(const std::string& text, bool verbose) {
   return plan::parse_cluster(read_input_file(text, "--cluster"), text);
 }
 
+namespace {
+
+std::filesystem::path cluster_cache_file(int ranks) {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  std::filesystem::path dir = xdg != nullptr && *xdg != '\0' ? std::filesystem::path(xdg) / "tessel"
+                              : home != nullptr && *home != '\0' ? std::filesystem::path(home) / ".cache" / "tessel"
+                                                                   : std::filesystem::path();
+  if (dir.empty()) return {};
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return dir / fmt::format("cluster-{}-{}ranks.yaml", host, ranks);
+}
+
+}  // namespace
+
+plan::Cluster local_cluster(int ranks, bool verbose, bool fresh) {
+  if (ranks <= 0) ranks = static_cast<int>(probe_topology().cores);
+  const std::filesystem::path file = cluster_cache_file(ranks);
+  std::error_code ec;
+  if (!fresh && !file.empty() && std::filesystem::is_regular_file(file, ec)) {
+    const auto age = std::filesystem::file_time_type::clock::now() - std::filesystem::last_write_time(file, ec);
+    if (!ec && age < std::chrono::hours(24)) {
+      try {
+        plan::Cluster c = plan::parse_cluster(read_input_file(file.string(), "the cluster cache"), file.string());
+        if (verbose)
+          std::fprintf(stderr, "cluster: this machine as measured %.1f h ago (%s; `tessel cluster detect` measures again)\n",
+                       std::chrono::duration<double, std::ratio<3600>>(age).count(), file.c_str());
+        return c;
+      } catch (const std::exception&) {
+        // A damaged or old-format file: measure again and replace it.
+      }
+    }
+  }
+  plan::Cluster c = detect_local_cluster(ranks, verbose);
+  if (!file.empty()) {
+    // Written whole, then renamed: a reader never sees half a file. A failure costs only speed.
+    std::filesystem::create_directories(file.parent_path(), ec);
+    const std::filesystem::path tmp = file.string() + fmt::format(".{}.tmp", ::getpid());
+    {
+      std::ofstream out(tmp);
+      out << c.to_yaml();
+    }
+    std::filesystem::rename(tmp, file, ec);
+    if (ec) std::filesystem::remove(tmp, ec);
+  }
+  return c;
+}
+
 plan::Estimate auto_layout(const RunConfig& config, int ranks, bool verbose, const plan::Cluster* cluster) {
   plan::ModelSpec m = model_spec_of(config);
-  plan::Cluster c = cluster != nullptr ? *cluster : detect_local_cluster(ranks, verbose);
+  plan::Cluster c = cluster != nullptr ? *cluster : local_cluster(ranks, verbose);
   plan::PlanOptions o;
   o.global_batch = config.train.global_batch;
   o.top = 1;

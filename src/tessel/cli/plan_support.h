@@ -19,6 +19,13 @@ plan::ModelSpec resolve_model(const std::string& text, RunConfig* config_out = n
 // "PRESET[:N]", "local[:N]" (this machine, measured, N thread ranks) or a cluster YAML file.
 plan::Cluster resolve_cluster(const std::string& text, bool verbose);
 
+// This machine measured for `ranks` thread ranks (0: one per core), as `tessel cluster detect`
+// does. A measurement of the last 24 hours kept in the user's cache folder
+// ($XDG_CACHE_HOME/tessel, else ~/.cache/tessel, one file per host and rank count) is used
+// instead of measuring again (a few seconds, more on a busy machine); a new one is kept there.
+// `fresh`: measure now regardless (tessel cluster detect).
+plan::Cluster local_cluster(int ranks, bool verbose, bool fresh = false);
+
 // The fastest layout for `ranks` thread ranks of this machine, with the planner's estimate;
 // throws when none fits. `cluster`: the machine as measured before (null: measure it now).
 plan::Estimate auto_layout(const RunConfig& config, int ranks, bool verbose, const plan::Cluster* cluster = nullptr);
