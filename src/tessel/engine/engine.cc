@@ -498,7 +498,13 @@ Engine::Engine(RunConfig config, std::unique_ptr<nn::LanguageModel> model) : s_(
   // What crosses a stage boundary: the hidden states.
   s.runtime = std::make_unique<PipelineRuntime>(
       s.schedule, layout, std::vector<Payload>{{{mb, t.seq_len, width}, DType::f32, layout.activation_placements()}});
-  if (pc.sharding_stage == 3 && pc.dp > 1) s.gather = std::make_unique<ParamGather>(layout, std::move(units));
+  if (pc.sharding_stage == 3 && pc.dp > 1) {
+    s.gather = std::make_unique<ParamGather>(layout, std::move(units));
+    // The gathered weights' gradients are reduce-scattered bucket by bucket during the backward.
+    s.gather->set_grad_sink([opt = s.optimizer.get()](const nn::Parameter* p, const Tensor& g) {
+      return opt->accept_gathered_grad(p, g);
+    });
+  }
 }
 
 double Engine::evaluate() { return s_->validation_loss(); }

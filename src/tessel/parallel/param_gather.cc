@@ -118,8 +118,9 @@ Tensor ParamGather::run(int chunk, size_t index, const Tensor& x, const std::fun
     Tensor used = wrap_dtensor(e.full, DistAttr(mesh, e.gathered), e.p->shape);
     if (recording && e.p->value.requires_grad()) {
       Entry* entry = &e;
-      record_function("zero3.gather", {e.p->value}, {used}, [entry, mesh](std::vector<Tensor>&& g) {
-        Tensor out = g[0].defined() ? reshard(g[0], mesh, entry->stored) : Tensor();
+      record_function("zero3.gather", {e.p->value}, {used}, [this, entry, mesh](std::vector<Tensor>&& g) {
+        Tensor out;
+        if (g[0].defined() && !(sink_ && sink_(entry->p, g[0]))) out = reshard(g[0], mesh, entry->stored);
         entry->full.storage()->release();
         return std::vector<Tensor>{out};
       });

@@ -7,8 +7,10 @@
 //     for their backward;
 //   - when the backward reaches the unit's output the buffers are gathered again (waiting for a
 //     prefetch if one was launched) and the gather of the unit before it is launched;
-//   - each buffer is freed again as soon as its gradient has gone through the gather's backward
-//     (the reduce-scatter onto the shard), i.e. after every op that reads it has had its backward.
+//   - each buffer is freed again as soon as its gradient has gone through the gather's backward,
+//     i.e. after every op that reads it has had its backward; the gradient goes to the sharded
+//     optimizer's buckets (set_grad_sink), which reduce-scatter it onto the shards
+//     asynchronously while the backward goes on, or else is resharded onto the shard at once.
 // So at most two units' gathered parameters are alive at once, plus those of a unit whose
 // backward is under way. A parameter whose dp shard lies inside a dim tp also splits (a 1-D
 // column-parallel bias) is gathered by its ordinary reshard instead.
@@ -39,6 +41,10 @@ class ParamGather {
   // any gather still in flight and frees every buffer, so the next forward gathers the updated
   // parameters.
   void finish_step();
+  // Where the gathered weights' gradients go instead of an immediate reduce-scatter each (the
+  // sharded optimizer's buckets): `sink(p, grad)` takes the gradient of p's gathered weight,
+  // still a partial sum over dp, and returns true when it has taken it.
+  void set_grad_sink(std::function<bool(const nn::Parameter*, const Tensor&)> sink) { sink_ = std::move(sink); }
 
  private:
   struct Entry;
@@ -49,6 +55,7 @@ class ParamGather {
 
   const Layout& layout_;
   std::vector<std::vector<std::unique_ptr<Unit>>> chunks_;
+  std::function<bool(const nn::Parameter*, const Tensor&)> sink_;
 };
 
 }  // namespace tessel::parallel

@@ -26,6 +26,10 @@ struct ShardedOptimizer::Slot {
   // `dim`, `sizes[r]` wide for dp rank r. False for stages 0 and 3 (the whole local piece is
   // the shard) and for a 1-D parameter tp already splits, which stays replicated over dp.
   bool split = false;
+  // Stage 3 (with dp > 1): the parameter is stored Shard(dim) over dp, `sizes[r]` wide for dp
+  // rank r, and its gradient arrives full over dp from the gathered weight's backward; the
+  // bucket cuts it into the same boxes as stage 2 does (the local piece is the shard itself).
+  bool gathered = false;
   int64_t dim = 0;
   std::vector<int64_t> sizes;
   bool hooked = false;      // synced from grad-ready hooks
@@ -42,6 +46,11 @@ struct ShardedOptimizer::Slot {
   // Dp rank r's box of a local piece (a strided view unless dim is 0).
   Tensor box(const Tensor& piece, int64_t r) const {
     return split ? view::slice(piece, dim, offset(r), offset(r) + sizes[static_cast<size_t>(r)]) : piece;
+  }
+  // Dp rank r's box of a gradient as the bucket receives it: of the local piece (stages 1, 2)
+  // or of the gathered weight's (stage 3).
+  Tensor grad_box(const Tensor& grad, int64_t r) const {
+    return split || gathered ? view::slice(grad, dim, offset(r), offset(r) + sizes[static_cast<size_t>(r)]) : grad;
   }
   // The shape of dp rank r's shard of the parameter's local piece.
   Shape shard_shape(int64_t r) const {
@@ -108,6 +117,13 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
       for (int64_t r = 0; r < dp; ++r) s.sizes.push_back(split_size(n, dp, r));
       s.shard[dp_dim] = Shard(d);
     }
+    if (stage == 3 && dp > 1 && s.stored[dp_dim].is_shard() &&
+        !(layout_.degree("tp") > 1 && s.stored[tp_dim].is_shard(s.stored[dp_dim].dim))) {
+      s.gathered = true;
+      s.dim = s.stored[dp_dim].dim;
+      const int64_t n = p->shape[static_cast<size_t>(s.dim)];
+      for (int64_t r = 0; r < dp; ++r) s.sizes.push_back(split_size(n, dp, r));
+    }
     auto zeros = [&] {
       return dtensor_from_local(Tensor::zeros(s.shard_shape(layout_.coord("dp")), DType::f32), mesh, s.shard, p->shape);
     };
@@ -168,12 +184,34 @@ void ShardedOptimizer::on_ready(size_t i) {
 
 void ShardedOptimizer::enqueue(size_t i) {
   Slot& s = slots_[i];
-  ProfileScope profile_scope("(grad bucket)");
   Tensor g = s.p->value.grad();
   if (!g.defined()) return;
-  g = as_reduced(g, s.stored, static_cast<size_t>(layout_.stage_dim("dp")), static_cast<size_t>(layout_.stage_dim("tp")),
-                 true, layout_.stage_mesh(), s.tp_partial);
   s.p->value.set_grad(Tensor());  // the bucket holds it now
+  enqueue_grad(i, std::move(g));
+}
+
+bool ShardedOptimizer::accept_gathered_grad(const nn::Parameter* p, const Tensor& grad) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].p != p) continue;
+    if (!slots_[i].gathered) return false;
+    if (grad.defined()) {
+      local_piece(grad).storage()->charge_as(MemoryKind::grads);
+      enqueue_grad(i, grad);
+    }
+    return true;
+  }
+  return false;
+}
+
+void ShardedOptimizer::enqueue_grad(size_t i, Tensor g) {
+  Slot& s = slots_[i];
+  ProfileScope profile_scope("(grad bucket)");
+  // Stage 3's gradient is of the gathered weight: its placements are the stored ones with dp
+  // replicated, still a partial sum over dp.
+  Placements stored = s.stored;
+  if (s.gathered) stored[static_cast<size_t>(layout_.stage_dim("dp"))] = Replicate();
+  g = as_reduced(g, stored, static_cast<size_t>(layout_.stage_dim("dp")), static_cast<size_t>(layout_.stage_dim("tp")),
+                 true, layout_.stage_mesh(), s.tp_partial);
   if (!filling_) filling_ = std::make_unique<Bucket>();
   filling_->slots.push_back(i);
   filling_->grads.push_back(local_piece(g));
@@ -210,7 +248,7 @@ void ShardedOptimizer::launch(Bucket&& b) {
       b.at.emplace_back();
       for (int64_t r = 0; r < dp; ++r) {
         b.at[k].push_back(b.region[static_cast<size_t>(r)]);
-        b.region[static_cast<size_t>(r)] += s.box(b.grads[k], r).numel();
+        b.region[static_cast<size_t>(r)] += s.grad_box(b.grads[k], r).numel();
       }
     }
     int64_t total = 0;
@@ -222,7 +260,8 @@ void ShardedOptimizer::launch(Bucket&& b) {
     b.flat = Tensor::empty({total}, DType::f32);
     for (size_t k = 0; k < b.slots.size(); ++k)
       for (int64_t r = 0; r < dp; ++r)
-        pack(b.flat, start[static_cast<size_t>(r)] + b.at[k][static_cast<size_t>(r)], slots_[b.slots[k]].box(b.grads[k], r));
+        pack(b.flat, start[static_cast<size_t>(r)] + b.at[k][static_cast<size_t>(r)],
+             slots_[b.slots[k]].grad_box(b.grads[k], r));
     b.grads.clear();
     b.mine = Tensor::empty({b.region[static_cast<size_t>(layout_.coord("dp"))]}, DType::f32);
     b.work = group->reduce_scatter_v_async(b.flat.data<float>(), b.mine.data<float>(), b.region, DType::f32,
@@ -278,6 +317,8 @@ double ShardedOptimizer::step(double lr, double max_norm) {
   std::vector<size_t> owe_dp;
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
+    TESSEL_CHECK(!(s.gathered && s.grad.defined() && s.p->value.grad().defined()),
+                 "ZeRO-3: parameter '{}' got a gradient both through its unit's gather and outside it", s.p->name);
     if (s.grad.defined()) continue;
     const bool over_dp = dp > 1 && stage <= 2;
     Tensor g = s.p->value.grad();

@@ -79,11 +79,19 @@ class ShardedOptimizer {
   // The waits since the last call, oldest first.
   std::vector<Wait> take_waits() { return std::exchange(waits_, {}); }
 
+  // ZeRO stage 3: the gradient of a parameter's gathered (full over dp) weight, as a unit's
+  // backward produces it (ParamGather's grad sink). It goes into the bucket being filled and
+  // is reduce-scattered onto the dp shards with the rest of the bucket, asynchronously, while
+  // the backward goes on; `step()` waits for what is still in flight. False when `p` is not
+  // one this optimizer reduces that way (the caller then reshards it itself).
+  bool accept_gathered_grad(const nn::Parameter* p, const Tensor& grad);
+
  private:
   struct Slot;
   struct Bucket;
   void on_ready(size_t slot);
   void enqueue(size_t slot);  // into the bucket being filled
+  void enqueue_grad(size_t slot, Tensor grad);
   void launch(Bucket&& bucket);
   void finish_oldest();
   void update(size_t slot, float clip, double lr);
