@@ -64,9 +64,11 @@ struct SdpaCase {
   std::vector<std::vector<int64_t>> docs = {};  // document starts per batch row (empty: none)
 };
 // The rule validator runs the first two: grouped-query heads that split unevenly (H=6 over
-// Hkv=3 keeps its groups on 3 ranks, not on 2 or 4), batch 2, causal with T < S.
+// Hkv=3 keeps its groups on 3 ranks, not on 2 or 4), batch 2, causal with T < S; and document
+// starts (a fourth input, sharded with the batch) with grouped heads.
 const SdpaCase kSdpaCases[] = {
     {"gqa_uneven_causal", {2, 6, 3, 2}, {2, 3, 4, 2}, true},
+    {"docs_gqa_causal_batch", {2, 4, 5, 2}, {2, 2, 5, 2}, true, 0.0, {{0, 2, 5}, {0, 4, 4}}},
     {"gqa_causal", {1, 4, 3, 2}, {1, 2, 3, 2}, true},
     {"plain", {1, 2, 3, 4}, {1, 2, 3, 4}, false},
     {"causal", {1, 2, 3, 4}, {1, 2, 3, 4}, true},
