@@ -2,7 +2,10 @@
 // T < S (causal offset S - T) and T > S (queries that see no key), grouped-query heads (also
 // with batch 2 and head counts that split unevenly), an explicit scale, and a non-contiguous q
 // made by permuting [B, T, H, D], q, k and v as the heads of one fused projection, and one
-// tensor passed as all three; some again with recompute_probs (P rebuilt in the backward).
+// tensor passed as all three; and document masks (packed sequences: documents of one row
+// that must not see each other, causal or not, with T != S, empty documents and blocks of
+// keys entirely in other documents).
+#include <algorithm>
 #include <cmath>
 
 #include "op_cases.h"
@@ -12,8 +15,11 @@ namespace tessel::testing {
 namespace {
 
 // out[b, h, t, :] = Σ_j p_j v[b, h / (H / Hkv), j, :] with p = softmax over visible keys j of
-// scale · q[b, h, t, :] · k[b, kvh, j, :]; a query with no visible key gives 0.
-Tensor ref_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+// scale · q[b, h, t, :] · k[b, kvh, j, :]; a query with no visible key gives 0. docs[b] (empty:
+// one document) lists where the documents of row b start: query t, at key position
+// p = t + S - T, sees key j only when both lie in the same document.
+Tensor ref_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                const std::vector<std::vector<int64_t>>& docs = {}) {
   Nd qn(q), kn(k), vn(v);
   int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], D = q.shape()[3];
   int64_t Hkv = k.shape()[1], S = k.shape()[2];
@@ -27,6 +33,12 @@ Tensor ref_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, 
         double m = -INFINITY;
         for (int64_t j = 0; j < S; ++j) {
           if (causal && j > t + (S - T)) continue;
+          if (!docs.empty()) {
+            const std::vector<int64_t>& st = docs[static_cast<size_t>(b)];
+            auto doc_of = [&st](int64_t pos) { return std::upper_bound(st.begin(), st.end(), pos) - st.begin(); };
+            const int64_t p = t + S - T;
+            if (p < 0 || doc_of(p) != doc_of(j)) continue;
+          }
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += qn({b, h, t, d}) * kn({b, kvh, j, d});
           s[j] = dot * scale;
@@ -49,12 +61,14 @@ struct SdpaCase {
   Shape q, kv;
   bool causal;
   double scale = 0.0;
-  bool recompute = false;  // recompute_probs: P rebuilt in the backward, not kept
+  std::vector<std::vector<int64_t>> docs = {};  // document starts per batch row (empty: none)
 };
 // The rule validator runs the first two: grouped-query heads that split unevenly (H=6 over
-// Hkv=3 keeps its groups on 3 ranks, not on 2 or 4), batch 2, causal with T < S.
+// Hkv=3 keeps its groups on 3 ranks, not on 2 or 4), batch 2, causal with T < S; and document
+// starts (a fourth input, sharded with the batch) with grouped heads.
 const SdpaCase kSdpaCases[] = {
     {"gqa_uneven_causal", {2, 6, 3, 2}, {2, 3, 4, 2}, true},
+    {"docs_gqa_causal_batch", {2, 4, 5, 2}, {2, 2, 5, 2}, true, 0.0, {{0, 2, 5}, {0, 4, 4}}},
     {"gqa_causal", {1, 4, 3, 2}, {1, 2, 3, 2}, true},
     {"plain", {1, 2, 3, 4}, {1, 2, 3, 4}, false},
     {"causal", {1, 2, 3, 4}, {1, 2, 3, 4}, true},
@@ -74,11 +88,20 @@ const SdpaCase kSdpaCases[] = {
     // product — scores, P·V and the four of backward — runs on full tiles and on the tail.
     {"wide_heads_causal_gqa", {1, 4, 37, 20}, {1, 2, 37, 20}, true},
     {"wide_heads", {2, 1, 9, 19}, {2, 1, 13, 19}, false},
-    // Selective recompute: the backward rebuilds P block by block (blocks that see no key,
-    // grouped heads, several blocks, one non-causal block with wide heads).
-    {"recompute_causal_blocks_gqa", {1, 4, 40, 2}, {1, 2, 40, 2}, true, 0.0, true},
-    {"recompute_causal_blocks_t_gt_s", {1, 1, 80, 2}, {1, 1, 40, 2}, true, 0.0, true},
-    {"recompute_wide_heads", {2, 1, 9, 19}, {2, 1, 13, 19}, false, 0.7, true},
+    // Longer than a key block (64) and a query block (64): several of each, partial last ones.
+    {"causal_two_blocks_gqa", {1, 2, 130, 3}, {1, 1, 130, 3}, true},
+    {"plain_two_blocks_t_lt_s", {1, 1, 20, 3}, {1, 1, 150, 3}, false},
+    // Document masks: rows with different documents (padded with S: empty documents), causal
+    // and not, grouped heads, T < S (queries at the end of the keys) and T > S (queries
+    // before the first key belong to no document).
+    {"docs_causal", {2, 2, 9, 3}, {2, 2, 9, 3}, true, 0.0, {{0, 3, 4, 9}, {0, 6, 9, 9}}},
+    {"docs_plain_gqa", {2, 4, 7, 3}, {2, 2, 7, 3}, false, 0.0, {{0, 2, 5}, {0, 7, 7}}},
+    {"docs_causal_t_lt_s", {1, 2, 4, 3}, {1, 2, 9, 3}, true, 0.0, {{0, 4, 7}}},
+    {"docs_plain_t_gt_s", {1, 1, 6, 3}, {1, 1, 4, 3}, false, 0.0, {{0, 1}}},
+    // Blocks of keys entirely in other documents are skipped (one long document after two
+    // short ones, longer than a block each way).
+    {"docs_causal_blocks", {1, 2, 150, 2}, {1, 2, 150, 2}, true, 0.0, {{0, 5, 70, 140}}},
+    {"docs_plain_blocks_gqa", {1, 2, 140, 2}, {1, 1, 140, 2}, false, 0.0, {{0, 66, 66, 130}}},
 };
 
 }  // namespace
@@ -91,14 +114,23 @@ std::vector<OpCase> attention_cases() {
         .op = "sdpa",
         .make_inputs =
             [s](DType d) {
-              return Tensors{rand_tensor(s.q, d, 51, -1.5, 1.5), rand_tensor(s.kv, d, 52, -1.5, 1.5),
-                             rand_tensor(s.kv, d, 53)};
+              Tensors in{rand_tensor(s.q, d, 51, -1.5, 1.5), rand_tensor(s.kv, d, 52, -1.5, 1.5),
+                         rand_tensor(s.kv, d, 53)};
+              if (!s.docs.empty()) {
+                std::vector<int64_t> flat;
+                for (const auto& row : s.docs) flat.insert(flat.end(), row.begin(), row.end());
+                in.push_back(Tensor::from_vector(flat, {static_cast<int64_t>(s.docs.size()),
+                                                        static_cast<int64_t>(s.docs[0].size())}));
+              }
+              return in;
             },
         .run =
             [s](const Tensors& in) {
-              return Tensors{scaled_dot_product_attention(in[0], in[1], in[2], s.causal, s.scale, s.recompute)};
+              if (in.size() == 4) return Tensors{scaled_dot_product_attention(in[0], in[1], in[2], in[3], s.causal, s.scale)};
+              return Tensors{scaled_dot_product_attention(in[0], in[1], in[2], s.causal, s.scale)};
             },
-        .reference = [s](const Tensors& in) { return Tensors{ref_sdpa(in[0], in[1], in[2], s.causal, s.scale)}; },
+        .reference =
+            [s](const Tensors& in) { return Tensors{ref_sdpa(in[0], in[1], in[2], s.causal, s.scale, s.docs)}; },
         .f32_rtol = 1e-4,
         .f32_atol = 1e-5});
   }
@@ -175,6 +207,33 @@ std::vector<ErrorCase> attention_errors() {
       {"sdpa_dtype",
        [z] { scaled_dot_product_attention(z({1, 2, 2, 4}), Tensor::zeros({1, 2, 2, 4}, DType::f64), z({1, 2, 2, 4})); },
        {"sdpa", "f32", "f64"}},
+      {"sdpa_docs_dtype",
+       [z] { scaled_dot_product_attention(z({1, 2, 2, 4}), z({1, 2, 2, 4}), z({1, 2, 2, 4}), z({1, 1})); },
+       {"sdpa", "document starts", "i64", "f32"}},
+      {"sdpa_docs_shape",
+       [z] {
+         scaled_dot_product_attention(z({2, 2, 2, 4}), z({2, 2, 2, 4}), z({2, 2, 2, 4}),
+                                      Tensor::zeros({1, 2}, DType::i64));
+       },
+       {"sdpa", "document starts", "B=2", "[1, 2]"}},
+      {"sdpa_docs_first",
+       [z] {
+         scaled_dot_product_attention(z({1, 1, 4, 2}), z({1, 1, 4, 2}), z({1, 1, 4, 2}),
+                                      Tensor::from_vector<int64_t>({1, 2}, {1, 2}));
+       },
+       {"sdpa", "batch row 0", "begin at 0", "got 1"}},
+      {"sdpa_docs_order",
+       [z] {
+         scaled_dot_product_attention(z({2, 1, 4, 2}), z({2, 1, 4, 2}), z({2, 1, 4, 2}),
+                                      Tensor::from_vector<int64_t>({0, 2, 4, 0, 3, 1}, {2, 3}));
+       },
+       {"sdpa", "batch row 1", "ascending", "S=4", "start 2 is 1 after 3"}},
+      {"sdpa_docs_beyond",
+       [z] {
+         scaled_dot_product_attention(z({1, 1, 4, 2}), z({1, 1, 4, 2}), z({1, 1, 4, 2}),
+                                      Tensor::from_vector<int64_t>({0, 5}, {1, 2}));
+       },
+       {"sdpa", "batch row 0", "S=4", "5 after 0"}},
   };
 }
 

@@ -54,6 +54,17 @@ const Case kCases[] = {
        return scaled_dot_product_attention(leaf({2, 4, 128, 64}, 29, l), leaf({2, 4, 128, 64}, 30, l),
                                            leaf({2, 4, 128, 64}, 31, l), true);
      }},
+    // Several query and key blocks per head, grouped heads, T != S and document masks: the
+    // backward's dK and dV sum over query heads and blocks in one order at any thread count.
+    {"sdpa_gqa_docs", [](auto& l) {
+       Tensor docs = Tensor::from_vector<int64_t>({0, 100, 250, 0, 30, 300}, {2, 3});
+       return scaled_dot_product_attention(leaf({2, 4, 200, 32}, 32, l), leaf({2, 2, 300, 32}, 33, l),
+                                           leaf({2, 2, 300, 32}, 34, l), docs, true);
+     }},
+    {"sdpa_plain_long", [](auto& l) {
+       return scaled_dot_product_attention(leaf({1, 2, 400, 64}, 35, l), leaf({1, 2, 400, 64}, 36, l),
+                                           leaf({1, 2, 400, 64}, 37, l), false);
+     }},
 };
 
 // The case's output and its leaves' gradients (for a fixed output gradient) at `threads`.

@@ -107,12 +107,12 @@ TEST(AttentionHeads, TensorParallelGpt2AttendsOverItsOwnHeadsWithoutGatheringQkv
     EXPECT_EQ(fwd["all_reduce"].second, 2 * kB * kT * kC * 4);
 
     // sdpa ran on this rank's H/tp heads: the tape holds q [B, H, T, D] globally and its
-    // attention weights [B, H/tp, T, T] locally.
+    // per-row log-sum-exp [B, H/tp, T] locally (the fused kernel keeps no [T, T] weights).
     std::shared_ptr<GradNode> attn = find_node(y, "sdpa");
     ASSERT_NE(attn, nullptr);
     EXPECT_EQ(attn->input_metas[0].shape, (Shape{kB, kH, kT, kD}));
     ASSERT_EQ(attn->output_metas.size(), 2u);
-    EXPECT_EQ(attn->output_metas[1].shape, (Shape{kB, kH / 2, kT, kT}));
+    EXPECT_EQ(attn->output_metas[1].shape, (Shape{kB, kH / 2, kT}));
 
     backward(sum(y));
     Counts bwd = issued(mesh);

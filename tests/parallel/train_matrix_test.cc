@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -319,40 +320,46 @@ TEST(HybridParallel, ZeroThreeWithRecomputeTrainsLikeOneRank) {
 }
 
 
-// Selective activation recompute (Korthikanti et al. 2022): the attention keeps no [B, H, T, T]
-// probabilities between its forward and backward and rebuilds them there. GPT-2 tiny at
-// sequence 256, where they are most of a block's activations: the rank's allocator peaks lower
-// than with recompute none, by about the probabilities of every block, and the training is the
-// same — losses and final parameters the same bits as recompute none's, and one rank's within
-// the matrix's bounds.
-TEST(HybridParallel, SelectiveRecomputeHoldsLessAndTrainsTheSame) {
+// The fused attention keeps no [B, H, T, T] probabilities between its forward and backward
+// (docs/attention.md), so the rank's memory is linear in the sequence: GPT-2 tiny at batch
+// 2 x sequence 512 peaks where batch 4 x sequence 256 does (the same tokens), where an attention
+// keeping P would add the probabilities of every block. Selective activation recompute
+// (Korthikanti et al. 2022) then has nothing left to drop: it holds what none holds and trains
+// the same — losses and final parameters the same bits as recompute none's, and one rank's
+// within the matrix's bounds.
+TEST(HybridParallel, AttentionMemoryIsLinearAndSelectiveRecomputeTrainsTheSame) {
   constexpr int64_t kBatch = 4, kSeq = 256, kHeads = 4, kLayers = 4;
-  auto config = [&](const std::string& recompute) {
+  auto config = [&](const std::string& recompute, int64_t batch, int64_t seq) {
     RunConfig cfg = load_run_config(
         std::string(TESSEL_SOURCE_DIR) + "/configs/gpt2-tiny.yaml",
-        {"train.steps=2", "train.warmup=0", fmt::format("train.global_batch={}", kBatch),
-         fmt::format("train.micro_batch={}", kBatch), fmt::format("train.seq_len={}", kSeq), "train.save_every=0",
+        {"train.steps=2", "train.warmup=0", fmt::format("train.global_batch={}", batch),
+         fmt::format("train.micro_batch={}", batch), fmt::format("train.seq_len={}", seq), "train.save_every=0",
          "train.threads=1", "log.every=1000", fmt::format("model.n_layer={}", kLayers),
-         fmt::format("model.n_head={}", kHeads), fmt::format("model.n_positions={}", kSeq),
+         fmt::format("model.n_head={}", kHeads), fmt::format("model.n_positions={}", seq),
          fmt::format("parallel.recompute={}", recompute)});
     return cfg;
   };
   const TrainOptions opts{.progress = false, .quiet = true, .collect_params = true};
-  const TrainResult one = reference_train(config("none"), opts);
+  const TrainResult one = reference_train(config("none", kBatch, kSeq), opts);
   std::map<std::string, ParallelTrainResult> runs;
   for (const char* recompute : {"none", "selective"})
-    runs[recompute] = train_parallel_threads(config(recompute), 1, ParallelTrainOptions{.base = opts});
+    runs[recompute] = train_parallel_threads(config(recompute, kBatch, kSeq), 1, ParallelTrainOptions{.base = opts});
+  const ParallelTrainResult longer = train_parallel_threads(config("none", kBatch / 2, 2 * kSeq), 1,
+                                                            ParallelTrainOptions{.base = opts});
   const RankMemory& none = runs["none"].memory;
   const RankMemory& selective = runs["selective"].memory;
-  const int64_t probs = kLayers * kBatch * kHeads * kSeq * kSeq * 4;  // f32 P of every block
-  std::printf("GPT-2 tiny, batch %lld x seq %lld, one rank: peak bytes recompute none %lld, selective %lld (saved %lld; "
-              "the blocks' attention probabilities are %lld)\n",
-              static_cast<long long>(kBatch), static_cast<long long>(kSeq), static_cast<long long>(none.total),
-              static_cast<long long>(selective.total), static_cast<long long>(none.total - selective.total),
-              static_cast<long long>(probs));
-  EXPECT_LT(selective.total, none.total);
-  // All of every block's P but the last block's (whose backward starts at once) is gone.
-  EXPECT_GE(none.total - selective.total, probs * (kLayers - 1) / kLayers);
+  // Activations: everything but parameters, gradients and optimizer states (the position table
+  // of the longer run is larger).
+  auto activations = [](const RankMemory& m) { return m.total - m.params - m.grads - m.optimizer; };
+  const int64_t probs = kLayers * kBatch * kHeads * kSeq * kSeq * 4;  // f32 P of every block at 4 x 256
+  std::printf("GPT-2 tiny, one rank: peak activation bytes batch %lld x seq %lld %lld (selective %lld), batch %lld x "
+              "seq %lld %lld; the blocks' attention probabilities would be %lld and %lld\n",
+              static_cast<long long>(kBatch), static_cast<long long>(kSeq), static_cast<long long>(activations(none)),
+              static_cast<long long>(activations(selective)), static_cast<long long>(kBatch / 2),
+              static_cast<long long>(2 * kSeq), static_cast<long long>(activations(longer.memory)),
+              static_cast<long long>(probs), static_cast<long long>(2 * probs));
+  EXPECT_LT(std::abs(activations(longer.memory) - activations(none)), probs / 8);
+  EXPECT_EQ(selective.total, none.total);
   EXPECT_EQ(selective.params, none.params);
   EXPECT_EQ(selective.optimizer, none.optimizer);
   // Against recompute none: the same bits (the attention's gradients are the same bits, so the
@@ -368,11 +375,28 @@ TEST(HybridParallel, SelectiveRecomputeHoldsLessAndTrainsTheSame) {
     for (const auto& [pname, full] : one.final_params) {
       ASSERT_TRUE(r.final_params.count(pname)) << pname;
       EXPECT_EQ(rel_diff(r.final_params.at(pname), base.final_params.at(pname)), 0.0) << pname;
+      if (pname.ends_with(".attn.c_attn.bias")) {
+        // The key third's gradient is zero in exact arithmetic (it shifts a query's scores by
+        // one constant, which the softmax cancels), so AdamW moves it by rounding noise, which
+        // the other reduction order changes (docs/development.md): only q's and v's thirds
+        // are held to the bound.
+        const std::vector<double> got = r.final_params.at(pname).to_doubles(), want = full.to_doubles();
+        const size_t n = want.size() / 3;
+        for (size_t third : {0, 2}) {
+          double num = 0, den = 0;
+          for (size_t i = third * n; i < (third + 1) * n; ++i) {
+            num += (got[i] - want[i]) * (got[i] - want[i]);
+            den += want[i] * want[i];
+          }
+          EXPECT_LE(std::sqrt(num / den), kParamRel) << pname << " third " << third;
+        }
+        continue;
+      }
       EXPECT_LE(rel_diff(r.final_params.at(pname), full), kParamRel) << pname;
     }
   }
   // The single-rank trainer reads parallel.recompute too (its model is built the same way).
-  const TrainResult one_selective = reference_train(config("selective"), opts);
+  const TrainResult one_selective = reference_train(config("selective", kBatch, kSeq), opts);
   for (size_t i = 0; i < one.steps.size(); ++i)
     EXPECT_EQ(one_selective.steps[i].loss, one.steps[i].loss) << "step " << i;
   for (const auto& [pname, full] : one.final_params)

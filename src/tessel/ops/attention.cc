@@ -1,26 +1,36 @@
-// Scaled dot-product attention, the plain (non-flash) form: per (batch, head, block of
-// queries) two gemms around a row softmax, with the probabilities P kept as a hidden output
-// for backward — or, with the attribute recompute_probs (selective activation recompute,
-// Korthikanti et al. 2022), not kept: the hidden output is then empty [B, H, T, 0], the
-// forward writes each block of P into a scratch of the task's, and the backward rebuilds the
-// block from q and k with the same kernels in the same order, so its gradients are the same
-// bits as the saving path's. Only the quadratic P is dropped; q, k, v and out are kept either
-// way (the projection after attention saves out), so P·V is not redone. There is no dropout
-// on P (GPT-2's attn_pdrop is not modelled), so nothing random needs replaying. q, k and v are read in place in any layout whose head dim is contiguous
-// (heads permuted out of a fused qkv projection cost no copy), and out, dq, dk, dv are
-// written laid out [B, T, H, D] in memory, so merging the heads afterwards is a view (dq, dk
-// and dv of a fused projection's heads share one buffer laid out like it instead). The
-// products are small enough to stay in cache and run on kernels::small_gemm, one (batch, kv
-// head) per task of the intra-op pool.
-// Grouped-query attention reads kv head h / (H / Hkv), and the backward accumulates dK and dV
-// over the query heads of a group in head order (its query blocks last to first).
+// Scaled dot-product attention, fused and memory-efficient (FlashAttention, Dao et al. 2022;
+// the backward's loop order of FlashAttention-2): no [T, S] matrix is ever held. The forward
+// walks key blocks for each block of queries with an online softmax — a running max m and
+// running sum l per query row, the output accumulator rescaled by e^(m_old - m_new) when the
+// max grows — and keeps only out and the per-row log-sum-exp LSE = m + log l [B, H, T] for
+// the backward. The backward rebuilds each block of probabilities from q, k and LSE
+// (P = e^(s - LSE)), with D = rowsum(dO ⊙ O) computed once per row. So the memory between
+// forward and backward is linear in the sequence, and selective recompute (the attribute
+// recompute_probs) has nothing left to drop: the attribute is accepted and ignored.
 //
-// Shapes: q[B, H, T, D], k and v[B, Hkv, S, D], P[B, H, T, S] (or [B, H, T, 0]), out[B, H, T, D]
-//   forward   P = softmax(q k^T · scale + causal mask),  out = P v
-//   backward  dV += P^T dO;  dP = dO V^T;  dS = P ⊙ (dP - rowsum(dP ⊙ P))
-//             dQ = dS K · scale;  dK += dS^T Q · scale
-// Causal hides key j from query i when j > i + (S - T) (aligned at the bottom right). A query
-// that sees no key (only when T > S) gets P = 0 and out = 0 rather than NaN.
+// Shapes: q[B, H, T, D], k and v[B, Hkv, S, D], out[B, H, T, D], LSE[B, H, T], and the
+// optional document starts docs[B, N] (int64)
+//   forward   s = q k^T · scale (masked),  out = softmax(s) v,  LSE = logsumexp(s) per row
+//   backward  P = e^(s - LSE);  dV += P^T dO;  dP = dO V^T;  dS = P ⊙ (dP - D)
+//             dQ += dS K · scale;  dK += dS^T Q · scale
+// Visibility: query t sits at key position p = t + (S - T) (aligned at the bottom right).
+// Causal hides key j when j > p. With documents, row b of docs lists the key positions where
+// its documents start (ascending, the first 0; a row with fewer documents pads with S); a
+// query sees only keys of its own document, and a query at p < 0 belongs to none. Every
+// query therefore sees one interval [lo(t), hi(t)) of keys, lo and hi non-decreasing in t;
+// a block pair outside every row's interval is skipped, one inside every row's is not
+// masked. A query that sees no key gets out = 0 (not NaN) and passes no gradient.
+// There is no dropout on the probabilities (GPT-2's attn_pdrop is not modelled).
+//
+// Reproducible at any thread count: the work split depends on the shape alone. The forward
+// runs one (batch, head, query block) per task; the backward one (batch, kv head) per task,
+// which walks key blocks in order and, inside, the group's query heads and their query
+// blocks in order, so dK and dV (local accumulators per key block) and dQ (accumulated in
+// place, key blocks in order) sum in one fixed order. Grouped-query attention reads kv head
+// h / (H / Hkv). q, k and v are read in place in any layout whose head dim is contiguous,
+// and out, dq, dk, dv are written laid out [B, T, H, D] in memory, so merging the heads
+// afterwards is a view (dq, dk and dv of a fused projection's heads share one buffer laid
+// out like it instead). The block products run on kernels::small_gemm.
 #include "tessel/ops/attention.h"
 
 #include <algorithm>
@@ -42,11 +52,6 @@ using kernels::small_gemm;
 
 namespace {
 
-// Row reductions keep kLanes partial accumulators (lane k sums elements k, k + kLanes, ...;
-// combined pairwise at the end, a fixed order). "#pragma GCC unroll 1" on the lane loop keeps
-// GCC from unrolling it and then vectorising across rows of lanes with shuffles (3-7x slower).
-constexpr int kLanes = 16;
-
 struct Dims {
   int64_t B, H, Hkv, T, S, D;
   int64_t group() const { return H / Hkv; }
@@ -54,21 +59,21 @@ struct Dims {
 
 Dims dims_of(const Shape& q, const Shape& k) { return Dims{q[0], q[1], k[1], q[2], k[2], q[3]}; }
 
-// Whether P is rebuilt in the backward instead of kept (absent: kept).
-bool recompute_probs(const Attrs& attrs) { return attrs.b_or("recompute_probs", false); }
-
 double scale_of(const Attrs& attrs, int64_t D) {
   double s = attrs.f("scale");
   return s != 0.0 ? s : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(D, 1)));
 }
 
-// Keys visible to query t: [0, n) with n = t + 1 + (S - T) clipped to [0, S] when causal.
-int64_t visible_keys(const Dims& d, bool causal, int64_t t) {
-  if (!causal) return d.S;
-  return std::clamp<int64_t>(t + 1 + d.S - d.T, 0, d.S);
-}
+// Block sizes: a block of queries against a block of keys, each operand of the pair's
+// products small enough to stay in L1/L2 (64×64 f32 scores are 16 KiB). bench/attention_bench
+// at T = 1k and 4k measured 32, 96 and 128 for either (forward and backward apart) within
+// the noise of 64; smaller blocks skip more of the causal triangle, larger ones make fewer calls.
+constexpr int64_t kBlockQ = 64;
+constexpr int64_t kBlockK = 64;
 
 std::vector<TensorMeta> sdpa_infer(const MetaCall& c) {
+  TESSEL_CHECK(c.inputs.size() == 3 || c.inputs.size() == 4,
+               "sdpa: expected q, k, v and optionally the document starts, got {} inputs", c.inputs.size());
   for (size_t i = 0; i < 3; ++i) {
     kernels::check_floating(c, i);
     kernels::check_same_dtype(c, 0, i);
@@ -85,54 +90,63 @@ std::vector<TensorMeta> sdpa_infer(const MetaCall& c) {
   TESSEL_CHECK(k[1] > 0 && q[1] % k[1] == 0,
                "sdpa: query heads H={} (q {}) must be a multiple of kv heads Hkv={} (k {})", q[1], shape_str(q), k[1],
                shape_str(k));
+  if (c.inputs.size() == 4) {
+    const TensorMeta& docs = c.inputs[3];
+    TESSEL_CHECK(docs.dtype == DType::i64, "sdpa: document starts must be i64, got {}", dtype_name(docs.dtype));
+    TESSEL_CHECK(docs.shape.size() == 2 && docs.shape[0] == q[0] && docs.shape[1] >= 1,
+                 "sdpa: document starts must be [B, N] with B={} (q {}) and N >= 1, got {}", q[0], shape_str(q),
+                 shape_str(docs.shape));
+  }
   DType dt = c.inputs[0].dtype;
-  const int64_t p_cols = recompute_probs(c.attrs) ? 0 : k[2];
-  return {TensorMeta{q, dt, {}}, TensorMeta{{q[0], q[1], q[2], p_cols}, dt, {}}};
+  return {TensorMeta{q, dt, {}}, TensorMeta{{q[0], q[1], q[2]}, dt, {}}};
 }
 
-// p[0, S) = softmax(p[0, n)) in place, p[n, S) = 0 (all 0 when n = 0).
-template <typename T>
-void masked_softmax_row(T* __restrict p, int64_t n, int64_t S) {
-  for (int64_t j = n; j < S; ++j) p[j] = T(0);
-  if (n == 0) return;
-  T mx[kLanes];
-  for (int k = 0; k < kLanes; ++k) mx[k] = -std::numeric_limits<T>::infinity();
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    #pragma GCC unroll 1
-    for (int k = 0; k < kLanes; ++k) mx[k] = p[j + k] > mx[k] ? p[j + k] : mx[k];
+// The keys each query of one batch row sees: [lo[t], hi[t]) for t in [0, T).
+struct Visible {
+  std::vector<int64_t> lo, hi;
+};
+
+// docs: the batch row's N document starts (null: one document). Checks the starts: they
+// index keys, and the forward is the first to see their values.
+Visible visible_keys(const Dims& d, bool causal, const int64_t* docs, int64_t N, int64_t b) {
+  if (docs != nullptr) {
+    TESSEL_CHECK(docs[0] == 0, "sdpa: document starts of batch row {} must begin at 0, got {}", b, docs[0]);
+    for (int64_t i = 1; i < N; ++i)
+      TESSEL_CHECK(docs[i] >= docs[i - 1] && docs[i] <= d.S,
+                   "sdpa: document starts of batch row {} must be ascending within [0, S={}]; start {} is {} after {}",
+                   b, d.S, i, docs[i], docs[i - 1]);
   }
-  T m = mx[0];
-  for (int k = 1; k < kLanes; ++k) m = mx[k] > m ? mx[k] : m;
-  for (; j < n; ++j) m = p[j] > m ? p[j] : m;
-  for (j = 0; j < n; ++j) p[j] = fast::exp_t<T>(p[j] - m);
-  T acc[kLanes] = {};
-  for (j = 0; j + kLanes <= n; j += kLanes) {
-    #pragma GCC unroll 1
-    for (int k = 0; k < kLanes; ++k) acc[k] += p[j + k];
+  Visible v{std::vector<int64_t>(static_cast<size_t>(d.T)), std::vector<int64_t>(static_cast<size_t>(d.T))};
+  for (int64_t t = 0; t < d.T; ++t) {
+    const int64_t p = t + d.S - d.T;
+    int64_t lo = 0, hi = causal ? std::clamp<int64_t>(p + 1, 0, d.S) : d.S;
+    if (docs != nullptr) {
+      if (p < 0) {
+        hi = 0;
+      } else {
+        const int64_t* next = std::upper_bound(docs, docs + N, p);  // the first start after p
+        lo = *(next - 1);
+        hi = std::min(hi, next == docs + N ? d.S : *next);
+      }
+    }
+    v.lo[static_cast<size_t>(t)] = lo;
+    v.hi[static_cast<size_t>(t)] = std::max(lo, hi);
   }
-  for (int h = kLanes / 2; h > 0; h /= 2)
-    for (int k = 0; k < h; ++k) acc[k] += acc[k + h];
-  T s = acc[0];
-  for (; j < n; ++j) s += p[j];
-  const T inv = T(1) / s;
-  for (j = 0; j < n; ++j) p[j] *= inv;
+  return v;
 }
 
-// ds[t, :] = p[t, :] ⊙ (dp[t, :] - Σ_s dp[t, s]·p[t, s]) in place over dp.
-template <typename T>
-void softmax_grad_row(const T* __restrict p, T* __restrict dp, int64_t S) {
-  T acc[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= S; j += kLanes) {
-    #pragma GCC unroll 1
-    for (int k = 0; k < kLanes; ++k) acc[k] += dp[j + k] * p[j + k];
-  }
-  for (int h = kLanes / 2; h > 0; h /= 2)
-    for (int k = 0; k < h; ++k) acc[k] += acc[k + h];
-  T dot = acc[0];
-  for (; j < S; ++j) dot += dp[j] * p[j];
-  for (j = 0; j < S; ++j) dp[j] = p[j] * (dp[j] - dot);
+// How key block [j0, j1) meets query rows [t0, t0 + rows): not at all, partly (some scores
+// masked), or fully (every row sees every key of the block).
+enum class Overlap { none, partial, full };
+
+Overlap overlap(const Visible& vis, int64_t t0, int64_t rows, int64_t j0, int64_t j1) {
+  const int64_t* lo = vis.lo.data() + t0;
+  const int64_t* hi = vis.hi.data() + t0;
+  if (lo[rows - 1] <= j0 && hi[0] >= j1) return Overlap::full;  // lo and hi are non-decreasing
+  if (hi[rows - 1] <= j0 || lo[0] >= j1) return Overlap::none;
+  for (int64_t r = 0; r < rows; ++r)
+    if (lo[r] < j1 && hi[r] > j0 && lo[r] < hi[r]) return Overlap::partial;
+  return Overlap::none;
 }
 
 // A [B, H, T, D] operand as BLAS reads it: head (b, h) starts at base + b·sb + h·sh and its
@@ -161,144 +175,236 @@ Tensor heads_major(int64_t B, int64_t H, int64_t T, int64_t D, DType dtype) {
   return view::permute(buf, {0, 2, 1, 3});
 }
 
-// Causal attention runs in blocks of kQueryBlock queries: a block computes scores only
-// against the keys its last query sees, so the fully masked part of the T×S products (about
-// half) is never computed; P's masked entries are written as 0 all the same. 32 rows measured
-// best at T = 128..512, D = 64 (bench/ops_bench sdpa: 1.4-1.5x the unblocked kernel; 16 rows
-// loses more to small gemms than it saves, 64 saves less). Non-causal attention is one block.
-constexpr int64_t kQueryBlock = 32;
-
-int64_t query_block(const Dims& d, bool causal) {
-  return causal ? std::clamp<int64_t>(kQueryBlock, 1, std::max<int64_t>(d.T, 1)) : std::max<int64_t>(d.T, 1);
-}
-
-// kt[D, S] = k[S, D]^T (rows `ld` apart), so that products with k^T read their right-hand
-// operand by contiguous rows, as small_gemm's vector loads need; the copy is D·S values per
-// kv head, against 2·T·S·D multiply-adds per query head.
+// dst[D, n] = src[n, D]^T (src rows `ld` apart), so that a product with it reads its
+// right-hand operand by contiguous rows, as small_gemm's vector loads need.
 template <typename T>
-void transpose_rows(const T* k, int64_t ld, int64_t S, int64_t D, T* kt) {
+void transpose_rows(const T* src, int64_t ld, int64_t n, int64_t D, T* dst, int64_t ldd) {
   constexpr int64_t kTile = 16;
-  for (int64_t s0 = 0; s0 < S; s0 += kTile)
+  for (int64_t s0 = 0; s0 < n; s0 += kTile)
     for (int64_t d0 = 0; d0 < D; d0 += kTile)
-      for (int64_t s = s0; s < std::min(S, s0 + kTile); ++s)
-        for (int64_t d = d0; d < std::min(D, d0 + kTile); ++d) kt[d * S + s] = k[s * ld + d];
+      for (int64_t s = s0; s < std::min(n, s0 + kTile); ++s)
+        for (int64_t e = d0; e < std::min(D, d0 + kTile); ++e) dst[e * ldd + s] = src[s * ld + e];
 }
 
-// P[rows, S] of query rows [t0, t0 + rows) of head h (rows ld_s = S apart), from q and the
-// transposed keys kt[D, S] of its kv head: the forward's computation, which the backward
-// repeats when P was not kept. Masked and unseen keys get 0.
-template <typename T>
-void probs_block(const Dims& d, bool causal, T scale, const Heads<T>& q, const T* kt, int64_t b, int64_t h, int64_t t0,
-                 int64_t rows, T* pt) {
-  const int64_t ld_s = std::max<int64_t>(d.S, 1), n = visible_keys(d, causal, t0 + rows - 1);
-  // scores[rows, n] = q[rows, D] @ kt[D, n] · scale
-  if (n > 0) small_gemm<T>(rows, n, d.D, scale, q.at(b, h) + t0 * q.ld, q.ld, 1, kt, ld_s, T(0), pt, ld_s);
-  for (int64_t t = 0; t < rows; ++t) masked_softmax_row(pt + t * d.S, visible_keys(d, causal, t0 + t), d.S);
+// The document starts as a contiguous i64 tensor, or undefined without documents.
+Tensor docs_of(std::span<const Tensor> inputs) {
+  return inputs.size() == 4 ? kernels::contig(inputs[3]) : Tensor();
 }
 
-// P null: P is not kept, each block goes to a scratch of qb × S per task.
+// Each batch row's visible key intervals.
+std::vector<Visible> all_visible(const Dims& d, bool causal, const Tensor& docs) {
+  std::vector<Visible> out;
+  const int64_t N = docs.defined() ? docs.size(1) : 0;
+  for (int64_t b = 0; b < d.B; ++b)
+    out.push_back(visible_keys(d, causal, docs.defined() ? docs.data<int64_t>() + b * N : nullptr, N, b));
+  return out;
+}
+
+// ---------------------------------------------------------------- forward
+
+// Scratch of one forward task: q's block transposed, the scores of one block pair (key-major:
+// st[c·kBlockQ + r] for key c, query r, so the per-query max and sum run along contiguous
+// rows and vectorise), the output accumulator and the running statistics.
 template <typename T>
-void sdpa_forward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, const Heads<T>& k, const Heads<T>& v,
-                    const Heads<T>& out, T* P) {
-  const int64_t ld_s = std::max<int64_t>(d.S, 1), qb = query_block(d, causal);
-  // One task per (batch, kv head): its group of query heads shares the transposed keys.
-  parallel_for(0, d.B * d.Hkv, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<T> kt(static_cast<size_t>(d.D * d.S));
-    std::vector<T> scratch(P == nullptr ? static_cast<size_t>(qb * d.S) : 0);
-    for (int64_t unit = lo; unit < hi; ++unit) {
-      const int64_t b = unit / d.Hkv, kvh = unit % d.Hkv;
-      transpose_rows(k.at(b, kvh), k.ld, d.S, d.D, kt.data());
-      for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
-        for (int64_t t0 = 0; t0 < d.T; t0 += qb) {
-          const int64_t rows = std::min(qb, d.T - t0), n = visible_keys(d, causal, t0 + rows - 1);
-          T* pt = P != nullptr ? P + (b * d.H + h) * d.T * d.S + t0 * d.S : scratch.data();
-          probs_block(d, causal, scale, q, kt.data(), b, h, t0, rows, pt);
-          // out[rows, D] = P[rows, n] @ v[n, D]
-          T* ot = out.at(b, h) + t0 * out.ld;
-          if (n > 0) {
-            small_gemm<T>(rows, d.D, n, T(1), pt, ld_s, 1, v.at(b, kvh), v.ld, T(0), ot, out.ld);
-          } else {
-            for (int64_t t = 0; t < rows; ++t) std::fill(ot + t * out.ld, ot + t * out.ld + d.D, T(0));
-          }
-        }
+struct ForwardScratch {
+  std::vector<T> qt, st, acc, m, l, base, alpha;
+  explicit ForwardScratch(int64_t D)
+      : qt(static_cast<size_t>(D * kBlockQ)), st(static_cast<size_t>(kBlockK * kBlockQ)),
+        acc(static_cast<size_t>(kBlockQ * D)), m(kBlockQ), l(kBlockQ), base(kBlockQ), alpha(kBlockQ) {}
+};
+
+// out and LSE of query rows [t0, t0 + rows) of head (b, h).
+template <typename T>
+void forward_block(const Dims& d, T scale, const Visible& vis, const Heads<T>& q, const Heads<T>& k,
+                   const Heads<T>& v, const Heads<T>& out, T* lse, int64_t b, int64_t h, int64_t t0, int64_t rows,
+                   ForwardScratch<T>& w) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  const int64_t kvh = h / d.group(), D = d.D;
+  T* __restrict st = w.st.data();
+  T* __restrict m = w.m.data();
+  T* __restrict l = w.l.data();
+  T* __restrict base = w.base.data();
+  T* __restrict alpha = w.alpha.data();
+  transpose_rows(q.at(b, h) + t0 * q.ld, q.ld, rows, D, w.qt.data(), kBlockQ);
+  std::fill(w.acc.begin(), w.acc.end(), T(0));
+  std::fill_n(m, rows, kNegInf);
+  std::fill_n(l, rows, T(0));
+  const int64_t first = vis.lo[static_cast<size_t>(t0)] / kBlockK * kBlockK;
+  const int64_t last = vis.hi[static_cast<size_t>(t0 + rows - 1)];
+  for (int64_t j0 = first; j0 < last; j0 += kBlockK) {
+    const int64_t j1 = std::min(j0 + kBlockK, d.S), bc = j1 - j0;
+    const Overlap ov = overlap(vis, t0, rows, j0, j1);
+    if (ov == Overlap::none) continue;
+    // st[bc, rows] = k[j0:j1, D] @ qt[D, rows] · scale
+    small_gemm<T>(bc, rows, D, scale, k.at(b, kvh) + j0 * k.ld, k.ld, 1, w.qt.data(), kBlockQ, T(0), st, kBlockQ);
+    if (ov == Overlap::partial)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t lo = vis.lo[static_cast<size_t>(t0 + r)], hi = vis.hi[static_cast<size_t>(t0 + r)];
+        for (int64_t c = 0; c < bc; ++c)
+          if (j0 + c < lo || j0 + c >= hi) st[c * kBlockQ + r] = kNegInf;
       }
+    // The running max grows to cover this block; e^(m_old - m_new) rescales what came before.
+    std::copy_n(m, rows, base);
+    for (int64_t c = 0; c < bc; ++c)
+      for (int64_t r = 0; r < rows; ++r) base[r] = st[c * kBlockQ + r] > base[r] ? st[c * kBlockQ + r] : base[r];
+    for (int64_t r = 0; r < rows; ++r) {
+      const T mn = base[r];
+      base[r] = mn == kNegInf ? T(0) : mn;  // a row that has seen no key yet: e^(-inf - 0) = 0
+      alpha[r] = fast::exp_t<T>(m[r] - base[r]);
+      m[r] = mn;
+      l[r] *= alpha[r];
+    }
+    for (int64_t c = 0; c < bc; ++c) {
+      T* __restrict row = st + c * kBlockQ;
+      for (int64_t r = 0; r < rows; ++r) {
+        row[r] = fast::exp_t<T>(row[r] - base[r]);
+        l[r] += row[r];
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t e = 0; e < D; ++e) w.acc[static_cast<size_t>(r * D + e)] *= alpha[r];
+    // acc[rows, D] += P[rows, bc] @ v[j0:j1, D]  (P read transposed out of st)
+    small_gemm<T>(rows, D, bc, T(1), st, 1, kBlockQ, v.at(b, kvh) + j0 * v.ld, v.ld, T(1), w.acc.data(), D);
+  }
+  T* o = out.at(b, h) + t0 * out.ld;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T inv = l[r] > T(0) ? T(1) / l[r] : T(0);
+    for (int64_t e = 0; e < D; ++e) o[r * out.ld + e] = w.acc[static_cast<size_t>(r * D + e)] * inv;
+    lse[t0 + r] = l[r] > T(0) ? m[r] + std::log(l[r]) : kNegInf;
+  }
+}
+
+template <typename T>
+void sdpa_forward_t(const Dims& d, T scale, const std::vector<Visible>& vis, const Heads<T>& q, const Heads<T>& k,
+                    const Heads<T>& v, const Heads<T>& out, T* lse) {
+  const int64_t blocks = (d.T + kBlockQ - 1) / kBlockQ;
+  parallel_for(0, d.B * d.H * blocks, 1, [&](int64_t lo, int64_t hi) {
+    ForwardScratch<T> w(d.D);
+    for (int64_t unit = lo; unit < hi; ++unit) {
+      const int64_t bh = unit / blocks, t0 = unit % blocks * kBlockQ, b = bh / d.H, h = bh % d.H;
+      forward_block(d, scale, vis[static_cast<size_t>(b)], q, k, v, out, lse + bh * d.T, b, h, t0,
+                    std::min(kBlockQ, d.T - t0), w);
     }
   });
 }
 
 std::vector<Tensor> sdpa_forward(const OpCall& c) {
   Dims d = dims_of(c.inputs[0].shape(), c.inputs[1].shape());
-  bool causal = c.attrs.b("causal");
+  const bool causal = c.attrs.b("causal");
   double scale = scale_of(c.attrs, d.D);
   Tensor out = heads_major(d.B, d.H, d.T, d.D, c.outputs[0].dtype);
-  Tensor P = Tensor::empty(c.outputs[1]);  // [B, H, T, 0] when P is not kept
-  const bool keep_p = !recompute_probs(c.attrs);
+  Tensor lse = Tensor::empty(c.outputs[1]);
+  const std::vector<Visible> vis = all_visible(d, causal, docs_of(c.inputs));
   TESSEL_DISPATCH_FLOAT(c.inputs[0].dtype(), "sdpa", [&]<typename T>() {
     Tensor kq, kk, kv, ko;
     Heads<T> q = heads_of<T>(c.inputs[0], kq), k = heads_of<T>(c.inputs[1], kk), v = heads_of<T>(c.inputs[2], kv);
-    sdpa_forward_t<T>(d, causal, static_cast<T>(scale), q, k, v, heads_of<T>(out, ko), keep_p ? P.data<T>() : nullptr);
+    sdpa_forward_t<T>(d, static_cast<T>(scale), vis, q, k, v, heads_of<T>(out, ko), lse.data<T>());
   });
-  return {out, P};
+  return {out, lse};
 }
 
-// Query blocks run last to first: the last block sees every key, so the first head of a kv
-// group writes all of dK and dV there (beta 0) and the rest accumulate, with no zero-fill.
-// One task per (batch, kv head) runs the group's query heads in order, so dK and dV sum over
-// them the same way whatever the thread count. P null: each block of P is rebuilt from q and
-// k (probs_block) just before its use.
+// ---------------------------------------------------------------- backward
+
+// Scratch of one backward task: the key block's k and v transposed, the block pair's P and
+// dP (then dS), row-major [rows, kBlockK], and the key block's dK and dV accumulators.
 template <typename T>
-void sdpa_backward_t(const Dims& d, bool causal, T scale, const Heads<T>& q, const Heads<T>& k, const Heads<T>& v,
-                     const T* P, const Heads<T>& dO, const Heads<T>* dq, const Heads<T>* dk, const Heads<T>* dv) {
-  const int64_t ld_s = std::max<int64_t>(d.S, 1), qb = query_block(d, causal);
-  const int64_t blocks = (d.T + qb - 1) / qb;
-  // Keys that no query sees (all of them when T = 0) get no product: their dK and dV rows are 0.
-  const int64_t seen = blocks > 0 ? visible_keys(d, causal, d.T - 1) : 0;
-  auto zero_unseen = [&](const Heads<T>* g, int64_t b, int64_t kvh) {
-    if (g != nullptr)
-      for (int64_t s = seen; s < d.S; ++s) std::fill_n(g->at(b, kvh) + s * g->ld, d.D, T(0));
-  };
-  parallel_for(0, d.B * d.Hkv, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<T> ds(static_cast<size_t>(qb * d.S)), vt(static_cast<size_t>(d.D * d.S));
-    std::vector<T> kt(P == nullptr ? static_cast<size_t>(d.D * d.S) : 0), scratch(P == nullptr ? ds.size() : 0);
-    for (int64_t unit = lo; unit < hi; ++unit) {
-      const int64_t b = unit / d.Hkv, kvh = unit % d.Hkv;
-      if (dq != nullptr || dk != nullptr) transpose_rows(v.at(b, kvh), v.ld, d.S, d.D, vt.data());
-      if (P == nullptr) transpose_rows(k.at(b, kvh), k.ld, d.S, d.D, kt.data());
-      zero_unseen(dk, b, kvh);
-      zero_unseen(dv, b, kvh);
-      for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
-        const bool first_of_group = h == kvh * d.group();
-        for (int64_t blk = blocks - 1; blk >= 0; --blk) {
-          const int64_t t0 = blk * qb;
-          const int64_t rows = std::min(qb, d.T - t0), n = visible_keys(d, causal, t0 + rows - 1);
-          // The group's first product into dK and dV writes rows [0, seen) (n = seen here).
-          const T kv_beta = first_of_group && blk == blocks - 1 ? T(0) : T(1);
-          const T* gt = dO.at(b, h) + t0 * dO.ld;
-          T* dst = ds.data();
-          if (n == 0) {  // these queries see no key: P = 0, so dQ = 0 and nothing flows to K or V
-            if (dq != nullptr)
-              for (int64_t t = 0; t < rows; ++t) std::fill_n(dq->at(b, h) + (t0 + t) * dq->ld, d.D, T(0));
-            continue;
-          }
-          const T* pt = P != nullptr ? P + (b * d.H + h) * d.T * d.S + t0 * d.S : scratch.data();
-          if (P == nullptr) probs_block(d, causal, scale, q, kt.data(), b, h, t0, rows, scratch.data());
-          // dV[n, D] += P^T[n, rows] @ dO[rows, D]
-          if (dv != nullptr)
-            small_gemm<T>(n, d.D, rows, T(1), pt, 1, ld_s, gt, dO.ld, kv_beta, dv->at(b, kvh), dv->ld);
-          if (dq == nullptr && dk == nullptr) continue;
-          // dP[rows, n] = dO[rows, D] @ vt[D, n], then dS = P ⊙ (dP - rowsum(dP ⊙ P))
-          small_gemm<T>(rows, n, d.D, T(1), gt, dO.ld, 1, vt.data(), ld_s, T(0), dst, ld_s);
-          for (int64_t t = 0; t < rows; ++t) softmax_grad_row(pt + t * d.S, dst + t * d.S, n);
-          // dQ[rows, D] = dS[rows, n] @ K[n, D] · scale
-          if (dq != nullptr)
-            small_gemm<T>(rows, d.D, n, scale, dst, ld_s, 1, k.at(b, kvh), k.ld, T(0), dq->at(b, h) + t0 * dq->ld,
-                          dq->ld);
-          // dK[n, D] += dS^T[n, rows] @ Q[rows, D] · scale
-          if (dk != nullptr)
-            small_gemm<T>(n, d.D, rows, scale, dst, 1, ld_s, q.at(b, h) + t0 * q.ld, q.ld, kv_beta, dk->at(b, kvh),
-                          dk->ld);
+struct BackwardScratch {
+  std::vector<T> kt, vt, p, ds, dk, dv;
+  explicit BackwardScratch(int64_t D)
+      : kt(static_cast<size_t>(D * kBlockK)), vt(kt.size()), p(static_cast<size_t>(kBlockQ * kBlockK)), ds(p.size()),
+        dk(static_cast<size_t>(kBlockK * D)), dv(dk.size()) {}
+};
+
+struct BackwardArgs {
+  bool dq = false, dk = false, dv = false;
+};
+
+// Key block [j0, j0 + bc) of kv head (b, kvh) against every query block of its group's heads,
+// in order: dK and dV of the block (written once, at the end), dQ accumulated in place.
+template <typename T>
+void backward_key_block(const Dims& d, T scale, const Visible& vis, const Heads<T>& q, const Heads<T>& k,
+                        const Heads<T>& v, const Heads<T>& dO, const T* lse, const T* delta, const Heads<T>& dq,
+                        const Heads<T>& dk, const Heads<T>& dv, const BackwardArgs& want, int64_t b, int64_t kvh,
+                        int64_t j0, BackwardScratch<T>& w) {
+  const int64_t D = d.D, j1 = std::min(j0 + kBlockK, d.S), bc = j1 - j0;
+  const bool need_ds = want.dq || want.dk;
+  const T* kj = k.at(b, kvh) + j0 * k.ld;
+  transpose_rows(kj, k.ld, bc, D, w.kt.data(), kBlockK);
+  if (need_ds) transpose_rows(v.at(b, kvh) + j0 * v.ld, v.ld, bc, D, w.vt.data(), kBlockK);
+  std::fill(w.dk.begin(), w.dk.end(), T(0));
+  std::fill(w.dv.begin(), w.dv.end(), T(0));
+  T* __restrict p = w.p.data();
+  T* __restrict ds = w.ds.data();
+  for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
+    const T* lse_h = lse + (b * d.H + h) * d.T;
+    const T* delta_h = delta + (b * d.H + h) * d.T;
+    for (int64_t t0 = 0; t0 < d.T; t0 += kBlockQ) {
+      const int64_t rows = std::min(kBlockQ, d.T - t0);
+      const Overlap ov = overlap(vis, t0, rows, j0, j1);
+      if (ov == Overlap::none) continue;
+      const T* qi = q.at(b, h) + t0 * q.ld;
+      const T* gi = dO.at(b, h) + t0 * dO.ld;
+      // s[rows, bc] = q[rows, D] @ kt[D, bc] · scale, then P = e^(s - LSE) (0 where masked)
+      small_gemm<T>(rows, bc, D, scale, qi, q.ld, 1, w.kt.data(), kBlockK, T(0), p, kBlockK);
+      for (int64_t r = 0; r < rows; ++r) {
+        T* __restrict row = p + r * kBlockK;
+        const T L = lse_h[t0 + r];
+        for (int64_t c = 0; c < bc; ++c) row[c] = fast::exp_t<T>(row[c] - L);
+        if (ov == Overlap::partial) {
+          const int64_t lo = vis.lo[static_cast<size_t>(t0 + r)], hi = vis.hi[static_cast<size_t>(t0 + r)];
+          for (int64_t c = 0; c < bc; ++c)
+            if (j0 + c < lo || j0 + c >= hi) row[c] = T(0);
         }
       }
+      // dV[bc, D] += P^T[bc, rows] @ dO[rows, D]
+      if (want.dv) small_gemm<T>(bc, D, rows, T(1), p, 1, kBlockK, gi, dO.ld, T(1), w.dv.data(), D);
+      if (!need_ds) continue;
+      // dP[rows, bc] = dO[rows, D] @ vt[D, bc], then dS = P ⊙ (dP - D)
+      small_gemm<T>(rows, bc, D, T(1), gi, dO.ld, 1, w.vt.data(), kBlockK, T(0), ds, kBlockK);
+      for (int64_t r = 0; r < rows; ++r) {
+        const T dr = delta_h[t0 + r];
+        T* __restrict drow = ds + r * kBlockK;
+        const T* __restrict prow = p + r * kBlockK;
+        for (int64_t c = 0; c < bc; ++c) drow[c] = prow[c] * (drow[c] - dr);
+      }
+      // dQ[rows, D] += dS[rows, bc] @ k[bc, D] · scale
+      if (want.dq) small_gemm<T>(rows, D, bc, scale, ds, kBlockK, 1, kj, k.ld, T(1), dq.at(b, h) + t0 * dq.ld, dq.ld);
+      // dK[bc, D] += dS^T[bc, rows] @ q[rows, D] · scale
+      if (want.dk) small_gemm<T>(bc, D, rows, scale, ds, 1, kBlockK, qi, q.ld, T(1), w.dk.data(), D);
+    }
+  }
+  for (int64_t c = 0; c < bc; ++c) {
+    if (want.dk) std::copy_n(w.dk.data() + c * D, D, dk.at(b, kvh) + (j0 + c) * dk.ld);
+    if (want.dv) std::copy_n(w.dv.data() + c * D, D, dv.at(b, kvh) + (j0 + c) * dv.ld);
+  }
+}
+
+template <typename T>
+void sdpa_backward_t(const Dims& d, T scale, const std::vector<Visible>& vis, const Heads<T>& q, const Heads<T>& k,
+                     const Heads<T>& v, const Heads<T>& out, const T* lse, const Heads<T>& dO, T* delta,
+                     const Heads<T>& dq, const Heads<T>& dk, const Heads<T>& dv, const BackwardArgs& want) {
+  // delta[b, h, t] = rowsum(dO ⊙ O), and dQ zeroed for the accumulation, per (b, h).
+  parallel_for(0, d.B * d.H, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t bh = lo; bh < hi; ++bh) {
+      const int64_t b = bh / d.H, h = bh % d.H;
+      for (int64_t t = 0; t < d.T; ++t) {
+        const T* g = dO.at(b, h) + t * dO.ld;
+        const T* o = out.at(b, h) + t * out.ld;
+        T s = T(0);
+        for (int64_t e = 0; e < d.D; ++e) s += g[e] * o[e];
+        delta[bh * d.T + t] = s;
+        if (want.dq) std::fill_n(dq.at(b, h) + t * dq.ld, d.D, T(0));
+      }
+    }
+  });
+  const int64_t key_blocks = (d.S + kBlockK - 1) / kBlockK;
+  parallel_for(0, d.B * d.Hkv, 1, [&](int64_t lo, int64_t hi) {
+    BackwardScratch<T> w(d.D);
+    for (int64_t unit = lo; unit < hi; ++unit) {
+      const int64_t b = unit / d.Hkv, kvh = unit % d.Hkv;
+      for (int64_t kb = 0; kb < key_blocks; ++kb)
+        backward_key_block(d, scale, vis[static_cast<size_t>(b)], q, k, v, dO, lse, delta, dq, dk, dv, want, b, kvh,
+                           kb * kBlockK, w);
     }
   });
 }
@@ -314,7 +420,8 @@ std::optional<std::array<Tensor, 3>> grads_like_fused_inputs(const GradCall& c) 
   if (!(c.needs_grad[0] && c.needs_grad[1] && c.needs_grad[2]) || q.numel() == 0) return std::nullopt;
   const int64_t row = q.stride(2), batch = q.stride(0);
   int64_t lo = q.offset();
-  for (const Tensor& t : c.inputs) {
+  for (size_t i = 0; i < 3; ++i) {
+    const Tensor& t = c.inputs[i];
     bool packed = t.storage() == q.storage() && t.numel() > 0 && t.stride(3) == 1 && t.stride(1) == t.size(3) &&
                   t.stride(2) == row && t.stride(0) == batch && t.size(2) * row <= batch;
     if (!packed) return std::nullopt;
@@ -353,26 +460,29 @@ std::vector<Tensor> sdpa_backward(const GradCall& c) {
     if (c.needs_grad[1]) dk = heads_major(d.B, d.Hkv, d.S, d.D, dt);
     if (c.needs_grad[2]) dv = heads_major(d.B, d.Hkv, d.S, d.D, dt);
   }
-  const bool kept = !recompute_probs(c.attrs);
-  Tensor P = kept ? kernels::contig(c.outputs[1]) : Tensor();
+  const std::vector<Visible> vis = all_visible(d, c.attrs.b("causal"), docs_of(c.inputs));
+  Tensor lse = kernels::contig(c.outputs[1]);
+  Tensor delta = Tensor::empty({d.B, d.H, d.T}, dt);  // rowsum(dO ⊙ O)
   TESSEL_DISPATCH_FLOAT(dt, "sdpa", [&]<typename T>() {
-    Tensor keep[7];
+    Tensor keep[8];
     Heads<T> q = heads_of<T>(c.inputs[0], keep[0]), k = heads_of<T>(c.inputs[1], keep[1]),
-             v = heads_of<T>(c.inputs[2], keep[2]), dO = heads_of<T>(c.grad_outputs[0], keep[3]);
+             v = heads_of<T>(c.inputs[2], keep[2]), dO = heads_of<T>(c.grad_outputs[0], keep[3]),
+             out = heads_of<T>(c.outputs[0], keep[4]);
     Heads<T> hq, hk, hv;
-    if (dq.defined()) hq = heads_of<T>(dq, keep[4]);
-    if (dk.defined()) hk = heads_of<T>(dk, keep[5]);
-    if (dv.defined()) hv = heads_of<T>(dv, keep[6]);
-    sdpa_backward_t<T>(d, c.attrs.b("causal"), static_cast<T>(scale), q, k, v, kept ? P.data<T>() : nullptr, dO,
-                       dq.defined() ? &hq : nullptr, dk.defined() ? &hk : nullptr, dv.defined() ? &hv : nullptr);
+    if (dq.defined()) hq = heads_of<T>(dq, keep[5]);
+    if (dk.defined()) hk = heads_of<T>(dk, keep[6]);
+    if (dv.defined()) hv = heads_of<T>(dv, keep[7]);
+    sdpa_backward_t<T>(d, static_cast<T>(scale), vis, q, k, v, out, lse.data<T>(), dO, delta.data<T>(), hq, hk, hv,
+                       BackwardArgs{dq.defined(), dk.defined(), dv.defined()});
   });
+  if (c.inputs.size() == 4) return {dq, dk, dv, Tensor()};
   return {dq, dk, dv};
 }
 
-// Two gemms of 2·T·S·D each per (b, h): 4·B·H·T·S·D, the full count even when causal (the
-// model-FLOPs convention), plus ~5 per score for the softmax. The causal kernel computes only
-// about half of it (1/2 + kQueryBlock/2T); an efficiency measured against this count, as
-// `tessel cluster detect` does, absorbs that.
+// Two gemms of 2·T·S·D each per (b, h): 4·B·H·T·S·D, the full count even when causal or
+// masked by documents (the model-FLOPs convention), plus ~5 per score for the softmax. The
+// kernel computes only the blocks some query sees (about half when causal); an efficiency
+// measured against this count, as `tessel cluster detect` does, absorbs that.
 Cost sdpa_cost(const MetaCall& c, std::span<const TensorMeta> out) {
   Dims d = dims_of(c.inputs[0].shape, c.inputs[1].shape);
   double scores = static_cast<double>(d.B * d.H) * static_cast<double>(d.T * d.S);
@@ -380,9 +490,10 @@ Cost sdpa_cost(const MetaCall& c, std::span<const TensorMeta> out) {
 }
 
 // ---------------------------------------------------------------- SPMD rule
-// q "bh..", k and v "bh.." -> out "bh..": the batch may be sharded (q, k, v alike), and so may
-// the heads — q's H and k/v's Hkv over the same mesh dims — when every rank's pieces keep the
-// grouping: its query heads [h0, h0 + Hl) are exactly the groups of its kv heads
+// q "bh..", k and v "bh..", docs "b." -> out "bh.." (and LSE "bh." alike, computed on each
+// rank's pieces): the batch may be sharded (q, k, v and the document starts alike), and so
+// may the heads — q's H and k/v's Hkv over the same mesh dims — when every rank's pieces keep
+// the grouping: its query heads [h0, h0 + Hl) are exactly the groups of its kv heads
 // [g0, g0 + Gl) (h0 = g0·G, Hl = Gl·G, G = H / Hkv) and it has a kv head at all. Uneven
 // splits can break that (H=6, Hkv=3 over 2 ranks: kv [2, 1] but q [3, 3]); then heads stay
 // whole. T, S and D are always whole; Partial inputs are reduced first (nonlinear).
@@ -406,27 +517,39 @@ bool heads_keep_groups(const SpmdCall& c, const SpmdDecision& d) {
 
 SpmdDecision sdpa_spmd(const SpmdCall& c) {
   const Placements all_r = spmd::replicated(c);
-  for (const TensorMeta& m : c.inputs)  // infer rejects other ranks
-    if (m.shape.size() != 4) return SpmdDecision{std::vector<Placements>(3, all_r), {all_r}};
-  spmd::LabelRule r{{"bh..", "bh..", "bh.."}, "bh..", spmd::Linearity::none};
+  const bool docs = c.inputs.size() == 4;
+  bool well_formed = c.inputs.size() == 3 || (docs && c.inputs[3].shape.size() == 2);
+  for (size_t i = 0; i < 3 && i < c.inputs.size(); ++i) well_formed = well_formed && c.inputs[i].shape.size() == 4;
+  if (!well_formed)  // infer rejects it
+    return SpmdDecision{std::vector<Placements>(c.inputs.size(), all_r), {all_r}};
+  auto labels = [docs](std::string qkv) {
+    std::vector<std::string> in(3, qkv);
+    if (docs) in.push_back(qkv.substr(0, 1) + ".");
+    return in;
+  };
+  spmd::LabelRule r{labels("bh.."), "bh..", spmd::Linearity::none};
   SpmdDecision d = spmd::label_rule(c, r);
   if (heads_keep_groups(c, d)) return d;
-  r = spmd::LabelRule{{"b...", "b...", "b..."}, "b...", spmd::Linearity::none};
+  r = spmd::LabelRule{labels("b..."), "b...", spmd::Linearity::none};
   return spmd::label_rule(c, r);
 }
 
 }  // namespace
 
-// Hidden output 1: the probabilities P [B, H, T, S], saved with q, k and v ([B, H, T, 0] with
-// recompute_probs).
-const OpDef op_sdpa{.name = "sdpa", .num_inputs = 3, .num_hidden = 1, .infer = sdpa_infer, .forward = sdpa_forward,
-                    .backward = sdpa_backward, .cost = sdpa_cost, .spmd = sdpa_spmd, .save = {0b111, 0b10}};
+// Hidden output 1: the log-sum-exp LSE [B, H, T] of each query's scores, saved with q, k, v,
+// the document starts and out.
+const OpDef op_sdpa{.name = "sdpa", .num_inputs = -1, .num_hidden = 1, .infer = sdpa_infer, .forward = sdpa_forward,
+                    .backward = sdpa_backward, .cost = sdpa_cost, .spmd = sdpa_spmd, .save = {0b1111, 0b11}};
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
-                                    bool recompute_probs) {
-  Attrs attrs{{"causal", causal}, {"scale", scale}};
-  if (recompute_probs) attrs.set("recompute_probs", true);
-  return call_op1(op_sdpa, {q, k, v}, attrs);
+                                    bool /*recompute_probs: nothing quadratic is kept to drop*/) {
+  return call_op1(op_sdpa, {q, k, v}, Attrs{{"causal", causal}, {"scale", scale}});
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& doc_starts,
+                                    bool causal, double scale) {
+  if (!doc_starts.defined()) return scaled_dot_product_attention(q, k, v, causal, scale);
+  return call_op1(op_sdpa, {q, k, v, doc_starts}, Attrs{{"causal", causal}, {"scale", scale}});
 }
 
 }  // namespace tessel
