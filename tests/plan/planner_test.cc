@@ -105,8 +105,8 @@ TEST(CostModel, ActivationBytesFollowKorthikanti) {
 TEST(CostModel, MemoryBySharding) {
   // As the runtime holds them (docs/parallel.md): optimizer states 1/dp from stage 1; whole
   // gradients at stage 0 and at stage 1 over several micro-batches, else 1/dp plus what is in
-  // flight (two buckets and the largest gradient: here the 51200 x 4096 token table); stage 3
-  // keeps 1/dp of the weights plus two units gathered (the table is the largest).
+  // flight (two of the layout's buckets and the largest gradient: here the 51200 x 4096 token
+  // table); stage 3 keeps 1/dp of the weights plus two units gathered (the table is the largest).
   const ModelSpec m = model_preset("gpt-7.5b");
   const Cluster c = cluster_preset("dgx-a100-80g:64");
   const double P = m.parameters();  // one stage, tied embedding: every parameter once
@@ -125,10 +125,10 @@ TEST(CostModel, MemoryBySharding) {
       const bool whole_grads = stage == 0 || (stage == 1 && batch == 128);
       if (whole_grads) {
         EXPECT_NEAR(e.memory.grads / (4 * P), 1.0, 1e-9) << stage;
-      } else if (stage <= 2) {
-        const double in_flight = e.memory.grads - 4 * P / 64;
-        EXPECT_GE(in_flight, 2 * 4.0 * (1 << 20) + 2 * 4 * table - 1) << stage;  // both uses of the tied table
-        EXPECT_LE(in_flight, 2 * 4.0 * (1 << 20) + 2 * 4 * table + 1) << stage;
+      } else {
+        const double in_flight = e.memory.grads - 4 * P / 64, bucket = e.layout.bucket_mb * (1 << 20);
+        EXPECT_GE(in_flight, 2 * bucket + 2 * 4 * table - 1) << stage;  // both uses of the tied table
+        EXPECT_LE(in_flight, 2 * bucket + 2 * 4 * table + 1) << stage;
       }
       const double gathered = e.memory.params - 2 * P / (stage >= 3 ? 64 : 1);
       const double embedding = table + static_cast<double>(m.seq * m.hidden);  // the largest unit, with positions
