@@ -161,17 +161,16 @@ void streaming(Pass& p, const char* name, std::vector<int64_t> shape, int inputs
 // The attention core of `b` sequences: q [b, hq, s, d], k/v [b, hkv, s, d]. Fused (one sdpa
 // kernel, scores never stored) when the calibration says so; otherwise as Megatron-LM 2021
 // runs it: batched QK^T, scale+mask+softmax, dropout, batched PV, the s x s scores in memory.
-// Selective recompute redoes the part before PV (tessel's sdpa with recompute_probs rebuilds P
-// in its backward: the QK^T product and the softmax, (2d + 5)/(4d + 5) of the kernel's count).
+// Selective recompute redoes the part before PV (the QK^T product and the softmax); a fused
+// kernel recomputes the scores in its backward anyway (its calibrated efficiency includes it),
+// so selective recompute has nothing to add there.
 void attention(Pass& p, const ModelSpec& m, int64_t b, int64_t hq, int64_t hkv, double dropout) {
   const int64_t s = m.seq, d = m.head_dim();
   if (p.c.calibration.fused_attention) {
     Attrs a{{"causal", true}, {"scale", 1.0 / std::sqrt(static_cast<double>(d))}};
-    const double t = p.op("sdpa", {p.meta({b, hq, s, d}), p.meta({b, hkv, s, d}), p.meta({b, hkv, s, d})}, a,
-                          static_cast<double>(s), false, true, p.c.calibration.attention_efficiency);
-    const double dd = static_cast<double>(d);
-    p.attention_recompute += t * (2 * dd + 5) / (4 * dd + 5);
-    return;
+    p.op("sdpa", {p.meta({b, hq, s, d}), p.meta({b, hkv, s, d}), p.meta({b, hkv, s, d})}, a, static_cast<double>(s),
+         false, true, p.c.calibration.attention_efficiency);
+    return;  // nothing for selective recompute to redo: the kernel keeps no scores
   }
   Attrs mm{{"trans_a", false}, {"trans_b", true}};
   p.attention_recompute +=
@@ -315,8 +314,11 @@ double layer_activation_bytes(const ModelSpec& m, const Precision& prec, const L
   const double replicated = 4 * e + 2 * e + 2 * e + 2 * mask;        // LN inputs, QKV and MLP inputs, masks
   const double split = (2 + 4 * r + 2) * e + (m.arch == "llama" ? 8 * f : 4 * f) * e;
   // Scores: softmax output 2, dropout mask 1 and output 2 per (head, query, key) — per sbh
-  // that is (2 + 3·mask)·a·s/h. Selective recompute drops them (they are rebuilt).
-  const double scores = s.recompute == "selective" ? 0 : (2 * e + mask * (1 + 2 * e)) * a * sq / h;
+  // that is (2 + 3·mask)·a·s/h. Selective recompute drops them (they are rebuilt); a fused
+  // attention never stores them and keeps a 4-byte log-sum-exp per (head, query): 4·a/h.
+  const double scores = s.fused_attention          ? 4 * a / h
+                        : s.recompute == "selective" ? 0
+                                                     : (2 * e + mask * (1 + 2 * e)) * a * sq / h;
   const double per_sbh = s.sp ? (replicated + split + scores) / t : replicated + (split + scores) / t;
   return sbh * per_sbh;
 }

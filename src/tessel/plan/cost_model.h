@@ -74,6 +74,9 @@ struct LayerShape {
   GroupSpan tp_group;              // where the tensor-parallel ranks sit
   int busy_devices_per_node = 0;   // devices of a node computing while this layer runs, for the
                                    // share of shared cores (Cluster::compute_share); 0: all
+  // The attention runs fused (calibration.fused_attention): it keeps one f32 log-sum-exp per
+  // (head, query) for its backward, never the s x s scores.
+  bool fused_attention = false;
 };
 
 LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s);

@@ -265,6 +265,7 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
   const int vs_count = l.pp * l.vpp;
   // Traffic per device per step, for the mapping.
   LayerShape shape{l.micro_batch, l.tp, l.sp, l.recompute, GroupSpan{l.tp, std::min(l.tp, c.devices_per_node)}};
+  shape.fused_attention = c.calibration.fused_attention;
   const double act_bytes = static_cast<double>(l.micro_batch * m.seq * m.hidden) * prec.activation;
   const double layers_per_rank = static_cast<double>(m.layers) / l.pp;
   const double layer_params = m.layer_parameters() / l.tp;
@@ -583,7 +584,9 @@ std::vector<Layout> candidate_layouts(const ModelSpec& m, const Cluster& c, cons
   check_cluster_counts(c);
   check_sizes(m, o.global_batch, std::min(o.max_micro_batch, o.global_batch));
   const int n = c.devices();
+  // With fused attention selective recompute holds and costs what none does: not offered.
   std::vector<std::string> recomputes = {"none", "selective", "full"};
+  if (c.calibration.fused_attention) recomputes = {"none", "full"};
   if (!o.recompute.empty()) recomputes = o.recompute;
   std::vector<Layout> out;
   for (int tp : divisors(std::min(n, c.devices_per_node))) {
