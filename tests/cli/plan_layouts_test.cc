@@ -46,6 +46,7 @@ void expect_degrees(const parallel::ParallelConfig& p, const plan::Layout& l) {
   EXPECT_EQ(p.micro_batches, l.micro_batches);
   EXPECT_EQ(p.schedule, l.schedule);
   EXPECT_EQ(p.recompute, l.recompute);
+  EXPECT_EQ(p.bucket_mb, l.bucket_mb);
 }
 
 TEST(PlanLayouts, EveryLayoutThePlannerCanEmitTrains) {
@@ -74,7 +75,7 @@ TEST(PlanLayouts, EveryLayoutThePlannerCanEmitTrains) {
       recomputes_seen.insert(l.recompute);
       // `tessel plan --format yaml`, pasted into the config (here as --set overrides).
       std::vector<std::string> sets = yaml_as_sets(plan::parallel_yaml(l));
-      ASSERT_EQ(sets.size(), 9u) << plan::parallel_yaml(l);
+      ASSERT_EQ(sets.size(), 10u) << plan::parallel_yaml(l);
       RunConfig from_yaml;
       ASSERT_NO_THROW(from_yaml = load_run_config(kConfig, sets));
       expect_degrees(from_yaml.parallel, l);

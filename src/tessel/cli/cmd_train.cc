@@ -76,11 +76,11 @@ void plan_for_launched_world(RunConfig& cfg, const std::string& why) {
         job_store->set(measured_key, measured->to_yaml());
       }
       const plan::Estimate e = auto_layout(cfg, w.size, false, &*measured);
-      text = e.layout.str();
-      log_info("{}: the planner chose {} for {} ranks (predicted {:.3f} s/step, {:.2f} GB per rank); the global batch "
-               "of {} stays, as {} micro-batch{} per replica",
-               why, text, w.size, e.step_time, e.memory.total() / 1e9, cfg.train.global_batch, e.layout.micro_batches,
-               e.layout.micro_batches == 1 ? "" : "es");
+      text = fmt::format("{}\n{}", e.layout.str(), e.layout.bucket_mb);
+      log_info("{}: the planner chose {} for {} ranks, gradient buckets of {} MiB (predicted {:.3f} s/step, {:.2f} GB "
+               "per rank); the global batch of {} stays, as {} micro-batch{} per replica",
+               why, e.layout.str(), w.size, e.layout.bucket_mb, e.step_time, e.memory.total() / 1e9,
+               cfg.train.global_batch, e.layout.micro_batches, e.layout.micro_batches == 1 ? "" : "es");
     } catch (const Error& err) {
       store->set(key, std::string("error: ") + err.what());
       throw BadInput(fmt::format("{}: {}", why, err.what()));
@@ -91,7 +91,10 @@ void plan_for_launched_world(RunConfig& cfg, const std::string& why) {
     text = store->get(key, std::max(w.timeout, Millis(300'000)));
     if (text.rfind("error: ", 0) == 0) throw BadInput(fmt::format("{}: rank 0 found no layout: {}", why, text.substr(7)));
   }
-  apply_layout(cfg, plan::parse_layout(text, cfg.train.global_batch, w.size));
+  const std::size_t nl = text.find('\n');
+  plan::Layout layout = plan::parse_layout(text.substr(0, nl), cfg.train.global_batch, w.size);
+  if (nl != std::string::npos) layout.bucket_mb = std::stod(text.substr(nl + 1));
+  apply_layout(cfg, layout);
 }
 }  // namespace
 

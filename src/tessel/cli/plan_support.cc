@@ -145,6 +145,7 @@ void apply_layout(RunConfig& config, const plan::Layout& l) {
   p.micro_batches = l.micro_batches;
   p.schedule = l.schedule;
   p.recompute = l.recompute;
+  p.bucket_mb = l.bucket_mb;
   p.stage_layers.clear();
   config.train.micro_batch = config.train.global_batch / l.micro_batches;
 }

@@ -109,8 +109,18 @@ Layout parse_layout(const std::string& text, int64_t global_batch, int devices) 
 std::string parallel_yaml(const Layout& l) {
   return fmt::format(
       "parallel:\n  dp: {}\n  tp: {}\n  pp: {}\n  vpp: {}\n  sharding_stage: {}\n  sp: {}\n  micro_batches: {}\n"
-      "  schedule: {}\n  recompute: {}\n",
-      l.dp, l.tp, l.pp, l.vpp, l.sharding_stage, l.sp ? "true" : "false", l.micro_batches, l.schedule, l.recompute);
+      "  schedule: {}\n  recompute: {}\n  bucket_mb: {}\n",
+      l.dp, l.tp, l.pp, l.vpp, l.sharding_stage, l.sp ? "true" : "false", l.micro_batches, l.schedule, l.recompute,
+      l.bucket_mb);
+}
+
+double bucket_bytes_for(const Cluster& c, GroupSpan dp) {
+  constexpr double kMiB = 1 << 20;
+  if (dp.size <= 1) return 4 * kMiB;  // no data-parallel collective: the runtime's default
+  const double latency = all_gather_time(c, 4, dp);
+  double b = kMiB;
+  while (b < 256 * kMiB && latency > 0.1 * all_gather_time(c, b, dp)) b *= 2;
+  return b;
 }
 
 // ---------------------------------------------------------------- rank mapping
@@ -128,10 +138,6 @@ GroupSpan RankMapping::span(const std::string& dim, const Layout& l, const Clust
 }
 
 namespace {
-
-// The runtime's gradient bucket (parallel.bucket_mb's default): what ZeRO stages 1 and 2 hold
-// of whole-size gradients while a bucket is packed and another is on the wire.
-constexpr double kBucketBytes = 4.0 * (1 << 20);
 
 // The most communicating dim goes innermost (consecutive ranks: one node, the fastest links),
 // then the next; ties keep tp, dp, pp order.
@@ -370,6 +376,10 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
   Estimate e;
   e.layout = l;
   e.mapping = p.mapping;
+  // The bucket for this layout's data-parallel group: what ZeRO stages 1 to 3 hold of
+  // whole-size gradients while a bucket is packed and another is on the wire.
+  const double bucket_bytes = bucket_bytes_for(c, p.mapping.span("dp", l, c));
+  e.layout.bucket_mb = bucket_bytes / (1 << 20);
 
   // The pipeline: played on the schedule the runtime would execute, or in closed form.
   const int ranks = l.pp;
@@ -464,7 +474,7 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
     // unit's whole gradients while its backward runs.
     const size_t ru = static_cast<size_t>(r);
     const bool sharded_grads = dp > 1 && (l.sharding_stage >= 2 || (l.sharding_stage == 1 && l.micro_batches == 1));
-    const double in_flight = 2 * kBucketBytes + p.largest_grad[ru] * prec.grad;
+    const double in_flight = 2 * bucket_bytes + p.largest_grad[ru] * prec.grad;
     mem.params = params * prec.param / (l.sharding_stage >= 3 ? dp : 1);
     mem.grads = sharded_grads ? params * prec.grad / dp + in_flight : params * prec.grad;
     mem.optimizer = params * prec.optimizer / (l.sharding_stage >= 1 ? dp : 1);
@@ -505,6 +515,7 @@ Json Estimate::to_json() const {
   lay["sp"] = layout.sp;
   lay["schedule"] = layout.schedule;
   lay["recompute"] = layout.recompute;
+  lay["bucket_mb"] = layout.bucket_mb;
   lay["text"] = layout.str();
   j["layout"] = lay;
   j["step_time_s"] = step_time;

@@ -22,11 +22,20 @@ struct Layout {
   int64_t micro_batches = 1;         // per data-parallel replica per step
   std::string schedule = "1F1B";     // FThenB | 1F1B | VPP | ZBH1
   std::string recompute = "none";    // none | selective | full
+  // The gradient bucket (parallel.bucket_mb): chosen by the planner from the data-parallel
+  // group's links (bucket_bytes_for), not part of the --layout text.
+  double bucket_mb = 4;
 
   int devices() const { return dp * tp * pp; }
   // "dp=6,tp=8,pp=64,vpp=2,mbs=1,sharding_stage=0,sp=false,recompute=full,schedule=VPP"
   std::string str() const;
 };
+
+// The gradient bucket the cost model justifies for a data-parallel group spanning `dp` on `c`:
+// the smallest power of two from 1 MiB up whose reduce-scatter spends at most 10% of its time
+// on latency (the time of a 4-byte one), at most 256 MiB. A larger bucket only costs: two are
+// alive at once (memory), and the last one's transfer is the exposed tail after the backward.
+double bucket_bytes_for(const Cluster& c, GroupSpan dp);
 
 // Parses the --layout text (keys as str() writes them, any order; missing keys default: dp
 // from the device count, mbs 1, vpp 1, schedule VPP when vpp > 1 else 1F1B); micro_batches
