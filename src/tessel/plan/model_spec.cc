@@ -61,6 +61,20 @@ ModelSpec gpt(const char* name, int64_t layers, int64_t hidden, int64_t heads) {
   return m;
 }
 
+// The Megatron-LM README's H100 weak-scaling models (Megatron-Core r0.8; README.md at tag
+// core_v0.8.0, "Training Speed and Scalability", images/model_table.png): heads, hidden,
+// layers as the table prints them; "All models use a vocabulary size of 131,072 and a sequence
+// length of 4096". GPT blocks (4h MLP); the embedding and output layer untied, as the sizes
+// say: 24 x 12 x 2048^2 + 2 x 131072 x 2048 = 1.75B is the 1.7B row (tied, 1.48B would not
+// be), and so for 7.1B, 16B and 462B.
+ModelSpec mcore_gpt(const char* name, int64_t layers, int64_t hidden, int64_t heads) {
+  ModelSpec m = gpt(name, layers, hidden, heads);
+  m.vocab = 131072;
+  m.seq = 4096;
+  m.tied_embedding = false;
+  return m;
+}
+
 const ModelSpec kPresets[] = {
     gpt("gpt-1.7b", 24, 2304, 24),
     gpt("gpt-3.6b", 30, 3072, 32),
@@ -72,6 +86,19 @@ const ModelSpec kPresets[] = {
     gpt("gpt-310b", 96, 16384, 128),
     gpt("gpt-530b", 105, 20480, 128),
     gpt("gpt-1t", 128, 25600, 160),
+    mcore_gpt("mcore-gpt-1.7b", 24, 2048, 16),
+    mcore_gpt("mcore-gpt-7.1b", 30, 4096, 32),
+    mcore_gpt("mcore-gpt-16b", 32, 6144, 48),
+    mcore_gpt("mcore-gpt-32b", 48, 7168, 56),
+    mcore_gpt("mcore-gpt-70b", 84, 8192, 64),
+    mcore_gpt("mcore-gpt-119b", 92, 10240, 80),
+    mcore_gpt("mcore-gpt-177b", 96, 12288, 96),
+    mcore_gpt("mcore-gpt-314b", 96, 16384, 128),
+    mcore_gpt("mcore-gpt-462b", 112, 18432, 144),
+    // Smith et al. 2022 (MT-NLG), §3.2: 105 layers, hidden 20480, 128 heads, sequence 2048
+    // (the same shape as Narayanan et al.'s 530B row); the GPT-2 BPE vocabulary (50,257)
+    // padded by Megatron to a multiple of 128 x tp = 1024, i.e. 51,200.
+    gpt("mt-nlg-530b", 105, 20480, 128),
     // Touvron et al. 2023 (Llama 2) and Meta's Llama 3 model cards / config.json files.
     llama_spec("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
     llama_spec("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),

@@ -1,6 +1,7 @@
 // What the planner needs to know of a model: the sizes of a decoder-only transformer. Built from
 // a training config's model section (by the cli) or from a named preset: the GPT sizes of
-// Narayanan et al. 2021, Table 1, and the Llama 2/3 family.
+// Narayanan et al. 2021, Table 1, of the Megatron-LM README's H100 weak scaling and of MT-NLG,
+// and the Llama 2/3 family.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +32,8 @@ ModelSpec llama_spec(std::string name, int64_t layers, int64_t hidden, int64_t h
                      int64_t vocab, int64_t seq);
 
 // gpt-1.7b, gpt-3.6b, gpt-7.5b, gpt-18b, gpt-39b, gpt-76b, gpt-146b, gpt-310b, gpt-530b, gpt-1t,
-// llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama3-405b.
+// the Megatron-Core r0.8 weak-scaling GPTs mcore-gpt-{1.7b,7.1b,16b,32b,70b,119b,177b,314b,462b},
+// mt-nlg-530b, llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama3-405b.
 ModelSpec model_preset(std::string_view name);
 std::vector<std::string> model_preset_names();
 bool is_model_preset(std::string_view name);

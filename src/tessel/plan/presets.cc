@@ -53,13 +53,16 @@ Cluster dgx_a100(double memory_gb) {
   c.devices_per_node = 8;
   c.device.name = memory_gb > 60 ? "A100-SXM4-80GB" : "A100-SXM4-40GB";
   // NVIDIA A100 datasheet: 312 TFLOP/s dense bf16/f16 tensor core, 156 tf32, 19.5 f32;
-  // 80 GB HBM2e at 2039 GB/s (40 GB HBM2 at 1555 GB/s).
+  // 80 GB HBM2e at 2039 GB/s (40 GB HBM2 at 1555 GB/s). (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf,
+  // www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/; rechecked for issue 28.)
   c.device.peak_flops = {{"bf16", 312e12}, {"f16", 312e12}, {"tf32", 156e12}, {"f32", 19.5e12}};
   c.device.memory_bytes = memory_gb * 1e9;
   c.device.memory_bandwidth = memory_gb > 60 ? 2.039e12 : 1.555e12;
   // Third-generation NVLink through NVSwitch: 600 GB/s per GPU, both directions together.
   c.intra = Link{"nvswitch", 300e9, 3e-6};
-  // DGX A100: eight 200 Gb/s HDR InfiniBand NICs per node, one per GPU.
+  // DGX A100: eight 200 Gb/s HDR InfiniBand NICs per node, one per GPU (the DGX A100 datasheet's
+  // eight single-port ConnectX-6 for the compute fabric; two more serve storage). Selene, where
+  // Narayanan et al. 2021 and MT-NLG (Smith et al. 2022) ran, is built of these nodes.
   c.inter = Link{"infiniband", 25e9, 8e-6};
   c.nics_per_node = 8;
   c.calibration = nvidia_calibration(
@@ -76,7 +79,9 @@ Cluster hopper(bool h200) {
   c.devices_per_node = 8;
   c.device.name = h200 ? "H200-SXM-141GB" : "H100-SXM5-80GB";
   // NVIDIA H100/H200 SXM datasheets: 989 TFLOP/s dense bf16 (1979 with sparsity), 494.7 tf32,
-  // 67 f32; H100 80 GB HBM3 at 3.35 TB/s, H200 141 GB HBM3e at 4.8 TB/s.
+  // 67 f32; H100 80 GB HBM3 at 3.35 TB/s, H200 141 GB HBM3e at 4.8 TB/s (www.nvidia.com/en-us/
+  // data-center/h100/ and /h200/, product specifications, SXM column; rechecked for issue 28:
+  // the Megatron-LM README's MFU is its TFLOP/s over this 989).
   c.device.peak_flops = {{"bf16", 989e12}, {"f16", 989e12}, {"tf32", 494.7e12}, {"f32", 67e12}};
   c.device.memory_bytes = h200 ? 141e9 : 80e9;
   c.device.memory_bandwidth = h200 ? 4.8e12 : 3.35e12;

@@ -32,6 +32,71 @@ PublishedRun row(const char* model, int gpus, int tp, int pp, int64_t batch, dou
   return r;
 }
 
+// A row of the Megatron-LM README's weak-scaling table: the model (heads, hidden, layers are
+// its preset), tp, pp, dp, the GPU count (tp·pp·dp), the global batch, per-GPU teraFLOP/s and
+// MFU as printed. Assumptions where the README is silent, each the reading that fits what it
+// does say:
+//  - sequence parallelism wherever tp > 1: the runs overlap tensor-parallel communication
+//    (--tp-comm-overlap), which Megatron-Core only does with --sequence-parallel;
+//  - ZeRO stage 1: --overlap-param-gather needs Megatron's distributed optimizer (optimizer
+//    states sharded over dp, gradients reduce-scattered, parameters all-gathered);
+//  - no activation recomputation (Megatron's default; the README names none) and
+//    micro-batch size 1;
+//  - the plain 1F1B schedule where pipelined: no --num-layers-per-virtual-pipeline-stage is
+//    named, and the 119B row's 23 layers per stage would only interleave one layer a chunk;
+//  - bf16: MFU is the TFLOP/s over H100's dense bf16 peak of 989 TFLOP/s (408.8 / 989 = 41%,
+//    459.9 / 989 = 47%, as printed).
+// The TFLOP/s count model FLOPs: they are MFU x 989, so recomputation, if any, is not in them.
+PublishedRun mcore_row(const char* model, int tp, int pp, int dp, int64_t batch, double tflops, double mfu) {
+  PublishedRun r;
+  r.model = model;
+  r.cluster = "dgx-h100:" + std::to_string(tp * pp * dp);
+  r.dtype = "bf16";
+  r.global_batch = batch;
+  r.layout.tp = tp;
+  r.layout.pp = pp;
+  r.layout.dp = dp;
+  r.layout.sp = tp > 1;
+  r.layout.sharding_stage = 1;
+  r.layout.micro_batch = 1;
+  r.layout.micro_batches = batch / dp;
+  r.layout.recompute = "none";
+  r.layout.schedule = "1F1B";
+  r.tflops_per_device = tflops;
+  r.model_flops = true;
+  r.mfu = mfu;
+  r.source = "Megatron-LM README (Megatron-Core r0.8), H100 weak scaling";
+  return r;
+}
+
+// A row of MT-NLG's system performance (Smith et al. 2022, §2.4): DGX A100 nodes, tp 8 inside
+// a node, pp 35 across nodes, dp the rest, batch 1920 of 2048 tokens; the iteration time and
+// the TFLOP/s per GPU as printed. The TFLOP/s are hardware FLOPs with full recomputation: the
+// 530B model's 96·B·s·l·h²(1 + s/6h + V/16lh) = 1.69e19 FLOPs per step over 60.1 s on 2240
+// GPUs is 125.7 TFLOP/s, the 126 printed (120.4 and 113.5 for the other two rows). Assumptions
+// where the paper is silent: micro-batch size 1; DeepSpeed's pipeline engine schedule, which
+// is 1F1B without interleaving; full recomputation (the TFLOP/s above count it); plain data
+// parallelism (ZeRO stage 0: the paper names tensor, pipeline and data parallelism only);
+// bf16.
+PublishedRun mtnlg_row(int nodes, double seconds, double tflops) {
+  PublishedRun r;
+  r.model = "mt-nlg-530b";
+  r.cluster = "dgx-a100-80g:" + std::to_string(nodes * 8);
+  r.dtype = "bf16";
+  r.global_batch = 1920;
+  r.layout.tp = 8;
+  r.layout.pp = 35;
+  r.layout.dp = nodes * 8 / (8 * 35);
+  r.layout.micro_batch = 1;
+  r.layout.micro_batches = r.global_batch / r.layout.dp;
+  r.layout.recompute = "full";
+  r.layout.schedule = "1F1B";
+  r.tflops_per_device = tflops;
+  r.iteration_time = seconds;
+  r.source = "Smith et al. 2022, section 2.4";
+  return r;
+}
+
 }  // namespace
 
 std::vector<PublishedRun> narayanan2021_table1() {
@@ -41,6 +106,54 @@ std::vector<PublishedRun> narayanan2021_table1() {
       row("gpt-39b", 512, 8, 2, 1536, 138),   row("gpt-76b", 1024, 8, 4, 1792, 140),
       row("gpt-146b", 1536, 8, 8, 2304, 148), row("gpt-310b", 1920, 8, 16, 2160, 155),
       row("gpt-530b", 2520, 8, 35, 2520, 163), row("gpt-1t", 3072, 8, 64, 3072, 163),
+  };
+}
+
+// Source: github.com/NVIDIA/Megatron-LM, README.md, section "Training Speed and Scalability",
+// at tag core_v0.8.0 (commit baf94af3c667248865f23df73b9fb8e2395e6fd0, 2024-08-12). The table
+// is the image images/model_table.png the section shows (added in commit
+// f2e5db402c44ae309aa6448bcb4ae87e8ae0f5f4, "New scaling figures on H100 GPUs", 2024-07-15;
+// the same file at the tag), columns: Model size, Attention heads, Hidden size, Number of
+// layers, Tensor MP size, Pipeline MP size, Data-parallel size, Number of GPUs, Batch size,
+// Per-GPU teraFLOP/s, MFU, Aggregate petaFLOP/s. The text: "All models use a vocabulary size
+// of 131,072 and a sequence length of 4096". Read off the image and cross-checked: tp·pp·dp is
+// the GPU count and TFLOP/s x GPUs the aggregate column on every row.
+std::vector<PublishedRun> megatron_core_r08_weak_scaling() {
+  return {
+      mcore_row("mcore-gpt-1.7b", 1, 1, 48, 192, 408.8, 0.41),
+      mcore_row("mcore-gpt-7.1b", 2, 1, 48, 192, 465.9, 0.47),
+      mcore_row("mcore-gpt-16b", 4, 1, 48, 192, 489.1, 0.49),
+      mcore_row("mcore-gpt-32b", 8, 1, 48, 192, 459.6, 0.46),
+      mcore_row("mcore-gpt-70b", 8, 2, 48, 384, 419.7, 0.42),
+      mcore_row("mcore-gpt-119b", 8, 4, 48, 768, 420.5, 0.43),
+      mcore_row("mcore-gpt-177b", 8, 6, 48, 1152, 432.8, 0.44),
+      mcore_row("mcore-gpt-314b", 8, 8, 48, 1536, 474.4, 0.48),
+      mcore_row("mcore-gpt-462b", 8, 16, 48, 3072, 459.9, 0.47),
+  };
+}
+
+// Source: Smith et al. 2022, arXiv:2201.11990, §2.4 (system performance evaluation): the 530B
+// model at global batch 1920 on 280, 350 and 420 DGX A100 servers, iteration times 60.1, 50.2
+// and 44.4 s, which the paper says correspond to 126, 121 and 113 teraFLOP/s per GPU. The
+// paper's own text was not reachable from this workspace: the figures are as two independent
+// secondary sources quote §2.4 (github.com/cli99/llm-analysis,
+// examples/megatron-turing-nlg/README.md; and a hand-read dataset of held-out runs citing the
+// PDF's p7), which agree on every number, and they are consistent with the model's FLOP count
+// (see mtnlg_row). GPU memory: 80 GB A100s, as that dataset reads §2.3 and as the Microsoft
+// Research blog post announcing MT-NLG (2021-10-11) describes Selene's DGX A100 nodes;
+// llm-analysis assumes 40 GB parts, the one source saying so. The layout, tp 8 and pp 35 with
+// dp the rest (8, 10, 12), is as issue 28 and llm-analysis's run_train.sh give it.
+std::vector<PublishedRun> smith2022_mtnlg() {
+  return {mtnlg_row(280, 60.1, 126), mtnlg_row(350, 50.2, 121), mtnlg_row(420, 44.4, 113)};
+}
+
+std::vector<PublishedTable> published_tables() {
+  return {
+      {"narayanan2021-table1", "Narayanan et al. 2021, Table 1 (arXiv:2104.04473)", narayanan2021_table1()},
+      {"megatron-core-r0.8-h100",
+       "Megatron-LM README.md at core_v0.8.0 (baf94af3c667), Training Speed and Scalability",
+       megatron_core_r08_weak_scaling()},
+      {"mt-nlg-530b", "Smith et al. 2022, section 2.4 (arXiv:2201.11990)", smith2022_mtnlg()},
   };
 }
 

@@ -1,0 +1,153 @@
+// The planner against the published runs it was not calibrated on (issue 28, deliverable 3):
+// for every row of every table in plan/published.h, the published layout evaluated on its
+// cluster preset, predicted beside published, with each table's mean and max error. What is
+// asserted is what must hold today — the tables are what their sources print, each row plans,
+// fits and is simulated; the error bound of issue 28 (mean <= 10%, max <= 20% per table) is for
+// the planner v2 and is printed, not asserted.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cctype>
+#include <cstdio>
+#include <string>
+
+#include "tessel/plan/published.h"
+
+using namespace tessel;
+using namespace tessel::plan;
+
+namespace {
+
+const PublishedTable& table(const std::string& name) {
+  static const std::vector<PublishedTable> tables = published_tables();
+  for (const PublishedTable& t : tables)
+    if (t.name == name) return t;
+  throw std::runtime_error("no published table " + name);
+}
+
+Cluster cluster_of(const PublishedRun& r) {
+  Cluster c = cluster_preset(r.cluster);
+  c.dtype = r.dtype;
+  return c;
+}
+
+// The FLOPs of one step in the source's count: model FLOPs, or hardware FLOPs with the
+// layout's recomputation.
+double published_flops(const PublishedRun& r) {
+  return step_flops(model_preset(r.model), r.global_batch, r.model_flops ? "none" : r.layout.recompute);
+}
+
+// The published step time: as printed, or where the source gives throughput alone, the time
+// its TFLOP/s imply for the step's FLOPs (the same count, so the time error is the TFLOP/s one).
+double published_seconds(const PublishedRun& r) {
+  if (r.iteration_time > 0) return r.iteration_time;
+  return published_flops(r) / (r.tflops_per_device * 1e12 * cluster_of(r).devices());
+}
+
+}  // namespace
+
+// Each table is what its source prints: the layout covers the cluster, the model presets have
+// the sizes the sources name, and the reported figures agree with one another (MFU with
+// TFLOP/s over the peak; MT-NLG's TFLOP/s with its iteration times and the 530B FLOP count).
+TEST(PublishedTables, RowsAreConsistentWithTheirSources) {
+  for (const PublishedTable& t : published_tables()) {
+    SCOPED_TRACE(t.name);
+    EXPECT_FALSE(t.rows.empty());
+    for (const PublishedRun& r : t.rows) {
+      SCOPED_TRACE(r.model + " on " + r.cluster);
+      const Cluster c = cluster_of(r);
+      EXPECT_EQ(r.layout.devices(), c.devices());
+      EXPECT_EQ(r.layout.dp * r.layout.micro_batch * r.layout.micro_batches, r.global_batch);
+      if (r.mfu > 0) {
+        EXPECT_NEAR(r.tflops_per_device * 1e12 / c.peak(), r.mfu, 0.005);
+      }
+      if (r.iteration_time > 0) {
+        EXPECT_NEAR(published_flops(r) / (r.iteration_time * c.devices()) / 1e12 / r.tflops_per_device, 1.0, 0.01);
+      }
+    }
+  }
+  // The README's model sizes from the presets (untied embedding and output layer).
+  const std::pair<const char*, double> sizes[] = {
+      {"mcore-gpt-1.7b", 1.7e9},  {"mcore-gpt-7.1b", 7.1e9},   {"mcore-gpt-16b", 16e9},
+      {"mcore-gpt-32b", 32e9},    {"mcore-gpt-70b", 70e9},     {"mcore-gpt-119b", 119e9},
+      {"mcore-gpt-177b", 177e9},  {"mcore-gpt-314b", 314e9},   {"mcore-gpt-462b", 462e9},
+      {"mt-nlg-530b", 530e9},
+  };
+  // The README rounds down: its 1.7B is 1.75B with the learned position table.
+  for (const auto& [name, params] : sizes) EXPECT_NEAR(model_preset(name).parameters() / params, 1.0, 0.04) << name;
+  EXPECT_EQ(table("megatron-core-r0.8-h100").rows.size(), 9u);
+  EXPECT_EQ(table("mt-nlg-530b").rows.size(), 3u);
+}
+
+// "dp=48 tp=8 pp=16 vpp=1 mbs=1 z1 sp none 1F1B": the layout in a column's width.
+static std::string short_layout(const Layout& l) {
+  return "dp=" + std::to_string(l.dp) + " tp=" + std::to_string(l.tp) + " pp=" + std::to_string(l.pp) +
+         " vpp=" + std::to_string(l.vpp) + " mbs=" + std::to_string(l.micro_batch) + " z" +
+         std::to_string(l.sharding_stage) + (l.sp ? " sp " : " ") + l.recompute + " " + l.schedule;
+}
+
+// Every row's published layout plans on its cluster preset (its schedule played) and is
+// compared; the printout is predicted against published per row, the step's breakdown (% of
+// the predicted step: compute, exposed tensor-parallel, pipeline-send, data-parallel
+// communication, bubble, optimizer) and the table's mean and max absolute error.
+//
+// Memory: every row must fit, except that today's activation count (cost_model.cc,
+// layer_activation_bytes) charges the softmax scores and their dropout (a·s² per layer and
+// micro-batch) even where the cluster's software runs fused attention, which keeps none of
+// them. At the README's sequence of 4096 that is 5·a·s/h ≈ 160 bytes per token and hidden unit
+// against 34 for the rest of the layer, so its pipelined rows (70B to 462B) come out at
+// 100-240 GB. Such a row is printed as not fitting, and must fit once the scores are not
+// charged (the published layout with selective recompute, whose count drops exactly them).
+class PublishedTableTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PublishedTableTest, EveryRowPlansAndIsCompared) {
+  const PublishedTable& t = table(GetParam());
+  std::printf("\n%s: %s\n", t.name.c_str(), t.source.c_str());
+  std::printf("%-15s %5s %-44s %8s %8s %7s %8s %8s %6s  %-27s\n", "model", "GPUs", "layout", "TF/s pub",
+              "TF/s prd", "error", "s pub", "s pred", "mem GB", "comp/tp/pp/dp/bubble/opt %");
+  double sum = 0, worst = 0;
+  int unfit = 0;
+  for (const PublishedRun& r : t.rows) {
+    SCOPED_TRACE(r.model + " on " + r.cluster);
+    const ModelSpec m = model_preset(r.model);
+    const Cluster c = cluster_of(r);
+    Estimate e;
+    ASSERT_NO_THROW(e = evaluate(m, c, r.layout, r.global_batch));
+    EXPECT_TRUE(e.simulated);
+    if (!e.fits) {
+      ++unfit;
+      Layout no_scores = r.layout;
+      no_scores.recompute = "selective";
+      const Estimate s = evaluate(m, c, no_scores, r.global_batch);
+      EXPECT_TRUE(r.layout.recompute == "none" && c.calibration.fused_attention && s.fits)
+          << "needs " << e.memory.total() / 1e9 << " GB of " << c.device.memory_bytes / 1e9 << " ("
+          << s.memory.total() / 1e9 << " GB without the attention scores)";
+    }
+    const double predicted = published_flops(r) / e.step_time / c.devices() / 1e12;
+    const double error = predicted / r.tflops_per_device - 1;
+    sum += std::abs(error);
+    worst = std::max(worst, std::abs(error));
+    auto pct = [&](double part) { return static_cast<int>(std::lround(100 * part / e.step_time)); };
+    std::printf("%-15s %5d %-44s %8.1f %8.1f %+6.1f%% %7.2f%s %8.2f %6.1f  %d/%d/%d/%d/%d/%d%s\n", r.model.c_str(),
+                c.devices(), short_layout(r.layout).c_str(), r.tflops_per_device, predicted, 100 * error,
+                published_seconds(r), r.iteration_time > 0 ? " " : "*", e.step_time, e.memory.total() / 1e9,
+                pct(e.compute), pct(e.tp_comm), pct(e.pp_comm), pct(e.dp_comm), pct(e.bubble), pct(e.optimizer),
+                e.fits ? "" : "  does not fit (attention scores charged)");
+  }
+  const double mean = sum / static_cast<double>(t.rows.size());
+  std::printf("%s: mean absolute error %.1f%%, max %.1f%% over %zu rows (%s TFLOP/s; * the step time the published "
+              "TFLOP/s imply); %d rows over the device memory\n",
+              t.name.c_str(), 100 * mean, 100 * worst, t.rows.size(), t.rows.front().model_flops ? "model" : "hardware",
+              unfit);
+  RecordProperty("mean_abs_error_pct", std::to_string(100 * mean));
+  RecordProperty("max_abs_error_pct", std::to_string(100 * worst));
+}
+
+INSTANTIATE_TEST_SUITE_P(Published, PublishedTableTest,
+                         ::testing::Values("narayanan2021-table1", "megatron-core-r0.8-h100", "mt-nlg-530b"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           std::string n = i.param;
+                           std::replace_if(n.begin(), n.end(), [](char ch) { return !std::isalnum(ch); }, '_');
+                           return n;
+                         });
