@@ -24,6 +24,12 @@ assert times == sorted(times), times
 PY
 grep -q "<svg" "$tmp/p.svg"
 
+# --published: every table of plan/published.h, predicted against published, with its errors.
+"$tessel" plan --published > "$tmp/published.txt"
+for table in narayanan2021-table1 megatron-core-r0.8-h100 mt-nlg-530b; do
+  grep -q "^$table: mean absolute error" "$tmp/published.txt" || { cat "$tmp/published.txt"; echo "no $table"; exit 1; }
+done
+
 # One layout: the published 1T layout of Narayanan et al. 2021.
 "$tessel" plan --model gpt-1t --cluster dgx-a100-80g:3072 --global-batch 3072 \
   --layout dp=6,tp=8,pp=64,vpp=2,mbs=1,sharding_stage=0,sp=false,recompute=full | grep -q "dp=6,tp=8,pp=64,vpp=2"
