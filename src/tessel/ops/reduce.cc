@@ -367,8 +367,8 @@ std::vector<Tensor> cumsum_backward(const GradCall& g) { return {cumsum_raw(g.gr
 
 // ---------------------------------------------------------------- SPMD rules
 // sum/mean: a sharded reduced dim gives Partial(sum) (mean divides by the global count);
-// Partial(sum) inputs pass through. max/argmax/topk/cumsum need their dim whole (the gradient
-// of a max must reach only the true maximum), and other dims keep their shards.
+// Partial(sum) inputs pass through. max: a sharded reduced dim gives Partial(max) (below).
+// argmax/topk/cumsum need their dim whole, and other dims keep their shards.
 
 std::vector<int64_t> rule_dims(const SpmdCall& c, const char* key) {
   int64_t r = static_cast<int64_t>(c.inputs[0].shape.size());
@@ -408,8 +408,27 @@ SpmdDecision whole_dims_rule(const SpmdCall& c, const std::vector<int64_t>& whol
   return dec;
 }
 
+// max: a sharded reduced dim gives Partial(max) — the dist layer's own implementation
+// (dist/custom_ops.cc) then routes the gradient to the one rank holding the selected element;
+// every other layout runs the local kernel as usual.
 SpmdDecision max_spmd(const SpmdCall& c) {
-  return whole_dims_rule(c, rule_dims(c, "dims"), c.attrs.b("keepdim"), spmd::Linearity::none, 1);
+  const std::vector<int64_t> dims = rule_dims(c, "dims");
+  spmd::LabelRule r;
+  r.linearity = spmd::Linearity::none;
+  r.contracted = ReduceOp::max;
+  const Shape& s = c.inputs[0].shape;
+  for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
+    const char L = static_cast<char>('a' + d);
+    const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
+    r.inputs.resize(1);
+    r.inputs[0] += L;
+    if (!reduced) r.output += L;
+    else if (c.attrs.b("keepdim")) r.output += '.';
+  }
+  SpmdDecision dec = spmd::label_rule(c, r);
+  for (const Placement& p : dec.inputs[0])
+    dec.custom = dec.custom || (p.is_shard() && std::find(dims.begin(), dims.end(), p.dim) != dims.end());
+  return dec;
 }
 SpmdDecision argmax_spmd(const SpmdCall& c) {
   return whole_dims_rule(c, rule_dims(c, "dim"), c.attrs.b("keepdim"), spmd::Linearity::none, 1);
