@@ -61,6 +61,14 @@ struct SpmdAudit {
     size_t chosen = 0;
   };
   std::vector<Entry> entries;
+  // Every decision the dist layer applied while the audit was set, with what it applied it to.
+  struct Decision {
+    std::string op;
+    std::vector<TensorMeta> inputs, outputs;  // global metas (visible outputs)
+    std::vector<Placements> current;          // the inputs' placements before the call
+    SpmdDecision decision;
+  };
+  std::vector<Decision> decisions;
 };
 // This thread's audit sink (null: nothing is recorded).
 SpmdAudit*& spmd_audit();
