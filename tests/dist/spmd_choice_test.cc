@@ -123,6 +123,13 @@ const Row kRows[] = {
     {"cross_entropy", "2", "6,10;6", "[S(1)];[R]", "[S(1)];[R]", "[R]"},
     {"cross_entropy", "2", "6,10;6", "[S(0)];[S(0)]", "[S(0)];[S(0)]", "[R]"},
     {"cross_entropy", "2x2", "6,10;6", "[S(0),S(1)];[S(0),R]", "[S(0),S(1)];[S(0),R]", "[R,R]"},
+    // the forms added with the issue: class dim 1 ([B, C, T]), layer_norm over two dims, comparisons
+    {"cross_entropy:1", "2", "2,6,3;2,3", "[S(1)];[R]", "[S(2)];[R]", "[R]", "vocab-parallel after the class dim moves last"},
+    {"cross_entropy:1", "2x2", "4,6,3;4,3", "[S(0),S(1)];[S(0),R]", "[S(0),S(2)];[S(0),R]", "[R,R]"},
+    {"layer_norm:2", "2x2", "4,6,8", "[S(0),S(2)]", "[S(0),R]", "[S(0),R]"},
+    {"layer_norm:2", "2", "4,6,8", "[S(1)]", "[R]", "[R]", "tessel: one all_to_all to S(0) rather than an all_gather"},
+    {"lt", "2x2", "4,6;4,6", "[S(0),S(1)];[S(0),R]", "[S(0),S(1)];[S(0),S(1)]", "[S(0),S(1)]"},
+    {"lt", "2", "4,6;6", "[S(1)];[S(0)]", "[S(1)];[S(0)]", "[S(1)]"},
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -156,7 +163,7 @@ OpCase op_case(const Row& r) {
     Tensors in;
     for (size_t i = 0; i < shapes.size(); ++i) {
       if (name == "embedding" && i == 1) in.push_back(index_tensor(shapes[i], shapes[0][0], 71));
-      else if (name == "cross_entropy" && i == 1) in.push_back(index_tensor(shapes[i], shapes[0].back(), 72));
+      else if (name == "cross_entropy" && i == 1) in.push_back(index_tensor(shapes[i], shapes[0][shapes[0].size() == 3 ? 1 : shapes[0].size() - 1], 72));
       else in.push_back(rand_tensor(shapes[i], dt, 60 + i));
     }
     return in;
@@ -172,9 +179,14 @@ OpCase op_case(const Row& r) {
   else if (name == "max") f = [d = std::stoll(arg)](const Tensors& in) { return max(in[0], {d}); };
   else if (name == "reshape") f = [s = ints(arg)](const Tensors& in) { return reshape(in[0], s); };
   else if (name == "permute") f = [s = ints(arg)](const Tensors& in) { return permute(in[0], s); };
-  else if (name == "layer_norm") f = [](const Tensors& in) { return layer_norm(in[0]); };
+  else if (name == "layer_norm")
+    f = [n = arg.empty() ? 1 : std::stoll(arg)](const Tensors& in) { return layer_norm(in[0], {}, {}, 1e-5, n); };
+  else if (name == "lt") f = [](const Tensors& in) { return lt(in[0], in[1]); };
   else if (name == "embedding") f = [](const Tensors& in) { return embedding(in[0], in[1]); };
-  else if (name == "cross_entropy") f = [](const Tensors& in) { return cross_entropy(in[0], in[1]); };
+  else if (name == "cross_entropy")
+    f = [cd = arg.empty() ? -1 : std::stoll(arg)](const Tensors& in) {
+      return cross_entropy(in[0], in[1], -100, Reduction::mean, cd);
+    };
   else throw Error(fmt::format("spmd_choice_test: unknown op '{}'", name));
   c.run = [f](const Tensors& in) { return Tensors{f(in)}; };
   return c;
