@@ -88,6 +88,9 @@ const Row kRows[] = {
     {"max:1", "2x2", "4,6,8", "[S(1),S(0)]", "[S(1),S(0)]", "[P(max),S(0)]"},
     {"max:2", "2x2x2", "4,6,8", "[S(2),S(2),S(0)]", "[S(2),S(2),S(0)]", "[P(max),P(max),S(0)]"},
     {"max:1", "4", "3,5", "[S(1)]", "[S(1)]", "[P(max)]"},
+    {"argmax:1", "2", "4,6", "[S(1)]", "[R]", "[R]", "small: one all_to_all to another dim is cheaper than the merge's two collectives"},
+    {"argmax:1", "2", "4,4096", "[S(1)]", "[R]", "[R]", "each rank's top-1 merged (two all_reduces of the output) instead of gathering the input"},
+    {"argmax:0", "2x2", "7,5", "[S(0),S(1)]", "[R,S(1)]", "[S(0)]"},
     // views
     {"reshape:1,6", "2", "1,6", "[S(0)]", "[S(0)]", "[S(0)]", "the identity view moves nothing (issue item 3)"},
     {"reshape:6", "2", "2,3", "[S(0)]", "[S(0)]", "[S(0)]"},
@@ -177,6 +180,7 @@ OpCase op_case(const Row& r) {
   else if (name == "softmax") f = [d = std::stoll(arg)](const Tensors& in) { return softmax(in[0], d); };
   else if (name == "sum") f = [d = std::stoll(arg)](const Tensors& in) { return sum(in[0], {d}); };
   else if (name == "max") f = [d = std::stoll(arg)](const Tensors& in) { return max(in[0], {d}); };
+  else if (name == "argmax") f = [d = std::stoll(arg)](const Tensors& in) { return argmax(in[0], d); };
   else if (name == "reshape") f = [s = ints(arg)](const Tensors& in) { return reshape(in[0], s); };
   else if (name == "permute") f = [s = ints(arg)](const Tensors& in) { return permute(in[0], s); };
   else if (name == "layer_norm")
@@ -212,7 +216,32 @@ double price(const ProcessMesh& mesh, const SpmdAudit::Decision& d, const std::v
     if (reduced != out[j])
       total += 0.5 * plan_reshard(DistAttr(mesh, out[j]), DistAttr(mesh, reduced), d.outputs[j].shape, d.outputs[j].dtype).cost;
   }
+  // argmax over a sharded dim: the dist layer merges the ranks' candidates with two all_reduces
+  // (values, then positions, f64) of the output along each mesh dim sharding the dim.
+  if (d.op == "argmax" && d.decision.custom) {
+    Placements partial = d.decision.outputs[0], whole = partial;
+    for (size_t m = 0; m < to[0].size(); ++m)
+      if (to[0][m].is_shard() && d.decision.outputs[0][m].is_replicate()) partial[m] = Partial(ReduceOp::max);
+    total += 2 * plan_reshard(DistAttr(mesh, partial), DistAttr(mesh, whole), d.outputs[0].shape, DType::f64).cost;
+  }
   return total;
+}
+
+// The decision the dist layer applied for `c.op` on rank 0, running `c` on `combo`.
+SpmdAudit::Decision decision_of(const OpCase& c, const Serial& s, const ProcessMesh& mesh,
+                                const std::vector<Placements>& combo) {
+  SpmdAudit audit;
+  spawn(static_cast<int>(mesh.size()), [&](int rank) {
+    NoGradGuard g;
+    Tensors dts;
+    for (size_t i = 0; i < s.inputs.size(); ++i) dts.push_back(shard_tensor(s.inputs[i], mesh, combo[i]));
+    if (rank == 0) spmd_audit() = &audit;
+    c.run(dts);
+    spmd_audit() = nullptr;
+  });
+  for (const SpmdAudit::Decision& x : audit.decisions)
+    if (x.op == c.op) return x;
+  throw Error(fmt::format("no decision recorded for {}", c.op));
 }
 
 TEST(SpmdChoice, NoDearerThanThePeersAndValuesMatchOneRank) {
@@ -225,19 +254,8 @@ TEST(SpmdChoice, NoDearerThanThePeersAndValuesMatchOneRank) {
     const std::vector<Placements> combo = placement_list(r.in);
     const Serial s = serial_run(c);
     // The decision tessel makes, as the dist layer applied it on rank 0.
-    SpmdAudit audit;
-    spawn(static_cast<int>(mesh.size()), [&](int rank) {
-      NoGradGuard g;
-      Tensors dts;
-      for (size_t i = 0; i < s.inputs.size(); ++i) dts.push_back(shard_tensor(s.inputs[i], mesh, combo[i]));
-      if (rank == 0) spmd_audit() = &audit;
-      c.run(dts);
-      spmd_audit() = nullptr;
-    });
-    const SpmdAudit::Decision* d = nullptr;
-    for (const SpmdAudit::Decision& x : audit.decisions)
-      if (x.op == c.op && d == nullptr) d = &x;
-    ASSERT_NE(d, nullptr) << "no decision recorded for " << c.op;
+    const SpmdAudit::Decision decision = decision_of(c, s, mesh, combo);
+    const SpmdAudit::Decision* d = &decision;
     const double ours = price(mesh, *d, d->decision.inputs, d->decision.outputs);
     const double peer = price(mesh, *d, placement_list(r.peer_in), placement_list(r.peer_out));
     EXPECT_LE(ours, peer + 1e-9 * std::max(1.0, peer))
@@ -255,19 +273,33 @@ TEST(SpmdChoice, NoDearerThanThePeersAndValuesMatchOneRank) {
 }
 
 // max over a sharded dim with the maximum on two ranks: the gradient reaches only the first
-// in the global order, as on one rank.
+// in the global order, as on one rank; argmax names that first position.
 TEST(SpmdChoice, MaxOverAShardedDimRoutesTheGradientToTheFirstMaximum) {
-  Tensor x = Tensor::from_doubles({1, 5, 2, 5, 0, 5, 3, 1, 9, 2, 9, 4}, {2, 6}, DType::f64);
+  // Wide enough that argmax merges across ranks rather than moving the input: the maximum 5 at
+  // columns 100 and 1100 of row 0, 700 and 900 of row 1 (on two, three and 2x2 ranks these
+  // fall on different ranks, or twice on one).
+  Nd v(rand_tensor({2, 1200}, DType::f64, 90));
+  for (int64_t j : {100, 1100}) v.v[static_cast<size_t>(j)] = 5;
+  for (int64_t j : {700, 900}) v.v[static_cast<size_t>(1200 + j)] = 5;
+  Tensor x = v.tensor();
   OpCase c;
   c.name = "max ties";
   c.op = "max";
   c.make_inputs = [x](DType) { return Tensors{x}; };
   c.run = [](const Tensors& in) { return Tensors{max(in[0], {1})}; };
   const Serial s = serial_run(c);
+  OpCase a = c;
+  a.name = "argmax ties";
+  a.op = "argmax";
+  a.run = [](const Tensors& in) { return Tensors{argmax(in[0], 1)}; };
+  const Serial sa = serial_run(a);
   for (const char* mesh : {"2", "3", "2x2"}) {
     const ProcessMesh m = ProcessMesh::iota(parse_shape(mesh));
     std::vector<std::vector<Placements>> combos{{Placements(static_cast<size_t>(m.ndim()), Shard(1))}};
     for (std::string& f : validate(c, s, m, combos)) ADD_FAILURE() << f;
+    for (std::string& f : validate(a, sa, m, combos)) ADD_FAILURE() << f;
+    EXPECT_TRUE(decision_of(a, sa, m, combos[0]).decision.custom) << "argmax on " << mesh << " did not merge across ranks";
+    EXPECT_TRUE(decision_of(c, s, m, combos[0]).decision.custom) << "max on " << mesh << " did not give Partial(max)";
   }
 }
 

@@ -97,7 +97,8 @@ std::string check_choices(const SpmdAudit& audit, const ProcessMesh& mesh) {
         Placements reduced = cand.output;
         for (Placement& p : reduced)
           if (p.is_partial()) p = Replicate();
-        owed = 0.5 * plan_reshard(DistAttr(mesh, cand.output), DistAttr(mesh, reduced), e.output.shape, e.output.dtype).cost;
+        owed = e.owed_scale * 0.5 *
+               plan_reshard(DistAttr(mesh, cand.output), DistAttr(mesh, reduced), e.output.shape, e.output.dtype).cost;
       }
       return in + owed;
     };

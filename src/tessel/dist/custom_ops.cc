@@ -23,6 +23,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <type_traits>
 
 #include "tessel/autograd/function.h"
 #include "tessel/core/context.h"
@@ -326,9 +327,69 @@ std::vector<Tensor> dist_max(const OpDef& op, std::vector<Tensor>& inputs, const
   return {out};
 }
 
+// ---------------------------------------------------------------- argmax over a sharded dim
+//
+// Each rank takes its piece's top-1 along the dim (value and global position); the candidates
+// merge over the mesh dims sharding the dim: the maximum value (all_reduce max), then the
+// first global position holding it (all_reduce min) — two all_reduces of the output's size
+// instead of gathering the input. The index output is replicated there. (NaN inputs are not
+// ordered across ranks.)
+std::vector<Tensor> dist_argmax(const OpDef& op, std::vector<Tensor>& inputs, const Attrs& attrs, const SpmdDecision& dec) {
+  const ProcessMesh mesh = dist_attr(inputs[0]).mesh;
+  if (dist_attr(inputs[0]).placements != dec.inputs[0]) inputs[0] = reshard(inputs[0], mesh, dec.inputs[0]);
+  const Tensor& x = inputs[0];
+  const int64_t d = normalize_dim(attrs.i("dim"), x.dim(), "argmax");
+  std::vector<int64_t> select;
+  for (int64_t m = 0; m < mesh.ndim(); ++m)
+    if (dec.inputs[0][static_cast<size_t>(m)].is_shard(d)) select.push_back(m);
+  Placements out_p;
+  for (const Placement& p : dec.outputs[0]) out_p.push_back(p.is_partial() ? Replicate() : p);
+  const std::vector<TensorMeta> in_meta{x.meta()};
+  const TensorMeta out_meta = infer_op(op, in_meta, attrs)[0];
+  const int64_t rank = current_world_rank();
+  if (!mesh.contains(rank))
+    return {wrap_dtensor(Tensor::zeros(Shape(out_meta.shape.size(), 0), DType::i64), DistAttr(mesh, out_p), out_meta.shape)};
+  const Tensor local = view::contiguous(local_piece(x));
+  const int64_t L = local.size(d), offset = DistAttr(mesh, dec.inputs[0]).local_offset(x.shape(), rank)[static_cast<size_t>(d)];
+  const Shape out_local = DistAttr(mesh, out_p).local_shape(out_meta.shape, rank);
+  const int64_t n = shape_numel(out_local);
+  std::vector<double> best(static_cast<size_t>(n), -std::numeric_limits<double>::infinity());
+  std::vector<double> first(static_cast<size_t>(n), std::numeric_limits<double>::infinity());
+  if (L > 0) {
+    GradModeGuard no_grad(false);
+    const std::vector<Tensor> in_local{local};
+    const Tensor idx = view::contiguous(run_kernel(op, in_local, attrs)[0]);
+    const int64_t* pi = idx.data<int64_t>();
+    int64_t inner = 1;
+    for (int64_t j = d + 1; j < local.dim(); ++j) inner *= local.size(j);
+    TESSEL_DISPATCH_ALL(local.dtype(), "argmax", [&]<typename T>() {
+      if constexpr (!std::is_same_v<T, bool>) {
+        const T* px = local.data<T>();
+        for (int64_t o = 0; o < n; ++o) {
+          const int64_t outer = o / inner, i = o % inner;
+          const T v = px[(outer * L + pi[o]) * inner + i];
+          if constexpr (std::is_same_v<T, BFloat16>) best[o] = static_cast<double>(static_cast<float>(v));
+          else best[o] = static_cast<double>(v);
+          first[o] = static_cast<double>(pi[o] + offset);
+        }
+      }
+    });
+  }
+  std::vector<double> mine = best;
+  for (int64_t m : select) mesh_dim_group(mesh, m)->all_reduce(best.data(), n, DType::f64, ReduceOp::max);
+  for (int64_t o = 0; o < n; ++o)
+    if (mine[o] != best[o]) first[o] = std::numeric_limits<double>::infinity();
+  for (int64_t m : select) mesh_dim_group(mesh, m)->all_reduce(first.data(), n, DType::f64, ReduceOp::min);
+  Tensor out = Tensor::empty(out_local, DType::i64);
+  int64_t* po = out.data<int64_t>();
+  for (int64_t o = 0; o < n; ++o) po[o] = static_cast<int64_t>(first[o]);
+  return {wrap_dtensor(out, DistAttr(mesh, out_p), out_meta.shape)};
+}
+
 }  // namespace
 
 void register_custom_ops() {
+  register_dist_impl("argmax", &dist_argmax);
   register_dist_impl("cross_entropy", &dist_cross_entropy);
   register_dist_impl("max", &dist_max);
 }

@@ -57,6 +57,7 @@ struct SpmdAudit {
     std::vector<TensorMeta> inputs;  // the covered inputs
     std::vector<Placements> current;
     TensorMeta output;  // as the rule estimated it (for the owed reductions)
+    double owed_scale = 1.0;  // the owed reductions, as a multiple of owed_reduction_cost
     std::vector<SpmdCandidate> candidates;
     size_t chosen = 0;
   };

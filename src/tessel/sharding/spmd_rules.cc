@@ -90,8 +90,8 @@ SpmdDecision label_rule(const SpmdCall& c, const LabelRule& rule) {
   thread_local std::unordered_map<std::string, SpmdDecision> cache;
   std::string key;
   if (audit == nullptr) {
-    key = fmt::format("{}>{}|{}|{}|{}", fmt::join(rule.inputs, ","), rule.output, static_cast<int>(rule.linearity),
-                      static_cast<int>(rule.contracted), fmt::join(mesh.shape(), "x"));
+    key = fmt::format("{}>{}|{}|{}|{}|{}", fmt::join(rule.inputs, ","), rule.output, static_cast<int>(rule.linearity),
+                      static_cast<int>(rule.contracted), rule.owed_scale, fmt::join(mesh.shape(), "x"));
     for (size_t i = 0; i < n; ++i)
       key += fmt::format("|{}{}{}", c.inputs[i].dtype, shape_str(c.inputs[i].shape), placements_str(c.input_attrs[i].placements));
     auto it = cache.find(key);
@@ -197,6 +197,7 @@ SpmdDecision label_rule(const SpmdCall& c, const LabelRule& rule) {
       entry.current.push_back(c.input_attrs[i].placements);
     }
     entry.output = out_meta;
+    entry.owed_scale = rule.owed_scale;
   }
   std::vector<size_t> idx(static_cast<size_t>(M), 0);
   SpmdCandidate best;
@@ -216,7 +217,7 @@ SpmdDecision label_rule(const SpmdCall& c, const LabelRule& rule) {
       cand.input_cost += reshard_cost(c.input_attrs[i], cand.inputs[i], c.inputs[i].shape, c.inputs[i].dtype);
       for (int64_t m = 0; m < M; ++m) cand.changes += cand.inputs[i][static_cast<size_t>(m)] == current(i, m) ? 0 : 1;
     }
-    cand.owed_cost = owed_reduction_cost(mesh, cand.output, out_meta);
+    cand.owed_cost = rule.owed_scale * owed_reduction_cost(mesh, cand.output, out_meta);
     // Costs within a part in a billion are a tie: fewer changed placements win, then the
     // candidate enumerated first.
     const double tol = 1e-9 * std::max(1.0, have_best ? best.cost() : 0.0);

@@ -44,6 +44,10 @@ struct LabelRule {
   std::string output;               // labels of the (single) output
   Linearity linearity = Linearity::none;
   ReduceOp contracted = ReduceOp::sum;  // Partial kind of an output whose sharded label was contracted
+  // What a Partial output owes, as a multiple of owed_reduction_cost: 1 for a reduction left
+  // to the consumer; more where the dist layer settles it itself (argmax merges with two
+  // all_reduces, 4 halves).
+  double owed_scale = 1.0;
 };
 
 // Decides placements for inputs [0, rule.inputs.size()) and one output. Further inputs of the
