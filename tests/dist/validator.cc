@@ -1,6 +1,8 @@
 // The rule validator's machinery (see validator.h).
 #include "validator.h"
 
+#include <algorithm>
+#include <cmath>
 #include <mutex>
 
 #include "tessel/autograd/engine.h"
@@ -9,6 +11,7 @@
 #include "tessel/core/philox.h"
 #include "tessel/core/view.h"
 #include "tessel/dist/dtensor.h"
+#include "tessel/dist/reshard.h"
 
 namespace tessel::testing {
 
@@ -82,6 +85,42 @@ std::string combo_str(const std::vector<Placements>& combo) {
   return s;
 }
 
+std::string check_choices(const SpmdAudit& audit, const ProcessMesh& mesh) {
+  for (const SpmdAudit::Entry& e : audit.entries) {
+    // Each candidate priced again by the reshard planner itself, plan by plan.
+    auto price = [&](const SpmdCandidate& cand) {
+      double in = 0;
+      for (size_t i = 0; i < e.inputs.size(); ++i)
+        in += plan_reshard(DistAttr(mesh, e.current[i]), DistAttr(mesh, cand.inputs[i]), e.inputs[i].shape, e.inputs[i].dtype).cost;
+      double owed = 0;
+      if (std::any_of(cand.output.begin(), cand.output.end(), [](const Placement& p) { return p.is_partial(); })) {
+        Placements reduced = cand.output;
+        for (Placement& p : reduced)
+          if (p.is_partial()) p = Replicate();
+        owed = e.owed_scale * 0.5 *
+               plan_reshard(DistAttr(mesh, cand.output), DistAttr(mesh, reduced), e.output.shape, e.output.dtype).cost;
+      }
+      return in + owed;
+    };
+    if (e.candidates.empty()) return fmt::format("rule of {} considered no candidate", e.op);
+    const SpmdCandidate& chosen = e.candidates[e.chosen];
+    const double chosen_cost = price(chosen);
+    auto layout = [](const SpmdCandidate& x) {
+      std::string s;
+      for (const Placements& p : x.inputs) s += (s.empty() ? "" : " x ") + placements_str(p);
+      return s + " -> " + placements_str(x.output);
+    };
+    for (const SpmdCandidate& cand : e.candidates) {
+      const double v = price(cand);
+      if (std::abs(v - cand.cost()) > 1e-6 * std::max(1.0, v))
+        return fmt::format("rule of {}: candidate {} priced {} by the rule, {} by the planner", e.op, layout(cand), cand.cost(), v);
+      if (v < chosen_cost - 1e-9 * std::max(1.0, chosen_cost))
+        return fmt::format("rule of {} chose {} at {} over the cheaper {} at {}", e.op, layout(chosen), chosen_cost, layout(cand), v);
+    }
+  }
+  return "";
+}
+
 std::vector<std::string> validate_on_rank(const OpCase& c, const Serial& s, const ProcessMesh& mesh,
                                           const std::vector<std::vector<Placements>>& combos, int rank) {
   std::vector<std::string> failures;
@@ -96,7 +135,18 @@ std::vector<std::string> validate_on_rank(const OpCase& c, const Serial& s, cons
                 }
                 for (Tensor& t : dts)
                   if (is_floating(t.dtype())) t.set_requires_grad(true);
-                Tensors outs = c.run(dts);
+                // Rank 0 records what the rules weighed during the forward and checks it below.
+                SpmdAudit audit;
+                if (rank == 0) spmd_audit() = &audit;
+                Tensors outs;
+                try {
+                  outs = c.run(dts);
+                } catch (...) {
+                  spmd_audit() = nullptr;
+                  throw;
+                }
+                spmd_audit() = nullptr;
+                problem = check_choices(audit, mesh);
                 Tensor loss;
                 for (size_t k = 0; k < outs.size(); ++k) {
                   Tensor full;

@@ -8,6 +8,7 @@
 
 #include "ops/op_cases.h"
 #include "tessel/sharding/dist_attr.h"
+#include "tessel/sharding/spmd.h"
 
 namespace tessel::testing {
 
@@ -24,6 +25,10 @@ std::vector<Placements> placement_lists(int64_t rank, bool floating, int64_t ndi
 // drawn deterministically from `seed` when there are more.
 std::vector<std::vector<Placements>> combinations(const Tensors& inputs, int64_t ndim, size_t limit, uint64_t seed);
 std::string combo_str(const std::vector<Placements>& combo);
+// What the rules recorded in `audit` chose, checked against every candidate they considered,
+// each priced again by the reshard planner: "" when no candidate is cheaper than the chosen
+// one and every rule's price agrees with the planner's.
+std::string check_choices(const SpmdAudit& audit, const ProcessMesh& mesh);
 // Runs the combos on this rank (every rank of the mesh calls it with the same arguments) and
 // returns what differed from the oracle.
 std::vector<std::string> validate_on_rank(const OpCase& c, const Serial& s, const ProcessMesh& mesh,

@@ -73,6 +73,27 @@ const UnaryOp kUnaryOps[] = {
     {"scale", "scale", [](const Tensor& x) { return scale(x, 2.5, -0.5); }, [](double x) { return 2.5 * x - 0.5; }, -2, 2},
 };
 
+struct CompareOp {
+  const char* name;
+  Tensor (*fn)(const Tensor&, const Tensor&);
+  double (*ref)(double, double);
+};
+const CompareOp kCompareOps[] = {
+    {"eq", eq, [](double x, double y) { return x == y ? 1.0 : 0.0; }},
+    {"ne", ne, [](double x, double y) { return x != y ? 1.0 : 0.0; }},
+    {"lt", lt, [](double x, double y) { return x < y ? 1.0 : 0.0; }},
+    {"le", le, [](double x, double y) { return x <= y ? 1.0 : 0.0; }},
+    {"gt", gt, [](double x, double y) { return x > y ? 1.0 : 0.0; }},
+    {"ge", ge, [](double x, double y) { return x >= y ? 1.0 : 0.0; }},
+};
+
+// Values on a grid of halves in [-1, 1], so that equal pairs are common (and exact in bf16).
+Tensor grid_tensor(const Shape& shape, DType d, uint64_t seed) {
+  Nd x(rand_tensor(shape, DType::f64, seed));
+  for (double& v : x.v) v = std::round(v * 2) / 2;
+  return x.tensor(d);
+}
+
 }  // namespace
 
 std::vector<OpCase> elementwise_cases() {
@@ -106,6 +127,35 @@ std::vector<OpCase> elementwise_cases() {
       c.reference = [ref](const Tensors& in) { return Tensors{ref_unary(in[0], ref)}; };
       out.push_back(std::move(c));
     }
+  for (const CompareOp& op : kCompareOps) {
+    // where on the comparison: the selection's gradient reaches the selected input only.
+    OpCase w;
+    w.name = fmt::format("{}/where", op.name);
+    w.op = op.name;
+    w.make_inputs = [](DType d) { return Tensors{grid_tensor({4, 6}, d, 11), grid_tensor({4, 6}, d, 12)}; };
+    auto fn = op.fn;
+    auto ref = op.ref;
+    w.run = [fn](const Tensors& in) { return Tensors{where(fn(in[0], in[1]), in[0], in[1])}; };
+    w.reference = [ref](const Tensors& in) {
+      Nd a(in[0]), b(in[1]);
+      for (size_t i = 0; i < a.v.size(); ++i) a.v[i] = ref(a.v[i], b.v[i]) != 0 ? a.v[i] : b.v[i];
+      return Tensors{a.tensor()};
+    };
+    w.grad = false;  // piecewise: finite differences straddle the ties; the rule validator checks gradients
+    out.push_back(std::move(w));
+    for (const BinaryShape& s : kBinaryShapes) {
+      OpCase c;
+      c.name = fmt::format("{}/{}", op.name, s.tag);
+      c.op = op.name;
+      Shape sa = s.a, sb = s.b;
+      c.make_inputs = [sa, sb](DType d) { return Tensors{grid_tensor(sa, d, 13), grid_tensor(sb, d, 14)}; };
+      c.run = [fn](const Tensors& in) { return Tensors{fn(in[0], in[1])}; };
+      c.reference = [ref](const Tensors& in) { return Tensors{Nd(ref_binary(in[0], in[1], ref)).tensor(DType::b8)}; };
+      c.grad = false;
+      c.keeps_dtype = false;
+      out.push_back(std::move(c));
+    }
+  }
   // cast up to f64 is the identity on values and passes gradients through.
   out.push_back(OpCase{.name = "cast/to_f64",
                        .op = "cast",

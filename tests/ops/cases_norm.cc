@@ -10,10 +10,12 @@ namespace {
 
 // y[r, c] = (x[r, c] - mean_r) / sqrt(var_r + eps) · w[c] + b[c] (centred), or
 // x[r, c] / sqrt(mean_r(x²) + eps) · w[c]; var is biased.
-Tensor ref_norm(const Tensor& x, const Tensor* w, const Tensor* b, double eps, bool centred) {
+Tensor ref_norm(const Tensor& x, const Tensor* w, const Tensor* b, double eps, bool centred, int64_t ndim = 1) {
   Nd a(x), y(x.shape());
   Nd wn = w ? Nd(*w) : Nd(), bn = b ? Nd(*b) : Nd();
-  int64_t C = x.shape().back(), R = a.numel() / C;
+  int64_t C = 1;
+  for (int64_t d = 0; d < ndim; ++d) C *= x.shape()[x.shape().size() - 1 - static_cast<size_t>(d)];
+  int64_t R = C > 0 ? a.numel() / C : 0;
   for (int64_t r = 0; r < R; ++r) {
     double mean = 0, var = 0;
     if (centred) {
@@ -36,13 +38,16 @@ struct NormCase {
   const char* tag;
   Shape x;
   bool weight, bias;
+  int64_t ndim = 1;  // layer_norm's normalized_ndim
 };
 
 }  // namespace
 
 std::vector<OpCase> norm_cases() {
   std::vector<OpCase> out;
-  for (const NormCase& n : {NormCase{"affine", {2, 3, 5}, true, true}, NormCase{"plain", {3, 5}, false, false},
+  // Over the last two dims first: the rule validator runs the first two cases of each op.
+  for (const NormCase& n : {NormCase{"two_dims", {2, 3, 5}, true, true, 2}, NormCase{"affine", {2, 3, 5}, true, true},
+                            NormCase{"plain", {3, 5}, false, false}, NormCase{"three_dims", {2, 3, 4}, false, true, 3},
                             NormCase{"weight_only", {3, 5}, true, false}, NormCase{"bias_only", {3, 5}, false, true},
                             NormCase{"long_rows", {3, 21}, true, true}, NormCase{"vector", {6}, true, true}}) {
     out.push_back(OpCase{
@@ -51,21 +56,22 @@ std::vector<OpCase> norm_cases() {
         .make_inputs =
             [n](DType d) {
               Tensors in{rand_tensor(n.x, d, 41, -2.0, 2.0)};
-              if (n.weight) in.push_back(rand_tensor({n.x.back()}, d, 42, 0.5, 1.5));
-              if (n.bias) in.push_back(rand_tensor({n.x.back()}, d, 43));
+              const Shape row(n.x.end() - n.ndim, n.x.end());
+              if (n.weight) in.push_back(rand_tensor(row, d, 42, 0.5, 1.5));
+              if (n.bias) in.push_back(rand_tensor(row, d, 43));
               return in;
             },
         .run =
             [n](const Tensors& in) {
               Tensor w = n.weight ? in[1] : Tensor();
               Tensor b = n.bias ? in[n.weight ? 2 : 1] : Tensor();
-              return Tensors{layer_norm(in[0], w, b, 1e-5)};
+              return Tensors{layer_norm(in[0], w, b, 1e-5, n.ndim)};
             },
         .reference =
             [n](const Tensors& in) {
               const Tensor* w = n.weight ? &in[1] : nullptr;
               const Tensor* b = n.bias ? &in[n.weight ? 2 : 1] : nullptr;
-              return Tensors{ref_norm(in[0], w, b, 1e-5, true)};
+              return Tensors{ref_norm(in[0], w, b, 1e-5, true, n.ndim)};
             },
         .f32_rtol = 1e-5,
         .f32_atol = 1e-5});
@@ -94,6 +100,10 @@ std::vector<OpCase> norm_cases() {
 
 std::vector<ErrorCase> norm_errors() {
   return {
+      {"layer_norm_ndim_weight", [] { layer_norm(Tensor::zeros({2, 3, 4}), Tensor::ones({4}), {}, 1e-5, 2); },
+       {"layer_norm", "weight", "f32[4]", "[3, 4]", "last 2 dim(s)"}},
+      {"layer_norm_ndim", [] { layer_norm(Tensor::zeros({2, 4}), {}, {}, 1e-5, 3); },
+       {"layer_norm", "normalized_ndim 3", "f32[2, 4]"}},
       {"layer_norm_weight", [] { layer_norm(Tensor::zeros({2, 4}), Tensor::ones({3})); },
        {"layer_norm", "weight", "f32[3]", "[4]", "f32[2, 4]"}},
       {"layer_norm_bias", [] { layer_norm(Tensor::zeros({2, 4}), Tensor::ones({4}), Tensor::zeros({2, 2})); },

@@ -84,8 +84,50 @@ Tensor targets_of(const std::vector<double>& v, const Shape& shape, DType dtype)
 
 }  // namespace
 
+// -Σ p · log_softmax(x) along `dim`, summed over the rows, divided by their count for mean.
+Tensor ref_cross_entropy_soft(const Tensor& logits, const Tensor& probs, int64_t dim, bool mean) {
+  Nd lp(ref_softmax(logits, dim, true)), p(probs);
+  double total = 0;
+  for (size_t i = 0; i < lp.v.size(); ++i) total -= p.v[i] * lp.v[i];
+  const int64_t C = logits.shape()[static_cast<size_t>(dim)];
+  return Tensor::scalar(mean ? total / static_cast<double>(lp.numel() / C) : total, DType::f64);
+}
+
+// logits with `dim` moved last (the reference for a class dim elsewhere).
+Tensor dim_last(const Tensor& x, int64_t dim) {
+  Nd a(x);
+  Shape out;
+  for (size_t d = 0; d < x.shape().size(); ++d)
+    if (static_cast<int64_t>(d) != dim) out.push_back(x.shape()[d]);
+  out.push_back(x.shape()[static_cast<size_t>(dim)]);
+  Nd r(out);
+  Nd::for_each(x.shape(), [&](const std::vector<int64_t>& idx) {
+    std::vector<int64_t> j;
+    for (size_t d = 0; d < idx.size(); ++d)
+      if (static_cast<int64_t>(d) != dim) j.push_back(idx[d]);
+    j.push_back(idx[static_cast<size_t>(dim)]);
+    r(j) = a(idx);
+  });
+  return r.tensor();
+}
+
 std::vector<OpCase> softmax_cases() {
   std::vector<OpCase> out;
+  // Soft-label cross-entropy (a composition over log_softmax): first among log_softmax's
+  // cases, so the rule validator runs it sharded; class dims last and first.
+  for (int64_t dim : {1, 0}) {
+    const Shape shape = dim == 1 ? Shape{3, 5} : Shape{4, 3};
+    const bool mean = dim == 1;
+    out.push_back(OpCase{
+        .name = fmt::format("log_softmax/soft_label_cross_entropy_dim{}", dim),
+        .op = "log_softmax",
+        .make_inputs = [shape](DType d) { return Tensors{rand_tensor(shape, d, 36, -2.0, 2.0), rand_tensor(shape, d, 37, 0.0, 1.0)}; },
+        .run =
+            [dim, mean](const Tensors& in) {
+              return Tensors{cross_entropy_soft(in[0], in[1], mean ? Reduction::mean : Reduction::sum, dim)};
+            },
+        .reference = [dim, mean](const Tensors& in) { return Tensors{ref_cross_entropy_soft(in[0], in[1], dim, mean)}; }});
+  }
   for (bool log : {false, true}) {
     const char* op = log ? "log_softmax" : "softmax";
     for (const SoftmaxShape& s : kSoftmaxShapes) {
@@ -124,7 +166,17 @@ std::vector<OpCase> softmax_cases() {
     int64_t ignore;
     bool mean;
   };
-  // First 3-D logits with ignored targets, rows and classes that split unevenly and into empty
+  // The class dim not last ([B, C, T], PyTorch's layout): first, so the rule validator runs it.
+  out.push_back(OpCase{
+      .name = "cross_entropy/class_dim1",
+      .op = "cross_entropy",
+      .make_inputs =
+          [](DType d) {
+            return Tensors{rand_tensor({2, 4, 3}, d, 38, -2.0, 2.0), targets_of({0, 3, -100, 1, 2, 3}, {2, 3}, DType::i64)};
+          },
+      .run = TESSEL_RUN1(cross_entropy(in[0], in[1], -100, Reduction::mean, 1)),
+      .reference = [](const Tensors& in) { return Tensors{ref_cross_entropy(dim_last(in[0], 1), in[1], -100, true)}; }});
+  // 3-D logits with ignored targets, rows and classes that split unevenly and into empty
   // pieces, mean (global count) and sum.
   for (const CeCase& ce : {
            CeCase{"btc_mean_i32", {2, 3, 4}, {0, 3, -100, 1, 2, 3}, DType::i32, -100, true},

@@ -23,8 +23,10 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <type_traits>
 
 #include "tessel/autograd/function.h"
+#include "tessel/core/context.h"
 #include "tessel/core/error.h"
 #include "tessel/core/thread_pool.h"
 #include "tessel/core/view.h"
@@ -202,8 +204,194 @@ std::vector<Tensor> dist_cross_entropy(const OpDef& op, std::vector<Tensor>& inp
   return {loss};
 }
 
+// ---------------------------------------------------------------- max over a sharded dim
+//
+// max(x, dims) with a reduced dim sharded over some mesh dims ("select dims"): each rank
+// reduces its piece, and the output is Partial(max) there — the reduction of the (small)
+// output is left to whoever needs it, instead of gathering the (large) input first. The
+// gradient must reach only the selected element, the first maximum in the global order: the
+// backward finds, per output element, the value all ranks agree is the maximum (all_reduce
+// max of the saved local maxima) and, among the ranks holding it, the one whose element comes
+// first in the global order (all_reduce min of the global flat index along the reduced dims);
+// only that rank routes the gradient to its local argmax. Two all_reduces of the output's size
+// in the backward, none of the input's.
+
+struct MaxState {
+  ProcessMesh mesh;
+  DistAttr in_attr;
+  Shape global;
+  std::vector<int64_t> dims;     // reduced dims (normalised)
+  std::vector<int64_t> select;   // mesh dims sharding a reduced dim
+  Tensor values, index;          // local maxima and their positions in the local reduced block
+  TensorMeta local_meta;
+  Placements out_dual;           // the output's placements with Partial(max) -> R: the gradient's
+  Attrs attrs;
+};
+
+std::vector<Tensor> dist_max(const OpDef& op, std::vector<Tensor>& inputs, const Attrs& attrs, const SpmdDecision& dec) {
+  auto st = std::make_shared<MaxState>();
+  st->mesh = dist_attr(inputs[0]).mesh;
+  if (dist_attr(inputs[0]).placements != dec.inputs[0]) inputs[0] = reshard(inputs[0], st->mesh, dec.inputs[0]);
+  const Tensor& x = inputs[0];
+  st->in_attr = dist_attr(x);
+  st->global = x.shape();
+  st->dims = normalize_dims(attrs.ints("dims"), x.dim(), "max");
+  st->attrs = attrs;
+  for (int64_t m = 0; m < st->mesh.ndim(); ++m) {
+    const Placement& p = dec.inputs[0][static_cast<size_t>(m)];
+    if (p.is_shard() && std::binary_search(st->dims.begin(), st->dims.end(), p.dim)) st->select.push_back(m);
+  }
+  const std::vector<TensorMeta> in_meta{x.meta()};
+  std::vector<TensorMeta> metas = infer_op(op, in_meta, attrs);
+  for (const Placement& p : dec.outputs[0]) st->out_dual.push_back(p.is_partial() ? Replicate() : p);
+  const int64_t rank = current_world_rank();
+  Tensor local = local_piece(x);
+  st->local_meta = local.meta();
+  Tensor out_local;
+  int64_t reduced_local = 1;
+  for (int64_t d : st->dims) reduced_local *= local.size(d);
+  const Shape local_out = DistAttr(st->mesh, dec.outputs[0]).local_shape(metas[0].shape, rank);
+  if (st->mesh.contains(rank) && reduced_local == 0) {
+    // An empty piece of the reduced dims (more ranks than elements): it holds no candidate.
+    st->values = Tensor::full(local_out, -std::numeric_limits<double>::infinity(), metas[0].dtype);
+    st->index = Tensor::zeros({shape_numel(local_out)}, DType::i64);
+    out_local = st->values;
+  } else if (st->mesh.contains(rank)) {
+    GradModeGuard no_grad(false);
+    const std::vector<Tensor> in_local{local};
+    std::vector<Tensor> outs = run_kernel(op, in_local, attrs);
+    st->values = outs[0];
+    st->index = outs[1];
+    out_local = outs[0];
+  } else {
+    out_local = Tensor::zeros(Shape(metas[0].shape.size(), 0), metas[0].dtype);
+  }
+  Tensor out = wrap_dtensor(out_local, DistAttr(st->mesh, dec.outputs[0]), metas[0].shape);
+  record_function("max (distributed)", {x}, {out}, [st, &op, reduced_local](std::vector<Tensor>&& g) {
+    if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
+    const int64_t me = current_world_rank();
+    if (!st->mesh.contains(me))
+      return std::vector<Tensor>{wrap_dtensor(Tensor::zeros(Shape(st->global.size(), 0), st->local_meta.dtype), st->in_attr,
+                                              st->global)};
+    Tensor gd = g[0];
+    if (dist_attr(gd).placements != st->out_dual) gd = reshard(gd, st->mesh, st->out_dual);
+    Tensor go = view::contiguous(local_piece(gd));
+    const int64_t n = st->values.numel();
+    // The winner per output element: the global maximum, then the first global position.
+    std::vector<double> best(static_cast<size_t>(n)), first(static_cast<size_t>(n));
+    const Shape local_shape = st->local_meta.shape;
+    const Shape offset = st->in_attr.local_offset(st->global, me);
+    const int64_t* pi = st->index.data<int64_t>();
+    TESSEL_DISPATCH_FLOAT(st->values.dtype(), "max", [&]<typename T>() {
+      const T* pv = view::contiguous(st->values).template data<T>();
+      for (int64_t o = 0; o < n; ++o) best[o] = static_cast<double>(pv[o]);
+    });
+    for (int64_t d : st->select) mesh_dim_group(st->mesh, d)->all_reduce(best.data(), n, DType::f64, ReduceOp::max);
+    TESSEL_DISPATCH_FLOAT(st->values.dtype(), "max", [&]<typename T>() {
+      const T* pv = view::contiguous(st->values).template data<T>();
+      for (int64_t o = 0; o < n; ++o) {
+        if (reduced_local == 0 || static_cast<double>(pv[o]) != best[o]) {
+          first[o] = std::numeric_limits<double>::infinity();
+          continue;
+        }
+        // The local position (row-major over the local reduced dims) to a global one.
+        int64_t rem = pi[o];
+        double global = 0, stride = 1;
+        for (size_t j = st->dims.size(); j-- > 0;) {
+          const size_t d = static_cast<size_t>(st->dims[j]);
+          const int64_t coord = rem % local_shape[d] + offset[d];
+          rem /= local_shape[d];
+          global += static_cast<double>(coord) * stride;
+          stride *= static_cast<double>(st->global[d]);
+        }
+        first[o] = global;
+      }
+    });
+    std::vector<double> mine = first;
+    for (int64_t d : st->select) mesh_dim_group(st->mesh, d)->all_reduce(first.data(), n, DType::f64, ReduceOp::min);
+    Tensor masked = view::clone(go);
+    TESSEL_DISPATCH_FLOAT(masked.dtype(), "max", [&]<typename T>() {
+      T* pg = masked.data<T>();
+      for (int64_t o = 0; o < n; ++o)
+        if (mine[o] != first[o]) pg[o] = T(0);
+    });
+    if (reduced_local == 0)
+      return std::vector<Tensor>{wrap_dtensor(Tensor::zeros(local_shape, masked.dtype()), st->in_attr, st->global)};
+    std::vector<Tensor> ins{Tensor()}, outs{st->values, st->index}, grads{masked};
+    std::vector<TensorMeta> in_metas{st->local_meta};
+    std::vector<bool> needs{true};
+    GradCall call{op, st->attrs, ins, outs, in_metas, grads, needs};
+    std::vector<Tensor> dx = op.backward(call);
+    return std::vector<Tensor>{wrap_dtensor(dx[0], st->in_attr, st->global)};
+  });
+  return {out};
+}
+
+// ---------------------------------------------------------------- argmax over a sharded dim
+//
+// Each rank takes its piece's top-1 along the dim (value and global position); the candidates
+// merge over the mesh dims sharding the dim: the maximum value (all_reduce max), then the
+// first global position holding it (all_reduce min) — two all_reduces of the output's size
+// instead of gathering the input. The index output is replicated there. (NaN inputs are not
+// ordered across ranks.)
+std::vector<Tensor> dist_argmax(const OpDef& op, std::vector<Tensor>& inputs, const Attrs& attrs, const SpmdDecision& dec) {
+  const ProcessMesh mesh = dist_attr(inputs[0]).mesh;
+  if (dist_attr(inputs[0]).placements != dec.inputs[0]) inputs[0] = reshard(inputs[0], mesh, dec.inputs[0]);
+  const Tensor& x = inputs[0];
+  const int64_t d = normalize_dim(attrs.i("dim"), x.dim(), "argmax");
+  std::vector<int64_t> select;
+  for (int64_t m = 0; m < mesh.ndim(); ++m)
+    if (dec.inputs[0][static_cast<size_t>(m)].is_shard(d)) select.push_back(m);
+  Placements out_p;
+  for (const Placement& p : dec.outputs[0]) out_p.push_back(p.is_partial() ? Replicate() : p);
+  const std::vector<TensorMeta> in_meta{x.meta()};
+  const TensorMeta out_meta = infer_op(op, in_meta, attrs)[0];
+  const int64_t rank = current_world_rank();
+  if (!mesh.contains(rank))
+    return {wrap_dtensor(Tensor::zeros(Shape(out_meta.shape.size(), 0), DType::i64), DistAttr(mesh, out_p), out_meta.shape)};
+  const Tensor local = view::contiguous(local_piece(x));
+  const int64_t L = local.size(d), offset = DistAttr(mesh, dec.inputs[0]).local_offset(x.shape(), rank)[static_cast<size_t>(d)];
+  const Shape out_local = DistAttr(mesh, out_p).local_shape(out_meta.shape, rank);
+  const int64_t n = shape_numel(out_local);
+  std::vector<double> best(static_cast<size_t>(n), -std::numeric_limits<double>::infinity());
+  std::vector<double> first(static_cast<size_t>(n), std::numeric_limits<double>::infinity());
+  if (L > 0) {
+    GradModeGuard no_grad(false);
+    const std::vector<Tensor> in_local{local};
+    const Tensor idx = view::contiguous(run_kernel(op, in_local, attrs)[0]);
+    const int64_t* pi = idx.data<int64_t>();
+    int64_t inner = 1;
+    for (int64_t j = d + 1; j < local.dim(); ++j) inner *= local.size(j);
+    TESSEL_DISPATCH_ALL(local.dtype(), "argmax", [&]<typename T>() {
+      if constexpr (!std::is_same_v<T, bool>) {
+        const T* px = local.data<T>();
+        for (int64_t o = 0; o < n; ++o) {
+          const int64_t outer = o / inner, i = o % inner;
+          const T v = px[(outer * L + pi[o]) * inner + i];
+          if constexpr (std::is_same_v<T, BFloat16>) best[o] = static_cast<double>(static_cast<float>(v));
+          else best[o] = static_cast<double>(v);
+          first[o] = static_cast<double>(pi[o] + offset);
+        }
+      }
+    });
+  }
+  std::vector<double> mine = best;
+  for (int64_t m : select) mesh_dim_group(mesh, m)->all_reduce(best.data(), n, DType::f64, ReduceOp::max);
+  for (int64_t o = 0; o < n; ++o)
+    if (mine[o] != best[o]) first[o] = std::numeric_limits<double>::infinity();
+  for (int64_t m : select) mesh_dim_group(mesh, m)->all_reduce(first.data(), n, DType::f64, ReduceOp::min);
+  Tensor out = Tensor::empty(out_local, DType::i64);
+  int64_t* po = out.data<int64_t>();
+  for (int64_t o = 0; o < n; ++o) po[o] = static_cast<int64_t>(first[o]);
+  return {wrap_dtensor(out, DistAttr(mesh, out_p), out_meta.shape)};
+}
+
 }  // namespace
 
-void register_custom_ops() { register_dist_impl("cross_entropy", &dist_cross_entropy); }
+void register_custom_ops() {
+  register_dist_impl("argmax", &dist_argmax);
+  register_dist_impl("cross_entropy", &dist_cross_entropy);
+  register_dist_impl("max", &dist_max);
+}
 
 }  // namespace tessel

@@ -128,6 +128,13 @@ std::vector<Tensor> dist_call(const OpDef& op, std::vector<Tensor>& inputs, cons
   const int64_t rank = current_world_rank();
   SpmdCall call{op.name, metas, in_attrs, attrs, rank};
   SpmdDecision dec = op.spmd(call);
+  if (SpmdAudit* audit = spmd_audit(); audit != nullptr) {
+    std::vector<TensorMeta> outs = infer_op(op, metas, attrs);
+    outs.resize(outs.size() - static_cast<size_t>(op.num_hidden));
+    std::vector<Placements> current;
+    for (const DistAttr& a : in_attrs) current.push_back(a.placements);
+    audit->decisions.push_back({std::string(op.name), metas, outs, current, dec});
+  }
   if (dec.decompose != nullptr) return dec.decompose(inputs, attrs);
   if (dec.custom) {
     auto it = impls().find(op.name);

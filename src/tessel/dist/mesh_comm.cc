@@ -39,4 +39,18 @@ std::shared_ptr<ProcessGroup> mesh_dim_group(const ProcessMesh& mesh, int64_t di
   return g;
 }
 
+CommStats mesh_comm_stats() {
+  CommStats total;
+  auto add = [&](const CommStats& s) {
+    for (const auto& [op, e] : s.ops) {
+      total.ops[op].calls += e.calls;
+      total.ops[op].bytes += e.bytes;
+    }
+  };
+  if (has_world_group()) add(world_group()->stats());
+  if (auto cache = rank_context().get_ext<MeshGroups>())
+    for (const auto& [key, g] : cache->by_key) add(g->stats());
+  return total;
+}
+
 }  // namespace tessel

@@ -12,6 +12,9 @@ namespace tessel {
 
 // This rank's group along `dim` of `mesh`; the rank must be in the mesh.
 std::shared_ptr<ProcessGroup> mesh_dim_group(const ProcessMesh& mesh, int64_t dim);
+// What this rank issued on its world group and on every mesh dim group it has made so far,
+// summed per operation kind (the counters of the comm layer, never reset here).
+CommStats mesh_comm_stats();
 // This rank's world rank (its world group's rank, or the rank context's when there is none).
 int64_t current_world_rank();
 

@@ -4,6 +4,8 @@
 //
 // Shapes: out[...] = f(a[...], b[...]) with a, b broadcast to out.
 #include <cmath>
+#include <functional>
+#include <type_traits>
 
 #include "tessel/core/strided.h"
 #include "tessel/ops/dispatch.h"
@@ -109,6 +111,42 @@ std::vector<Tensor> div_backward(const GradCall& g) {
   const Tensor& b = g.inputs[1];
   return {g.needs_grad[0] ? sum_to(div(go, b), g.input_metas[0].shape) : Tensor(),
           g.needs_grad[1] ? sum_to(neg(div(mul(go, a), mul(b, b))), g.input_metas[1].shape) : Tensor()};
+}
+
+// ---------------------------------------------------------------- comparisons
+// out[...] = a[...] OP b[...] (bool), broadcasting; any dtype, both alike. No gradient: the
+// result is piecewise constant. bf16 compares as its float value.
+
+std::vector<TensorMeta> compare_infer(const MetaCall& c) {
+  check_same_dtype(c, 0, 1);
+  return {TensorMeta{broadcast_shapes(c.inputs[0].shape, c.inputs[1].shape, c.op.name), DType::b8, {}}};
+}
+
+template <typename T>
+auto comparable(T x) {
+  if constexpr (std::is_same_v<T, BFloat16>) return static_cast<float>(x);
+  else return x;
+}
+
+template <typename F>
+std::vector<Tensor> compare_forward(const OpCall& c) {
+  Tensor out = Tensor::empty(c.outputs[0]);
+  const Tensor a = view::contiguous(view::expand(c.inputs[0], out.shape()));
+  const Tensor b = view::contiguous(view::expand(c.inputs[1], out.shape()));
+  bool* y = out.data<bool>();
+  TESSEL_DISPATCH_ALL(a.dtype(), c.op.name, [&]<typename T>() {
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    parallel_for(0, out.numel(), kernels::kElementGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) y[i] = F{}(comparable(pa[i]), comparable(pb[i]));
+    });
+  });
+  return {out};
+}
+
+constexpr OpDef compare_def(std::string_view name, std::vector<Tensor> (*forward)(const OpCall&), SpmdRule spmd) {
+  return OpDef{.name = name, .num_inputs = 2, .infer = compare_infer, .forward = forward, .cost = binary_cost,
+               .spmd = spmd, .bf16_via_f32 = false};
 }
 
 // ---------------------------------------------------------------- unary (one functor each)
@@ -290,6 +328,15 @@ SpmdDecision scale_spmd(const SpmdCall& c) {
 
 }  // namespace
 
+// Comparisons: elementwise labels, nonlinear (a Partial input is reduced first); the bool
+// output keeps the inputs' shards.
+const OpDef op_eq = compare_def("eq", compare_forward<std::equal_to<>>, nonlinear_spmd);
+const OpDef op_ne = compare_def("ne", compare_forward<std::not_equal_to<>>, nonlinear_spmd);
+const OpDef op_lt = compare_def("lt", compare_forward<std::less<>>, nonlinear_spmd);
+const OpDef op_le = compare_def("le", compare_forward<std::less_equal<>>, nonlinear_spmd);
+const OpDef op_gt = compare_def("gt", compare_forward<std::greater<>>, nonlinear_spmd);
+const OpDef op_ge = compare_def("ge", compare_forward<std::greater_equal<>>, nonlinear_spmd);
+
 const OpDef op_add{.name = "add", .num_inputs = 2, .infer = binary_infer, .forward = add_forward,
                    .backward = add_backward, .cost = binary_cost, .spmd = joint_spmd};
 const OpDef op_sub{.name = "sub", .num_inputs = 2, .infer = binary_infer, .forward = sub_forward,
@@ -330,5 +377,11 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) { return call_op1(op_gelu,
 Tensor silu(const Tensor& x) { return call_op1(op_silu, {x}); }
 Tensor relu(const Tensor& x) { return call_op1(op_relu, {x}); }
 Tensor cast(const Tensor& x, DType dtype) { return call_op1(op_cast, {x}, Attrs{{"dtype", dtype}}); }
+Tensor eq(const Tensor& a, const Tensor& b) { return call_op1(op_eq, {a, b}); }
+Tensor ne(const Tensor& a, const Tensor& b) { return call_op1(op_ne, {a, b}); }
+Tensor lt(const Tensor& a, const Tensor& b) { return call_op1(op_lt, {a, b}); }
+Tensor le(const Tensor& a, const Tensor& b) { return call_op1(op_le, {a, b}); }
+Tensor gt(const Tensor& a, const Tensor& b) { return call_op1(op_gt, {a, b}); }
+Tensor ge(const Tensor& a, const Tensor& b) { return call_op1(op_ge, {a, b}); }
 
 }  // namespace tessel

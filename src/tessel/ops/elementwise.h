@@ -23,6 +23,13 @@ Tensor silu(const Tensor& x);
 Tensor relu(const Tensor& x);
 // Converts to `dtype` (differentiable between floating dtypes).
 Tensor cast(const Tensor& x, DType dtype);
+// Comparisons with broadcasting: a bool tensor, no gradient (use where() on it to select).
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }

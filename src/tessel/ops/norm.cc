@@ -6,7 +6,8 @@
 // chunks (boundaries from the grain, not the thread count) into per-chunk partials, combined
 // in chunk order — deterministic.
 //
-// Shapes (R = rows of x flattened, C = last dim):
+// Shapes (R = rows of x flattened, C = the normalised trailing dims flattened: the last one, or
+// layer_norm's last normalized_ndim as PyTorch's normalized_shape; weight and bias have their shape):
 //   layer_norm  y[R, C] = (x - mean[R]) · rstd[R] · w[C] + b[C],  rstd = 1 / sqrt(var + eps)
 //   rms_norm    y[R, C] = x · rstd[R] · w[C],                     rstd = 1 / sqrt(mean(x²) + eps)
 //   backward    dx = rstd · (g·w - mean(g·w) - x̂ · mean(g·w·x̂)),  x̂ = (x - mean) · rstd
@@ -44,6 +45,11 @@ NormSpec spec_of(std::string_view op, const Attrs& attrs) {
   bool layer = op == "layer_norm";
   return NormSpec{layer, attrs.b("has_weight"), layer && attrs.b("has_bias")};
 }
+
+// How many trailing dims are normalised together (layer_norm's normalized_ndim; 1 for rms_norm
+// and by default): a row is their product.
+int64_t normalized_ndim(const Attrs& attrs) { return attrs.i_or("normalized_ndim", 1); }
+Shape row_shape(const Shape& x, int64_t n) { return Shape(x.end() - n, x.end()); }
 
 // Asks for the kLanes elements at p (one or two cache lines) ahead of use. A row's first pass
 // reads memory; prefetching the next row during this row's in-cache passes overlaps the two.
@@ -133,16 +139,17 @@ std::vector<TensorMeta> norm_infer(const MetaCall& c) {
     kernels::check_same_dtype(c, 0, i);
   }
   const TensorMeta& x = c.inputs[0];
-  TESSEL_CHECK(!x.shape.empty(), "{}: x must have at least 1 dim (normalised over the last), got {}", c.op.name,
-               x.str());
-  const int64_t C = x.shape.back();
+  const int64_t n = normalized_ndim(c.attrs);
+  TESSEL_CHECK(n >= 1 && n <= static_cast<int64_t>(x.shape.size()),
+               "{}: normalized_ndim {} must be between 1 and the rank of x {}", c.op.name, n, x.str());
+  const Shape row = row_shape(x.shape, n);
   auto check_param = [&](int i, const char* what) {
-    TESSEL_CHECK(c.inputs[i].shape == Shape{C}, "{}: {} {} must be [{}] to match the last dim of x {}", c.op.name, what,
-                 c.inputs[i].str(), C, x.str());
+    TESSEL_CHECK(c.inputs[i].shape == row, "{}: {} {} must be {} to match the last {} dim(s) of x {}", c.op.name, what,
+                 c.inputs[i].str(), shape_str(row), n, x.str());
   };
   if (sp.has_weight) check_param(sp.weight_index(), "weight");
   if (sp.has_bias) check_param(sp.bias_index(), "bias");
-  TensorMeta stats{{shape_numel(Shape(x.shape.begin(), x.shape.end() - 1))}, x.dtype, {}};
+  TensorMeta stats{{shape_numel(Shape(x.shape.begin(), x.shape.end() - n))}, x.dtype, {}};
   std::vector<TensorMeta> out{TensorMeta{x.shape, x.dtype, {}}};
   if (sp.centred) out.push_back(stats);  // mean
   out.push_back(stats);                   // rstd
@@ -165,7 +172,7 @@ std::vector<Tensor> norm_forward(const OpCall& c) {
   Tensor b = sp.has_bias ? kernels::contig(c.inputs[sp.bias_index()]) : Tensor();
   std::vector<Tensor> out;
   for (const TensorMeta& m : c.outputs) out.push_back(Tensor::empty(m));
-  const int64_t C = x.size(-1), R = c.outputs[1].numel();
+  const int64_t C = shape_numel(row_shape(x.shape(), normalized_ndim(c.attrs))), R = c.outputs[1].numel();
   const double eps = c.attrs.f("eps");
   TESSEL_DISPATCH_FLOAT(x.dtype(), c.op.name, [&]<typename T>() {
     const T* pw = sp.has_weight ? w.data<T>() : nullptr;
@@ -242,7 +249,8 @@ void combine_chunks(const std::vector<T>& part, int64_t chunks, int64_t C, T* ou
 template <typename T, bool Centred, bool HasW>
 void norm_backward_t(const GradCall& c, const NormSpec& sp, const Tensor& x, const Tensor& g, const Tensor& w,
                      std::vector<Tensor>& grads) {
-  const int64_t C = x.size(-1), R = c.outputs.back().numel();
+  const Shape row = row_shape(x.shape(), normalized_ndim(c.attrs));
+  const int64_t C = shape_numel(row), R = c.outputs.back().numel();
   const T inv_c = C > 0 ? T(1) / static_cast<T>(C) : T(0);
   const bool want_dx = c.needs_grad[0];
   const bool want_dw = sp.has_weight && c.needs_grad[sp.weight_index()];
@@ -269,12 +277,12 @@ void norm_backward_t(const GradCall& c, const NormSpec& sp, const Tensor& x, con
   });
   if (want_dx) grads[0] = dx;
   if (want_dw) {
-    Tensor dw = Tensor::empty({C}, x.dtype());
+    Tensor dw = Tensor::empty(row, x.dtype());
     combine_chunks(dw_part, chunks, C, dw.data<T>());
     grads[sp.weight_index()] = dw;
   }
   if (want_db) {
-    Tensor db = Tensor::empty({C}, x.dtype());
+    Tensor db = Tensor::empty(row, x.dtype());
     combine_chunks(db_part, chunks, C, db.data<T>());
     grads[sp.bias_index()] = db;
   }
@@ -301,13 +309,13 @@ Cost norm_cost(const MetaCall& c, std::span<const TensorMeta> out) {
   return kernels::elementwise_cost(c, out, c.op.name == "layer_norm" ? 8 : 4);
 }
 
-// SPMD rule: y[..., C] keeps the shards of every dim but the normalised (last) one, which is
-// whole; weight and bias [C] replicated; Partial inputs reduced first (nonlinear). The row
-// statistics (hidden outputs) are per local row.
+// SPMD rule: y[..., C...] keeps the shards of every dim but the normalised ones (the last
+// normalized_ndim), which are whole; weight and bias replicated; Partial inputs reduced first
+// (nonlinear). The row statistics (hidden outputs) are per local row.
 SpmdDecision norm_spmd(const SpmdCall& c) {
   const int64_t nd = static_cast<int64_t>(c.inputs[0].shape.size());
   std::vector<int64_t> fixed;
-  if (nd > 0) fixed.push_back(nd - 1);
+  for (int64_t d = std::max<int64_t>(0, nd - normalized_ndim(c.attrs)); d < nd; ++d) fixed.push_back(d);
   return spmd::keep_shape_rule(c, fixed, spmd::Linearity::none);
 }
 
@@ -322,12 +330,13 @@ const OpDef op_rms_norm{.name = "rms_norm", .num_inputs = -1, .num_hidden = 1, .
                         .forward = norm_forward, .backward = norm_backward, .cost = norm_cost, .spmd = norm_spmd,
                         .save = {kAll, 0b10}};
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, int64_t normalized_ndim) {
   std::vector<Tensor> in{x};
   if (weight.defined()) in.push_back(weight);
   if (bias.defined()) in.push_back(bias);
-  return call_op1(op_layer_norm, std::move(in),
-                  Attrs{{"has_weight", weight.defined()}, {"has_bias", bias.defined()}, {"eps", eps}});
+  Attrs attrs{{"has_weight", weight.defined()}, {"has_bias", bias.defined()}, {"eps", eps}};
+  if (normalized_ndim != 1) attrs.set("normalized_ndim", normalized_ndim);
+  return call_op1(op_layer_norm, std::move(in), std::move(attrs));
 }
 
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {

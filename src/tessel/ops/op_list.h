@@ -10,6 +10,7 @@
   /* matmul.cc */      X(matmul) X(linear)                                                    \
   /* elementwise.cc */ X(add) X(sub) X(mul) X(div) X(scale) X(neg) X(exp) X(log) X(sqrt)     \
                        X(rsqrt) X(tanh) X(gelu) X(silu) X(relu) X(cast)                       \
+                       X(eq) X(ne) X(lt) X(le) X(gt) X(ge)                                    \
   /* select.cc */      X(where) X(masked_fill) X(triu)                                        \
   /* reduce.cc */      X(sum) X(mean) X(max) X(argmax) X(topk) X(cumsum)                      \
   /* softmax.cc */     X(softmax) X(log_softmax) X(cross_entropy)                             \

@@ -367,8 +367,8 @@ std::vector<Tensor> cumsum_backward(const GradCall& g) { return {cumsum_raw(g.gr
 
 // ---------------------------------------------------------------- SPMD rules
 // sum/mean: a sharded reduced dim gives Partial(sum) (mean divides by the global count);
-// Partial(sum) inputs pass through. max/argmax/topk/cumsum need their dim whole (the gradient
-// of a max must reach only the true maximum), and other dims keep their shards.
+// Partial(sum) inputs pass through. max: a sharded reduced dim gives Partial(max) (below);
+// argmax: merged across ranks. topk/cumsum need their dim whole, and other dims keep their shards.
 
 std::vector<int64_t> rule_dims(const SpmdCall& c, const char* key) {
   int64_t r = static_cast<int64_t>(c.inputs[0].shape.size());
@@ -408,11 +408,51 @@ SpmdDecision whole_dims_rule(const SpmdCall& c, const std::vector<int64_t>& whol
   return dec;
 }
 
+// max: a sharded reduced dim gives Partial(max) — the dist layer's own implementation
+// (dist/custom_ops.cc) then routes the gradient to the one rank holding the selected element;
+// every other layout runs the local kernel as usual.
 SpmdDecision max_spmd(const SpmdCall& c) {
-  return whole_dims_rule(c, rule_dims(c, "dims"), c.attrs.b("keepdim"), spmd::Linearity::none, 1);
+  const std::vector<int64_t> dims = rule_dims(c, "dims");
+  spmd::LabelRule r;
+  r.linearity = spmd::Linearity::none;
+  r.contracted = ReduceOp::max;
+  const Shape& s = c.inputs[0].shape;
+  for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
+    const char L = static_cast<char>('a' + d);
+    const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
+    r.inputs.resize(1);
+    r.inputs[0] += L;
+    if (!reduced) r.output += L;
+    else if (c.attrs.b("keepdim")) r.output += '.';
+  }
+  SpmdDecision dec = spmd::label_rule(c, r);
+  for (const Placement& p : dec.inputs[0])
+    dec.custom = dec.custom || (p.is_shard() && std::find(dims.begin(), dims.end(), p.dim) != dims.end());
+  return dec;
 }
+// argmax: a sharded dim is merged by the dist layer (dist/custom_ops.cc: each rank's top-1,
+// then the maximum and its first position across ranks), the index replicated there; priced as
+// a max's Partial output (the merge reduces output-sized values).
 SpmdDecision argmax_spmd(const SpmdCall& c) {
-  return whole_dims_rule(c, rule_dims(c, "dim"), c.attrs.b("keepdim"), spmd::Linearity::none, 1);
+  const int64_t dim = rule_dims(c, "dim")[0];
+  if (c.inputs[0].dtype == DType::b8)  // infer rejects it
+    return whole_dims_rule(c, {dim}, c.attrs.b("keepdim"), spmd::Linearity::none, 1);
+  spmd::LabelRule r;
+  r.linearity = spmd::Linearity::none;
+  r.contracted = ReduceOp::max;
+  r.owed_scale = 4;  // the merge: two all_reduces of the output
+  r.inputs.resize(1);
+  for (int64_t d = 0; d < static_cast<int64_t>(c.inputs[0].shape.size()); ++d) {
+    const char L = static_cast<char>('a' + d);
+    r.inputs[0] += L;
+    if (d != dim) r.output += L;
+    else if (c.attrs.b("keepdim")) r.output += '.';
+  }
+  SpmdDecision dec = spmd::label_rule(c, r);
+  for (const Placement& p : dec.inputs[0]) dec.custom = dec.custom || p.is_shard(dim);
+  for (Placement& p : dec.outputs[0])
+    if (p.is_partial()) p = Replicate();
+  return dec;
 }
 SpmdDecision topk_spmd(const SpmdCall& c) {
   return whole_dims_rule(c, rule_dims(c, "dim"), true, spmd::Linearity::none, 2);

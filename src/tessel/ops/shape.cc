@@ -232,7 +232,9 @@ std::vector<Tensor> slice_backward(const GradCall& g) {
 //   reshape    x[in] -> out[out]: dims grouped into runs of equal products (size-1 dims
 //              aside); a shard of a group's first input dim survives onto the group's first
 //              output dim when both split into the same element ranges (e.g. [6, 4] ->
-//              [24]: 6 divisible by the shard count), every other shard is gathered first;
+//              [24]: 6 divisible by the shard count; [6] -> [2, 3] on 2 ranks: the shard
+//              is the outermost factor), a shard of a size-1 dim onto the output's size-1 dim
+//              of the same rank among them; every other shard is gathered first;
 //   permute    S(dims[j]) -> S(j);
 //   expand     broadcast dims (size 1 -> n, new leading dims) replicated, others kept;
 //   contiguous identity;
@@ -332,6 +334,19 @@ SpmdDecision reshape_spmd(const SpmdCall& c) {
         res[m] = Shard(p);
       }
     }
+    // Size-1 dims, paired in order (the j-th of the input with the j-th of the output): a
+    // shard of one leaves the whole piece on the first rank and nothing elsewhere, on either
+    // side, so it carries over (batch 1 under data parallelism, a decode step, the identity view).
+    std::vector<int64_t> ones_in, ones_out;
+    for (size_t d = 0; d < in.size(); ++d)
+      if (in[d] == 1) ones_in.push_back(static_cast<int64_t>(d));
+    for (size_t d = 0; d < out.size(); ++d)
+      if (out[d] == 1) ones_out.push_back(static_cast<int64_t>(d));
+    for (size_t j = 0; j < ones_in.size() && j < ones_out.size(); ++j)
+      for (int64_t m : c.input_attrs[0].mesh_dims_sharding(ones_in[j])) {
+        req[static_cast<size_t>(m)] = Shard(ones_in[j]);
+        res[static_cast<size_t>(m)] = Shard(ones_out[j]);
+      }
   }
   SpmdDecision d{{req}, {res}};
   d.local_attrs = with_local_shape(c, "shape", out, res);

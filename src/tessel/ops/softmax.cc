@@ -19,6 +19,9 @@
 #include "tessel/ops/fast_math.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ops/op_list.h"
+#include "tessel/ops/elementwise.h"
+#include "tessel/ops/reduce.h"
+#include "tessel/ops/shape.h"
 #include "tessel/sharding/spmd_rules.h"
 
 namespace tessel {
@@ -472,10 +475,41 @@ const OpDef op_cross_entropy{.name = "cross_entropy", .num_inputs = 2, .num_hidd
 Tensor softmax(const Tensor& x, int64_t dim) { return call_op1(op_softmax, {x}, Attrs{{"dim", dim}}); }
 Tensor log_softmax(const Tensor& x, int64_t dim) { return call_op1(op_log_softmax, {x}, Attrs{{"dim", dim}}); }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Reduction reduction) {
-  return call_op1(op_cross_entropy, {logits, targets},
+// The class dim anywhere: the logits are permuted to put it last (a view; on distributed
+// logits the shards move with their dims), so the fused op, its rule and its vocab-parallel
+// form apply unchanged.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Reduction reduction,
+                     int64_t class_dim) {
+  Tensor x = logits;
+  const int64_t nd = logits.dim();
+  if (nd > 0) {
+    const int64_t cd = normalize_dim(class_dim, nd, "cross_entropy (class_dim)");
+    if (cd != nd - 1) {
+      std::vector<int64_t> order;
+      for (int64_t d = 0; d < nd; ++d)
+        if (d != cd) order.push_back(d);
+      order.push_back(cd);
+      x = permute(logits, order);
+    }
+  }
+  return call_op1(op_cross_entropy, {x, targets},
                   Attrs{{"ignore_index", ignore_index},
                         {"reduction", std::string(reduction == Reduction::mean ? "mean" : "sum")}});
+}
+
+// -Σ_c probs · log_softmax(logits) over the class dim, then over the rows: composed of
+// log_softmax, mul, sum and scale, whose rules, backwards and costs it takes (under a
+// vocab-parallel layout log_softmax keeps the class dim whole, so the logits are gathered or
+// moved to another dim first).
+Tensor cross_entropy_soft(const Tensor& logits, const Tensor& probs, Reduction reduction, int64_t class_dim) {
+  TESSEL_CHECK(logits.shape() == probs.shape(), "cross_entropy_soft: probs {} must have the logits' shape {}",
+               probs.meta().str(), logits.meta().str());
+  TESSEL_CHECK(logits.dim() > 0, "cross_entropy_soft: logits must have a class dim, got {}", logits.meta().str());
+  const int64_t cd = normalize_dim(class_dim, logits.dim(), "cross_entropy_soft (class_dim)");
+  Tensor total = sum(mul(probs, log_softmax(logits, cd)));
+  if (reduction == Reduction::sum) return neg(total);
+  const int64_t C = logits.size(cd), rows = C > 0 ? logits.numel() / C : 0;
+  return scale(total, -1.0 / static_cast<double>(rows));
 }
 
 }  // namespace tessel

@@ -40,6 +40,40 @@ struct SpmdDecision {
 
 using SpmdRule = SpmdDecision (*)(const SpmdCall&);
 
+// What a rule weighed: every candidate layout it priced, with the price. Recorded only while a
+// caller (the rule validator, `tessel explain-reshard`) has set spmd_audit() on this thread;
+// rules skip their decision cache then.
+struct SpmdCandidate {
+  std::vector<Placements> inputs;  // the covered inputs' placements
+  Placements output;
+  double input_cost = 0;  // the reshard planner's cost of bringing every covered input there
+  double owed_cost = 0;   // the reductions the output's Partial mesh dims still owe
+  int changes = 0;        // input placements changed (the tie-break)
+  double cost() const { return input_cost + owed_cost; }
+};
+struct SpmdAudit {
+  struct Entry {
+    std::string op;
+    std::vector<TensorMeta> inputs;  // the covered inputs
+    std::vector<Placements> current;
+    TensorMeta output;  // as the rule estimated it (for the owed reductions)
+    double owed_scale = 1.0;  // the owed reductions, as a multiple of owed_reduction_cost
+    std::vector<SpmdCandidate> candidates;
+    size_t chosen = 0;
+  };
+  std::vector<Entry> entries;
+  // Every decision the dist layer applied while the audit was set, with what it applied it to.
+  struct Decision {
+    std::string op;
+    std::vector<TensorMeta> inputs, outputs;  // global metas (visible outputs)
+    std::vector<Placements> current;          // the inputs' placements before the call
+    SpmdDecision decision;
+  };
+  std::vector<Decision> decisions;
+};
+// This thread's audit sink (null: nothing is recorded).
+SpmdAudit*& spmd_audit();
+
 // The distributed form of a tensor: its DistAttr and this rank's local piece. A tensor whose
 // TensorImpl carries one is a distributed tensor: its shape is the global shape and its data
 // live in `local` (empty on ranks outside the mesh).

@@ -3,8 +3,21 @@
 
 #include <algorithm>
 #include <limits>
+#include <unordered_map>
+
+#include <fmt/ranges.h>
 
 #include "tessel/core/error.h"
+#include "tessel/sharding/reshard_plan.h"
+
+namespace tessel {
+
+SpmdAudit*& spmd_audit() {
+  thread_local SpmdAudit* audit = nullptr;
+  return audit;
+}
+
+}  // namespace tessel
 
 namespace tessel::spmd {
 
@@ -42,91 +55,192 @@ std::string inputs_str(const SpmdCall& c) {
   return out + " on " + c.mesh().str();
 }
 
+double owed_reduction_cost(const ProcessMesh& mesh, const Placements& out, const TensorMeta& meta) {
+  if (std::none_of(out.begin(), out.end(), [](const Placement& p) { return p.is_partial(); })) return 0;
+  // Half the planner's price of reducing to Replicate: the reduce_scatter a Partial owes at
+  // least. The all_gather half is what a sharded output owes too, and neither is charged.
+  return 0.5 * reshard_cost(DistAttr(mesh, out), without(out, {}, true), meta.shape, meta.dtype);
+}
+
 namespace {
 
 bool partial_linear_kind(ReduceOp op) { return op == ReduceOp::sum || op == ReduceOp::avg; }
+
+// One mesh dim's part of a candidate layout.
+struct Choice {
+  enum Kind : uint8_t { partial_all, keep_one, label, replicate } kind;
+  int arg = 0;  // keep_one: the input kept Partial; label: the label's index
+};
+
+// Above this many joint candidates, labels no input shards yet are dropped from each mesh dim's
+// choices (a layout sharding them costs at least a slice more than one that does not, and
+// seldom wins); the rest are enumerated in full.
+constexpr size_t kMaxCandidates = 4096;
 
 }  // namespace
 
 SpmdDecision label_rule(const SpmdCall& c, const LabelRule& rule) {
   const size_t n = rule.inputs.size();
   const int64_t M = c.mesh_ndim();
-  SpmdDecision d;
-  d.inputs.assign(n, Placements(static_cast<size_t>(M), Replicate()));
-  d.outputs.assign(1, Placements(static_cast<size_t>(M), Replicate()));
-  // Labels in order of first appearance.
-  std::string labels;
-  for (const std::string& l : rule.inputs)
-    for (char ch : l)
-      if (ch != '.' && labels.find(ch) == std::string::npos) labels += ch;
+  const ProcessMesh& mesh = c.mesh();
+  SpmdAudit* audit = spmd_audit();
 
-  // Per mesh dim, the cheapest of: keep Partial inputs Partial (linear ops), shard one label,
-  // replicate everything. Candidates are scored without materialising them (this runs on every
-  // distributed op call).
-  constexpr int kPartial = -2, kReplicate = -1;
-  for (int64_t m = 0; m < M; ++m) {
-    const int64_t k = c.mesh().dim_size(m);
-    auto current = [&](size_t i) -> const Placement& { return c.input_attrs[i].placements[static_cast<size_t>(m)]; };
-    auto label_placement = [&](size_t i, char L) {
-      size_t pos = rule.inputs[i].find(L);
-      return pos == std::string::npos ? Replicate() : Shard(static_cast<int64_t>(pos));
-    };
-    // Partial passthrough is allowed when the partial inputs share a linear kind and the op's
-    // linearity admits their number and position.
-    size_t n_partial = 0, first_partial = n;
+  // Decisions are values of (labels, shapes, placements, mesh dims): cached per thread, since
+  // this runs on every distributed op call and a training step repeats its calls.
+  thread_local std::unordered_map<std::string, SpmdDecision> cache;
+  std::string key;
+  if (audit == nullptr) {
+    key = fmt::format("{}>{}|{}|{}|{}|{}", fmt::join(rule.inputs, ","), rule.output, static_cast<int>(rule.linearity),
+                      static_cast<int>(rule.contracted), rule.owed_scale, fmt::join(mesh.shape(), "x"));
     for (size_t i = 0; i < n; ++i)
-      if (current(i).is_partial()) {
-        if (n_partial++ == 0) first_partial = i;
-      }
-    bool passthrough = false;
-    ReduceOp kind = ReduceOp::sum;
-    if (n_partial > 0) {
-      kind = current(first_partial).reduce;
-      passthrough = partial_linear_kind(kind);
-      for (size_t i = 0; i < n; ++i) passthrough = passthrough && (!current(i).is_partial() || current(i).reduce == kind);
-      switch (rule.linearity) {
-        case Linearity::none: passthrough = false; break;
-        case Linearity::joint: passthrough = passthrough && n_partial == n; break;
-        case Linearity::single: passthrough = passthrough && n_partial == 1; break;
-        case Linearity::first: passthrough = passthrough && n_partial == 1 && first_partial == 0; break;
+      key += fmt::format("|{}{}{}", c.inputs[i].dtype, shape_str(c.inputs[i].shape), placements_str(c.input_attrs[i].placements));
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+
+  // Labels in order of first appearance, with their sizes.
+  std::string labels;
+  std::vector<int64_t> label_size;
+  for (size_t i = 0; i < n; ++i)
+    for (size_t d = 0; d < rule.inputs[i].size(); ++d) {
+      char ch = rule.inputs[i][d];
+      if (ch != '.' && labels.find(ch) == std::string::npos) {
+        labels += ch;
+        label_size.push_back(d < c.inputs[i].shape.size() ? c.inputs[i].shape[d] : 1);
       }
     }
-    auto input_for = [&](int choice, size_t i) -> Placement {
-      if (choice == kPartial) return current(i).is_partial() ? current(i) : Replicate();
-      if (choice == kReplicate) return Replicate();
-      return label_placement(i, labels[static_cast<size_t>(choice)]);
-    };
-    auto cost = [&](int choice) {
-      double total = 0;
-      for (size_t i = 0; i < n; ++i) total += transition_cost(c.inputs[i], current(i), input_for(choice, i), k);
-      return total;
-    };
-    // Ties (common on mesh dims of size 1, where every move is free) go to the choice that
-    // changes fewest input placements: no reshard at all when the inputs already fit.
-    auto changes = [&](int choice) {
-      int count = 0;
-      for (size_t i = 0; i < n; ++i) count += input_for(choice, i) == current(i) ? 0 : 1;
-      return count;
-    };
-    int best = kReplicate, best_changes = std::numeric_limits<int>::max();
-    double best_cost = std::numeric_limits<double>::infinity();
-    auto consider = [&](int choice) {
-      const double v = cost(choice);
-      if (v > best_cost) return;
-      const int ch = changes(choice);
-      if (v < best_cost || ch < best_changes) best = choice, best_cost = v, best_changes = ch;
-    };
-    if (passthrough) consider(kPartial);
-    for (size_t l = 0; l < labels.size(); ++l) consider(static_cast<int>(l));
-    consider(kReplicate);
-    for (size_t i = 0; i < n; ++i) d.inputs[i][static_cast<size_t>(m)] = input_for(best, i);
-    Placement out = Replicate();
-    if (best == kPartial) out = Partial(kind);
-    else if (best >= 0) {
-      size_t opos = rule.output.find(labels[static_cast<size_t>(best)]);
-      out = opos == std::string::npos ? Partial(rule.contracted) : Shard(static_cast<int64_t>(opos));
+  // The output's meta as far as the labels tell: a '.' dim is input 0's at the same place when
+  // the ranks agree (a kept whole dim), else 1 (a broadcast or kept reduced dim).
+  TensorMeta out_meta{{}, n > 0 ? c.inputs[0].dtype : DType::f32, {}};
+  for (size_t d = 0; d < rule.output.size(); ++d) {
+    size_t l = labels.find(rule.output[d]);
+    out_meta.shape.push_back(l != std::string::npos ? label_size[l]
+                             : n > 0 && rule.output.size() == c.inputs[0].shape.size() ? c.inputs[0].shape[d]
+                                                                                       : 1);
+  }
+  auto current = [&](size_t i, int64_t m) -> const Placement& { return c.input_attrs[i].placements[static_cast<size_t>(m)]; };
+
+  // Each mesh dim's choices, in tie order: keep Partial inputs Partial (linear ops), shard one
+  // label, replicate everything.
+  std::vector<std::vector<Choice>> choices(static_cast<size_t>(M));
+  std::vector<bool> live(labels.size(), false);  // labels some input shards now
+  for (size_t i = 0; i < n; ++i)
+    for (const Placement& p : c.input_attrs[i].placements)
+      if (p.is_shard() && p.dim < static_cast<int64_t>(rule.inputs[i].size()) && rule.inputs[i][static_cast<size_t>(p.dim)] != '.')
+        live[labels.find(rule.inputs[i][static_cast<size_t>(p.dim)])] = true;
+  size_t total = 1;
+  for (int64_t m = 0; m < M; ++m) {
+    std::vector<Choice>& ch = choices[static_cast<size_t>(m)];
+    std::vector<size_t> partial;  // inputs Partial of a linear kind on this mesh dim
+    bool all_same = true;
+    for (size_t i = 0; i < n; ++i)
+      if (current(i, m).is_partial()) {
+        if (partial_linear_kind(current(i, m).reduce)) partial.push_back(i);
+        all_same = all_same && current(i, m).reduce == current(0, m).reduce;
+      }
+    switch (rule.linearity) {
+      case Linearity::none: break;
+      case Linearity::joint:
+        if (partial.size() == n && all_same) ch.push_back({Choice::partial_all, 0});
+        break;
+      case Linearity::single:
+        // One input stays Partial, the others are reduced: with several Partial inputs, each
+        // is a candidate for the one kept.
+        for (size_t i : partial) ch.push_back({Choice::keep_one, static_cast<int>(i)});
+        break;
+      case Linearity::first:
+        if (!partial.empty() && partial.front() == 0) ch.push_back({Choice::keep_one, 0});
+        break;
     }
-    d.outputs[0][static_cast<size_t>(m)] = out;
+    for (size_t l = 0; l < labels.size(); ++l) ch.push_back({Choice::label, static_cast<int>(l)});
+    ch.push_back({Choice::replicate, 0});
+    total *= ch.size();
+  }
+  if (total > kMaxCandidates) {
+    total = 1;
+    for (std::vector<Choice>& ch : choices) {
+      std::erase_if(ch, [&](const Choice& x) { return x.kind == Choice::label && !live[static_cast<size_t>(x.arg)]; });
+      total *= ch.size();
+    }
+  }
+
+  auto input_for = [&](const Choice& x, size_t i, int64_t m) -> Placement {
+    switch (x.kind) {
+      case Choice::partial_all: return current(i, m);
+      case Choice::keep_one: return static_cast<int>(i) == x.arg ? current(i, m) : Replicate();
+      case Choice::label: {
+        size_t pos = rule.inputs[i].find(labels[static_cast<size_t>(x.arg)]);
+        return pos == std::string::npos ? Replicate() : Shard(static_cast<int64_t>(pos));
+      }
+      case Choice::replicate: return Replicate();
+    }
+    return Replicate();
+  };
+  auto output_for = [&](const Choice& x, int64_t m) -> Placement {
+    switch (x.kind) {
+      case Choice::partial_all:
+      case Choice::keep_one: return Partial(current(static_cast<size_t>(x.arg), m).reduce);
+      case Choice::label: {
+        size_t pos = rule.output.find(labels[static_cast<size_t>(x.arg)]);
+        return pos == std::string::npos ? Partial(rule.contracted) : Shard(static_cast<int64_t>(pos));
+      }
+      case Choice::replicate: return Replicate();
+    }
+    return Replicate();
+  };
+
+  SpmdAudit::Entry entry;
+  if (audit != nullptr) {
+    entry.op = std::string(c.op);
+    for (size_t i = 0; i < n; ++i) {
+      entry.inputs.push_back(c.inputs[i]);
+      entry.current.push_back(c.input_attrs[i].placements);
+    }
+    entry.output = out_meta;
+    entry.owed_scale = rule.owed_scale;
+  }
+  std::vector<size_t> idx(static_cast<size_t>(M), 0);
+  SpmdCandidate best;
+  bool have_best = false;
+  SpmdCandidate cand;
+  cand.inputs.assign(n, Placements(static_cast<size_t>(M), Replicate()));
+  cand.output.assign(static_cast<size_t>(M), Replicate());
+  for (size_t t = 0; t < total; ++t) {
+    for (int64_t m = 0; m < M; ++m) {
+      const Choice& x = choices[static_cast<size_t>(m)][idx[static_cast<size_t>(m)]];
+      for (size_t i = 0; i < n; ++i) cand.inputs[i][static_cast<size_t>(m)] = input_for(x, i, m);
+      cand.output[static_cast<size_t>(m)] = output_for(x, m);
+    }
+    cand.input_cost = 0;
+    cand.changes = 0;
+    for (size_t i = 0; i < n; ++i) {
+      cand.input_cost += reshard_cost(c.input_attrs[i], cand.inputs[i], c.inputs[i].shape, c.inputs[i].dtype);
+      for (int64_t m = 0; m < M; ++m) cand.changes += cand.inputs[i][static_cast<size_t>(m)] == current(i, m) ? 0 : 1;
+    }
+    cand.owed_cost = rule.owed_scale * owed_reduction_cost(mesh, cand.output, out_meta);
+    // Costs within a part in a billion are a tie: fewer changed placements win, then the
+    // candidate enumerated first.
+    const double tol = 1e-9 * std::max(1.0, have_best ? best.cost() : 0.0);
+    if (!have_best || cand.cost() < best.cost() - tol || (cand.cost() <= best.cost() + tol && cand.changes < best.changes)) {
+      best = cand;
+      have_best = true;
+      entry.chosen = entry.candidates.size();
+    }
+    if (audit != nullptr) entry.candidates.push_back(cand);
+    // Next combination (mesh dim M-1 fastest).
+    for (int64_t m = M - 1; m >= 0; --m) {
+      size_t& j = idx[static_cast<size_t>(m)];
+      if (++j < choices[static_cast<size_t>(m)].size()) break;
+      j = 0;
+    }
+  }
+  SpmdDecision d;
+  d.inputs = best.inputs;
+  d.outputs = {best.output};
+  if (audit != nullptr) audit->entries.push_back(std::move(entry));
+  else {
+    if (cache.size() > 100'000) cache.clear();
+    cache.emplace(std::move(key), d);
   }
   return d;
 }

@@ -1,10 +1,16 @@
 // Building blocks for SPMD rules. Most ops are described by labels — one letter per tensor dim
-// naming the loop index it runs over, as in einsum notation — and the engine picks, for each
-// mesh dim on its own, the strategy whose input resharding costs least:
+// naming the loop index it runs over, as in einsum notation — and the engine gives each mesh
+// dim one strategy:
 //   replicate everything; shard one label (inputs with it shard that dim, the others stay
 //   replicated; the output shards the label's dim, or is Partial when the label is
-//   contracted); or, for ops linear in their inputs, keep Partial inputs Partial.
-// Ties go to the strategy listed first: Partial passthrough, then shards, then replicate.
+//   contracted); or, for ops linear in their inputs, keep Partial inputs Partial (for ops
+//   linear in each input separately, one Partial input kept, the others reduced).
+// A layout is one strategy per mesh dim, and layouts are priced as a whole: the reshard
+// planner's cost of moving every input there (all mesh dims together, so nested shards and
+// the moves they forbid are counted) plus the reductions a Partial output still owes
+// (owed_reduction_cost). The cheapest wins; ties go to fewer changed input placements, then
+// to the layout enumerated first (Partial, then shards, then replicate on each mesh dim).
+// docs/dist.md describes the search and its pruning.
 #pragma once
 
 #include <string>
@@ -19,11 +25,17 @@ namespace tessel::spmd {
 // twice that, all_to_all (k-1)/k of the local piece); local moves cost nothing.
 double transition_cost(const TensorMeta& meta, const Placement& from, const Placement& to, int64_t k);
 
+// What a Partial output still owes, as rules price it: half the reshard planner's cost of
+// reducing `out` to no Partial (the reduce_scatter part; the all_gather part a sharded output
+// owes as much).
+double owed_reduction_cost(const ProcessMesh& mesh, const Placements& out, const TensorMeta& meta);
+
 // Which inputs may stay Partial together when the op is linear.
 enum class Linearity {
   none,    // nonlinear: Partial inputs are reduced first
   joint,   // every input Partial together (add, sub): sum of sums
-  single,  // one input Partial, the others replicated (mul, matmul, reductions, unary linear ops)
+  single,  // one input Partial, the others replicated (mul, matmul, reductions, unary linear ops);
+           // with several Partial inputs one is kept and the others reduced
   first,   // only input 0 Partial (div)
 };
 
@@ -32,6 +44,10 @@ struct LabelRule {
   std::string output;               // labels of the (single) output
   Linearity linearity = Linearity::none;
   ReduceOp contracted = ReduceOp::sum;  // Partial kind of an output whose sharded label was contracted
+  // What a Partial output owes, as a multiple of owed_reduction_cost: 1 for a reduction left
+  // to the consumer; more where the dist layer settles it itself (argmax merges with two
+  // all_reduces, 4 halves).
+  double owed_scale = 1.0;
 };
 
 // Decides placements for inputs [0, rule.inputs.size()) and one output. Further inputs of the

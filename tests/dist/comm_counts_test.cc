@@ -1,0 +1,139 @@
+// What a training step asks of the network, counted by the comm layer: for GPT-2 tiny and
+// Llama tiny over a matrix of layouts (dp, tp, pp, ZeRO stage, sequence parallel), the
+// collectives each rank issues in one steady step (the counters' difference between the ends
+// of steps 2 and 3) and the payload bytes they carry, against the figures recorded in
+// comm_counts_base.txt (at the commit before the SPMD rules priced their layouts as a whole).
+// A rule change may make a step cheaper, never dearer: per layout and rank, calls and bytes
+// must not exceed the recorded ones. TESSEL_RECORD_COMM_COUNTS=1 rewrites the file.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "support/reference_trainer.h"
+#include "tessel/cli/config.h"
+#include "tessel/dist/mesh_comm.h"
+#include "tessel/engine/engine.h"
+
+namespace tessel {
+namespace {
+
+struct Layout {
+  bool llama;
+  int dp, tp, pp, stage, sp;
+};
+
+std::string name(const Layout& l) {
+  return fmt::format("{}-dp{}-tp{}-pp{}-z{}-sp{}", l.llama ? "llama" : "gpt2", l.dp, l.tp, l.pp, l.stage, l.sp);
+}
+
+RunConfig config_for(const Layout& l) {
+  std::vector<std::string> sets = {"train.steps=3", "train.warmup=1", "train.global_batch=8", "train.seq_len=16",
+                                   "train.save_every=0", "train.threads=1", "log.every=1000", "train.eval_every=0", "data.val_fraction=0.05",
+                                   fmt::format("train.micro_batch={}", 2 * l.dp)};
+  std::string path = std::string(TESSEL_SOURCE_DIR) + (l.llama ? "/configs/llama-tiny.yaml" : "/configs/gpt2-tiny.yaml");
+  if (l.llama) {
+    for (const char* s : {"model.num_hidden_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
+                          "model.num_key_value_heads=2", "model.intermediate_size=64", "model.max_position_embeddings=32"})
+      sets.push_back(s);
+  } else {
+    for (const char* s : {"model.n_layer=2", "model.n_embd=32", "model.n_head=4", "model.n_positions=32"}) sets.push_back(s);
+  }
+  RunConfig cfg = load_run_config(path, sets);
+  cfg.parallel.dp = l.dp;
+  cfg.parallel.tp = l.tp;
+  cfg.parallel.pp = l.pp;
+  cfg.parallel.sharding_stage = l.stage;
+  cfg.parallel.sp = l.sp != 0;
+  cfg.parallel.schedule = "1F1B";
+  return cfg;
+}
+
+struct Count {
+  int64_t calls = 0, bytes = 0;
+};
+
+// Per rank: the calls and bytes of the last step.
+std::map<int64_t, Count> count_step(const Layout& l) {
+  const RunConfig cfg = config_for(l);
+  std::mutex m;
+  std::map<int64_t, std::vector<Count>> cumulative;
+  ParallelTrainOptions opts{.base = TrainOptions{.progress = false, .quiet = true}};
+  opts.on_step = [&](const StepRecord&) {
+    CommStats s = mesh_comm_stats();
+    Count c;
+    for (const auto& [op, e] : s.ops) c.calls += e.calls, c.bytes += e.bytes;
+    std::lock_guard lock(m);
+    cumulative[current_world_rank()].push_back(c);
+  };
+  train_parallel_threads(cfg, static_cast<int>(cfg.parallel.world_size()), opts);
+  std::map<int64_t, Count> out;
+  for (const auto& [rank, v] : cumulative) {
+    EXPECT_EQ(v.size(), 3u) << name(l) << " rank " << rank;
+    if (v.size() < 2) continue;
+    out[rank] = Count{v.back().calls - v[v.size() - 2].calls, v.back().bytes - v[v.size() - 2].bytes};
+  }
+  return out;
+}
+
+const std::vector<Layout> kLayouts = [] {
+  std::vector<Layout> out;
+  for (bool llama : {false, true})
+    for (Layout l : {Layout{false, 2, 1, 1, 0, 0}, Layout{false, 1, 2, 1, 0, 0}, Layout{false, 1, 2, 1, 0, 1},
+                     Layout{false, 2, 2, 1, 1, 1}, Layout{false, 2, 2, 1, 3, 0}, Layout{false, 1, 2, 2, 0, 1},
+                     Layout{false, 2, 1, 2, 2, 0}, Layout{false, 2, 2, 2, 3, 1}, Layout{false, 1, 4, 1, 0, 1},
+                     Layout{false, 4, 1, 1, 3, 0}}) {
+      l.llama = llama;
+      out.push_back(l);
+    }
+  return out;
+}();
+
+TEST(CommCounts, TrainingStepIssuesNoMoreThanRecorded) {
+  const std::string path = std::string(TESSEL_SOURCE_DIR) + "/tests/dist/comm_counts_base.txt";
+  std::map<std::string, Count> base;  // "layout rank" -> count
+  {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      std::istringstream ss(line);
+      std::string layout;
+      int64_t rank = 0;
+      Count c;
+      ss >> layout >> rank >> c.calls >> c.bytes;
+      base[layout + " " + std::to_string(rank)] = c;
+    }
+  }
+  const bool record = std::getenv("TESSEL_RECORD_COMM_COUNTS") != nullptr;
+  std::string recorded = "# layout rank calls bytes: one steady training step, per rank (comm_counts_test.cc)\n";
+  int64_t total_calls = 0, total_bytes = 0, base_calls = 0, base_bytes = 0;
+  for (const Layout& l : kLayouts) {
+    SCOPED_TRACE(name(l));
+    int64_t calls = 0, bytes = 0, bcalls = 0, bbytes = 0;
+    for (const auto& [rank, c] : count_step(l)) {
+      recorded += fmt::format("{} {} {} {}\n", name(l), rank, c.calls, c.bytes);
+      calls += c.calls, bytes += c.bytes;
+      if (record) continue;
+      auto it = base.find(name(l) + " " + std::to_string(rank));
+      ASSERT_NE(it, base.end()) << "no recorded figures for rank " << rank << " in " << path;
+      bcalls += it->second.calls, bbytes += it->second.bytes;
+      EXPECT_LE(c.calls, it->second.calls) << "rank " << rank << " issued more collectives than recorded";
+      EXPECT_LE(c.bytes, it->second.bytes) << "rank " << rank << " moved more bytes than recorded";
+    }
+    std::printf("  %-28s calls %6lld (recorded %6lld)  bytes %10lld (recorded %10lld)\n", name(l).c_str(),
+                static_cast<long long>(calls), static_cast<long long>(bcalls), static_cast<long long>(bytes),
+                static_cast<long long>(bbytes));
+    total_calls += calls, total_bytes += bytes, base_calls += bcalls, base_bytes += bbytes;
+  }
+  std::printf("  all layouts: calls %lld (recorded %lld), bytes %lld (recorded %lld)\n",
+              static_cast<long long>(total_calls), static_cast<long long>(base_calls),
+              static_cast<long long>(total_bytes), static_cast<long long>(base_bytes));
+  if (record) std::ofstream(path) << recorded;
+}
+
+}  // namespace
+}  // namespace tessel
