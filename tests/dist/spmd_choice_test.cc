@@ -303,5 +303,37 @@ TEST(SpmdChoice, MaxOverAShardedDimRoutesTheGradientToTheFirstMaximum) {
   }
 }
 
+// topk over a sharded dim: each rank's top k merged (values, then the first global position on
+// ties, as one rank orders them) instead of moving the input; the gradient reaches only the
+// ranks holding the selected elements. Wide enough that merging k candidates per row is cheaper
+// than moving the input. Ties of 5 at columns 100 and 9100 of row 0 and 4000 and 6000 of row 1
+// fall on different ranks of 2, 3 and 2x2 meshes (or twice on one), with k = 3 largest and k = 2
+// smallest.
+TEST(SpmdChoice, TopkOverAShardedDimMergesCandidatesAndRoutesTheGradient) {
+  Nd v(rand_tensor({2, 9600}, DType::f64, 91));
+  for (int64_t j : {100, 9100}) v.v[static_cast<size_t>(j)] = 5;
+  for (int64_t j : {4000, 6000}) v.v[static_cast<size_t>(9600 + j)] = 5;
+  for (int64_t j : {10, 9590}) v.v[static_cast<size_t>(9600 + j)] = -5;
+  Tensor x = v.tensor();
+  for (const bool largest : {true, false}) {
+    OpCase c;
+    c.name = largest ? "topk largest ties" : "topk smallest";
+    c.op = "topk";
+    c.make_inputs = [x](DType) { return Tensors{x}; };
+    c.run = [largest](const Tensors& in) {
+      auto [values, indices] = topk(in[0], largest ? 3 : 2, 1, largest);
+      return Tensors{values, indices};
+    };
+    const Serial s = serial_run(c);
+    for (const char* mesh : {"2", "3", "2x2"}) {
+      SCOPED_TRACE(fmt::format("{} on {}", c.name, mesh));
+      const ProcessMesh m = ProcessMesh::iota(parse_shape(mesh));
+      std::vector<std::vector<Placements>> combos{{Placements(static_cast<size_t>(m.ndim()), Shard(1))}};
+      for (std::string& f : validate(c, s, m, combos)) ADD_FAILURE() << f;
+      EXPECT_TRUE(decision_of(c, s, m, combos[0]).decision.custom) << "topk did not merge across ranks";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tessel::testing

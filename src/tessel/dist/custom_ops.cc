@@ -23,6 +23,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <type_traits>
 
 #include "tessel/autograd/function.h"
@@ -386,10 +387,157 @@ std::vector<Tensor> dist_argmax(const OpDef& op, std::vector<Tensor>& inputs, co
   return {wrap_dtensor(out, DistAttr(mesh, out_p), out_meta.shape)};
 }
 
+// ---------------------------------------------------------------- topk over a sharded dim
+//
+// Each rank takes its piece's top k along the dim (values and global positions); the
+// candidates are gathered over each mesh dim sharding the dim (k per output row from every rank
+// of the group, all_gather) and merged — the k best by value, ties to the first global position,
+// as the one-rank kernel orders them. Both outputs are then replicated there. The gradient of
+// an output element reaches only the rank whose piece holds its global position. The input is
+// never gathered: the traffic is k candidates per row per rank.
+
+struct TopkState {
+  ProcessMesh mesh;
+  DistAttr in_attr;
+  Shape global, local_shape;
+  DType dtype;
+  int64_t dim = 0, k = 0, offset = 0, rows_outer = 0, inner = 0;
+  Placements out_p;
+  std::vector<int64_t> index;  // the merged global positions, [outer, k, inner] like the output
+};
+
+std::vector<Tensor> dist_topk(const OpDef& op, std::vector<Tensor>& inputs, const Attrs& attrs, const SpmdDecision& dec) {
+  auto st = std::make_shared<TopkState>();
+  st->mesh = dist_attr(inputs[0]).mesh;
+  if (dist_attr(inputs[0]).placements != dec.inputs[0]) inputs[0] = reshard(inputs[0], st->mesh, dec.inputs[0]);
+  const Tensor& x = inputs[0];
+  st->in_attr = dist_attr(x);
+  st->global = x.shape();
+  st->dtype = x.dtype();
+  const int64_t d = st->dim = normalize_dim(attrs.i("dim"), x.dim(), "topk");
+  const int64_t k = st->k = attrs.i("k");
+  const bool largest = attrs.b("largest");
+  std::vector<int64_t> select;
+  for (int64_t m = 0; m < st->mesh.ndim(); ++m)
+    if (dec.inputs[0][static_cast<size_t>(m)].is_shard(d)) select.push_back(m);
+  for (const Placement& p : dec.outputs[0]) st->out_p.push_back(p.is_partial() ? Replicate() : p);
+  const std::vector<TensorMeta> in_meta{x.meta()};
+  const std::vector<TensorMeta> metas = infer_op(op, in_meta, attrs);
+  const int64_t rank = current_world_rank();
+  const DistAttr out_attr(st->mesh, st->out_p);
+  if (!st->mesh.contains(rank)) {
+    const Shape none(metas[0].shape.size(), 0);
+    return {wrap_dtensor(Tensor::zeros(none, metas[0].dtype), out_attr, metas[0].shape),
+            wrap_dtensor(Tensor::zeros(none, DType::i64), out_attr, metas[1].shape)};
+  }
+  const Tensor local = view::contiguous(local_piece(x));
+  st->local_shape = local.shape();
+  const int64_t L = local.size(d);
+  st->offset = st->in_attr.local_offset(st->global, rank)[static_cast<size_t>(d)];
+  const Shape out_local = out_attr.local_shape(metas[0].shape, rank);
+  st->inner = 1;
+  for (int64_t j = d + 1; j < local.dim(); ++j) st->inner *= local.size(j);
+  st->rows_outer = shape_numel(out_local) / std::max<int64_t>(k * st->inner, 1);
+  const int64_t rows = st->rows_outer * st->inner;
+  // Candidates per row: k (value, global position) pairs, padded past the piece with the worst
+  // value and an impossible position.
+  const double worst = largest ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
+  std::vector<double> value(static_cast<size_t>(rows * k), worst), pos(static_cast<size_t>(rows * k),
+                                                                      std::numeric_limits<double>::infinity());
+  const int64_t mine = std::min(k, L);
+  if (mine > 0) {
+    GradModeGuard no_grad(false);
+    Attrs local_attrs = attrs;
+    local_attrs.set("k", mine);
+    const std::vector<Tensor> in_local{local};
+    const std::vector<Tensor> outs = run_kernel(op, in_local, local_attrs);
+    const Tensor v = view::contiguous(outs[0]), ix = view::contiguous(outs[1]);
+    const int64_t* pi = ix.data<int64_t>();
+    TESSEL_DISPATCH_FLOAT(v.dtype(), "topk", [&]<typename T>() {
+      const T* pv = v.data<T>();
+      for (int64_t o = 0; o < st->rows_outer; ++o)
+        for (int64_t j = 0; j < mine; ++j)
+          for (int64_t i = 0; i < st->inner; ++i) {
+            const int64_t src = (o * mine + j) * st->inner + i, row = o * st->inner + i;
+            if constexpr (std::is_same_v<T, BFloat16>) value[static_cast<size_t>(row * k + j)] = static_cast<float>(pv[src]);
+            else value[static_cast<size_t>(row * k + j)] = static_cast<double>(pv[src]);
+            pos[static_cast<size_t>(row * k + j)] = static_cast<double>(pi[src] + st->offset);
+          }
+    });
+  }
+  // Merge over each mesh dim sharding the dim: gather every rank's k per row, keep the best k.
+  for (int64_t m : select) {
+    auto group = mesh_dim_group(st->mesh, m);
+    const int64_t g = group->size(), n = rows * k;
+    std::vector<double> all_v(static_cast<size_t>(g * n)), all_p(static_cast<size_t>(g * n));
+    group->all_gather(value.data(), all_v.data(), n, DType::f64);
+    group->all_gather(pos.data(), all_p.data(), n, DType::f64);
+    std::vector<int64_t> order(static_cast<size_t>(g * k));
+    for (int64_t row = 0; row < rows; ++row) {
+      auto at = [&](int64_t c, const std::vector<double>& a) {
+        return a[static_cast<size_t>((c / k) * n + row * k + c % k)];
+      };
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t a, int64_t b) {
+        const double va = at(a, all_v), vb = at(b, all_v);
+        if (va != vb) return largest ? va > vb : va < vb;
+        return at(a, all_p) < at(b, all_p);
+      });
+      for (int64_t j = 0; j < k; ++j) {
+        value[static_cast<size_t>(row * k + j)] = at(order[static_cast<size_t>(j)], all_v);
+        pos[static_cast<size_t>(row * k + j)] = at(order[static_cast<size_t>(j)], all_p);
+      }
+    }
+  }
+  Tensor values = Tensor::empty(out_local, st->dtype), indices = Tensor::empty(out_local, DType::i64);
+  int64_t* po = indices.data<int64_t>();
+  st->index.resize(static_cast<size_t>(rows * k));
+  TESSEL_DISPATCH_FLOAT(st->dtype, "topk", [&]<typename T>() {
+    T* pv = values.data<T>();
+    for (int64_t o = 0; o < st->rows_outer; ++o)
+      for (int64_t j = 0; j < k; ++j)
+        for (int64_t i = 0; i < st->inner; ++i) {
+          const int64_t dst = (o * k + j) * st->inner + i, row = o * st->inner + i;
+          pv[dst] = static_cast<T>(static_cast<float>(value[static_cast<size_t>(row * k + j)]));
+          if constexpr (std::is_same_v<T, double>) pv[dst] = value[static_cast<size_t>(row * k + j)];
+          po[dst] = static_cast<int64_t>(pos[static_cast<size_t>(row * k + j)]);
+          st->index[static_cast<size_t>(dst)] = po[dst];
+        }
+  });
+  Tensor out_values = wrap_dtensor(values, out_attr, metas[0].shape);
+  Tensor out_indices = wrap_dtensor(indices, out_attr, metas[1].shape);
+  record_function("topk (distributed)", {x}, {out_values}, [st](std::vector<Tensor>&& g) {
+    if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
+    const int64_t me = current_world_rank();
+    if (!st->mesh.contains(me))
+      return std::vector<Tensor>{
+          wrap_dtensor(Tensor::zeros(Shape(st->global.size(), 0), st->dtype), st->in_attr, st->global)};
+    Tensor gd = g[0];
+    if (dist_attr(gd).placements != st->out_p) gd = reshard(gd, st->mesh, st->out_p);
+    const Tensor go = view::contiguous(local_piece(gd));
+    Tensor dx = Tensor::zeros(st->local_shape, go.dtype());
+    const int64_t L = st->local_shape[static_cast<size_t>(st->dim)];
+    TESSEL_DISPATCH_FLOAT(go.dtype(), "topk", [&]<typename T>() {
+      const T* pg = go.data<T>();
+      T* pd = dx.data<T>();
+      for (int64_t o = 0; o < st->rows_outer; ++o)
+        for (int64_t j = 0; j < st->k; ++j)
+          for (int64_t i = 0; i < st->inner; ++i) {
+            const int64_t src = (o * st->k + j) * st->inner + i;
+            const int64_t at = st->index[static_cast<size_t>(src)] - st->offset;
+            if (at >= 0 && at < L) pd[(o * L + at) * st->inner + i] += pg[src];
+          }
+    });
+    return std::vector<Tensor>{wrap_dtensor(dx, st->in_attr, st->global)};
+  });
+  return {out_values, out_indices};
+}
+
 }  // namespace
 
 void register_custom_ops() {
   register_dist_impl("argmax", &dist_argmax);
+  register_dist_impl("topk", &dist_topk);
   register_dist_impl("cross_entropy", &dist_cross_entropy);
   register_dist_impl("max", &dist_max);
 }

@@ -368,7 +368,8 @@ std::vector<Tensor> cumsum_backward(const GradCall& g) { return {cumsum_raw(g.gr
 // ---------------------------------------------------------------- SPMD rules
 // sum/mean: a sharded reduced dim gives Partial(sum) (mean divides by the global count);
 // Partial(sum) inputs pass through. max: a sharded reduced dim gives Partial(max) (below);
-// argmax: merged across ranks. topk/cumsum need their dim whole, and other dims keep their shards.
+// argmax and topk: merged across ranks. cumsum needs its dim whole, and other dims keep their
+// shards.
 
 std::vector<int64_t> rule_dims(const SpmdCall& c, const char* key) {
   int64_t r = static_cast<int64_t>(c.inputs[0].shape.size());
@@ -454,8 +455,29 @@ SpmdDecision argmax_spmd(const SpmdCall& c) {
     if (p.is_partial()) p = Replicate();
   return dec;
 }
+// topk: a sharded dim is merged by the dist layer (dist/custom_ops.cc: each rank's top k, then
+// the best k of the gathered candidates), both outputs replicated there; priced like argmax's
+// merge (the candidates are output-sized).
 SpmdDecision topk_spmd(const SpmdCall& c) {
-  return whole_dims_rule(c, rule_dims(c, "dim"), true, spmd::Linearity::none, 2);
+  const int64_t dim = rule_dims(c, "dim")[0];
+  spmd::LabelRule r;
+  r.linearity = spmd::Linearity::none;
+  r.contracted = ReduceOp::max;
+  r.owed_scale = 4;  // the merge: values and positions of every rank's k, gathered
+  r.output_shape = c.inputs[0].shape;
+  r.output_shape[static_cast<size_t>(dim)] = c.attrs.i("k");
+  r.inputs.resize(1);
+  for (int64_t d = 0; d < static_cast<int64_t>(c.inputs[0].shape.size()); ++d) {
+    const char L = static_cast<char>('a' + d);
+    r.inputs[0] += L;
+    r.output += d == dim ? '.' : L;
+  }
+  SpmdDecision dec = spmd::label_rule(c, r);
+  for (const Placement& p : dec.inputs[0]) dec.custom = dec.custom || p.is_shard(dim);
+  for (Placement& p : dec.outputs[0])
+    if (p.is_partial()) p = Replicate();
+  dec.outputs.resize(2, dec.outputs[0]);
+  return dec;
 }
 SpmdDecision cumsum_spmd(const SpmdCall& c) {
   return whole_dims_rule(c, rule_dims(c, "dim"), true, spmd::Linearity::single, 1);

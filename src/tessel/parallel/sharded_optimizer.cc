@@ -194,10 +194,18 @@ bool ShardedOptimizer::accept_gathered_grad(const nn::Parameter* p, const Tensor
   for (size_t i = 0; i < slots_.size(); ++i) {
     if (slots_[i].p != p) continue;
     if (!slots_[i].gathered) return false;
-    if (grad.defined()) {
-      local_piece(grad).storage()->charge_as(MemoryKind::grads);
-      enqueue_grad(i, grad);
+    if (!grad.defined()) return true;
+    Slot& s = slots_[i];
+    const size_t dp_dim = static_cast<size_t>(layout_.stage_dim("dp"));
+    if (!dist_attr(grad).placements[dp_dim].is_partial()) {
+      // Already whole over dp (an earlier op summed it): the shard is a slice, no collective.
+      Tensor shard = reshard(grad, layout_.stage_mesh(), s.stored);
+      if (s.grad.defined()) add_(local_piece(s.grad), local_piece(shard));
+      else s.grad = shard;
+      return true;
     }
+    local_piece(grad).storage()->charge_as(MemoryKind::grads);
+    enqueue_grad(i, grad);
     return true;
   }
   return false;

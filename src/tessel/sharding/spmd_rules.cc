@@ -118,6 +118,7 @@ SpmdDecision label_rule(const SpmdCall& c, const LabelRule& rule) {
                              : n > 0 && rule.output.size() == c.inputs[0].shape.size() ? c.inputs[0].shape[d]
                                                                                        : 1);
   }
+  if (!rule.output_shape.empty()) out_meta.shape = rule.output_shape;
   auto current = [&](size_t i, int64_t m) -> const Placement& { return c.input_attrs[i].placements[static_cast<size_t>(m)]; };
 
   // Each mesh dim's choices, in tie order: keep Partial inputs Partial (linear ops), shard one

@@ -48,6 +48,9 @@ struct LabelRule {
   // to the consumer; more where the dist layer settles it itself (argmax merges with two
   // all_reduces, 4 halves).
   double owed_scale = 1.0;
+  // The output's global shape where a '.' dim is not input 0's at that place (topk's k); empty:
+  // as the labels tell.
+  Shape output_shape;
 };
 
 // Decides placements for inputs [0, rule.inputs.size()) and one output. Further inputs of the
