@@ -274,7 +274,7 @@ TEST(SpmdChoice, NoDearerThanThePeersAndValuesMatchOneRank) {
 
 // max over a sharded dim with the maximum on two ranks: the gradient reaches only the first
 // in the global order, as on one rank; argmax names that first position.
-TEST(SpmdChoice, MaxOverAShardedDimRoutesTheGradientToTheFirstMaximum) {
+TEST(SpmdChoice, MaxAndMinOverAShardedDimRouteTheGradientToTheFirstSelected) {
   // Wide enough that argmax merges across ranks rather than moving the input: the maximum 5 at
   // columns 100 and 1100 of row 0, 700 and 900 of row 1 (on two, three and 2x2 ranks these
   // fall on different ranks, or twice on one).
@@ -293,13 +293,28 @@ TEST(SpmdChoice, MaxOverAShardedDimRoutesTheGradientToTheFirstMaximum) {
   a.op = "argmax";
   a.run = [](const Tensors& in) { return Tensors{argmax(in[0], 1)}; };
   const Serial sa = serial_run(a);
+  // min, the same with the ties at -5: Partial(min), the gradient to the first minimum.
+  Nd vn(rand_tensor({2, 1200}, DType::f64, 92));
+  for (int64_t j : {100, 1100}) vn.v[static_cast<size_t>(j)] = -5;
+  for (int64_t j : {700, 900}) vn.v[static_cast<size_t>(1200 + j)] = -5;
+  const Tensor xn = vn.tensor();
+  OpCase n = c;
+  n.name = "min ties";
+  n.op = "min";
+  n.make_inputs = [xn](DType) { return Tensors{xn}; };
+  n.run = [](const Tensors& in) { return Tensors{min(in[0], {1})}; };
+  const Serial sn = serial_run(n);
   for (const char* mesh : {"2", "3", "2x2"}) {
     const ProcessMesh m = ProcessMesh::iota(parse_shape(mesh));
     std::vector<std::vector<Placements>> combos{{Placements(static_cast<size_t>(m.ndim()), Shard(1))}};
     for (std::string& f : validate(c, s, m, combos)) ADD_FAILURE() << f;
     for (std::string& f : validate(a, sa, m, combos)) ADD_FAILURE() << f;
+    for (std::string& f : validate(n, sn, m, combos)) ADD_FAILURE() << f;
     EXPECT_TRUE(decision_of(a, sa, m, combos[0]).decision.custom) << "argmax on " << mesh << " did not merge across ranks";
     EXPECT_TRUE(decision_of(c, s, m, combos[0]).decision.custom) << "max on " << mesh << " did not give Partial(max)";
+    const SpmdDecision dn = decision_of(n, sn, m, combos[0]).decision;
+    EXPECT_TRUE(dn.custom) << "min on " << mesh << " did not give Partial(min)";
+    EXPECT_TRUE(dn.outputs[0][0].is_partial() && dn.outputs[0][0].reduce == ReduceOp::min) << dn.outputs[0][0].str();
   }
 }
 

@@ -1,4 +1,4 @@
-// Cases for reduce.cc: sum/mean/max over dim sets (adjacent, split, all, empty dims), argmax,
+// Cases for reduce.cc: sum/mean/max/min over dim sets (adjacent, split, all, empty dims), argmax,
 // topk (largest and smallest) and cumsum.
 #include <algorithm>
 #include <numeric>
@@ -9,7 +9,7 @@ namespace tessel::testing {
 
 namespace {
 
-enum class Kind { sum, mean, max };
+enum class Kind { sum, mean, max, min };
 
 Tensor ref_reduce(const Tensor& x, std::vector<int64_t> dims, bool keepdim, Kind kind) {
   Nd a(x);
@@ -20,7 +20,7 @@ Tensor ref_reduce(const Tensor& x, std::vector<int64_t> dims, bool keepdim, Kind
   auto reduced = [&](int64_t d) { return std::find(dims.begin(), dims.end(), d) != dims.end(); };
   Shape kept;
   for (int64_t d = 0; d < nd; ++d) kept.push_back(reduced(d) ? 1 : x.shape()[d]);
-  Nd r(kept, kind == Kind::max ? -INFINITY : 0.0);
+  Nd r(kept, kind == Kind::max ? -INFINITY : kind == Kind::min ? INFINITY : 0.0);
   Nd count(kept, 0.0);
   Nd::for_each(x.shape(), [&](const std::vector<int64_t>& idx) {
     std::vector<int64_t> j = idx;
@@ -28,6 +28,7 @@ Tensor ref_reduce(const Tensor& x, std::vector<int64_t> dims, bool keepdim, Kind
       if (reduced(d)) j[d] = 0;
     double v = a(idx);
     if (kind == Kind::max) r(j) = std::max(r(j), v);
+    else if (kind == Kind::min) r(j) = std::min(r(j), v);
     else r(j) += v;
     count(j) += 1;
   });
@@ -71,7 +72,8 @@ Tensor ref_cumsum(const Tensor& x, int64_t dim) {
 
 std::vector<OpCase> reduce_cases() {
   std::vector<OpCase> out;
-  for (auto [kind, name] : {std::pair{Kind::sum, "sum"}, std::pair{Kind::mean, "mean"}, std::pair{Kind::max, "max"}})
+  for (auto [kind, name] : {std::pair{Kind::sum, "sum"}, std::pair{Kind::mean, "mean"}, std::pair{Kind::max, "max"},
+                            std::pair{Kind::min, "min"}})
     for (const ReduceShape& s : kReduceShapes) {
       Shape shape = s.x;
       std::vector<int64_t> dims = s.dims;
@@ -85,6 +87,7 @@ std::vector<OpCase> reduce_cases() {
               [dims, keep, k](const Tensors& in) {
                 if (k == Kind::sum) return Tensors{sum(in[0], dims, keep)};
                 if (k == Kind::mean) return Tensors{mean(in[0], dims, keep)};
+                if (k == Kind::min) return Tensors{min(in[0], dims, keep)};
                 return Tensors{max(in[0], dims, keep)};
               },
           .reference = [dims, keep, k](const Tensors& in) { return Tensors{ref_reduce(in[0], dims, keep, k)}; },

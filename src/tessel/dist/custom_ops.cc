@@ -227,6 +227,7 @@ struct MaxState {
   TensorMeta local_meta;
   Placements out_dual;           // the output's placements with Partial(max) -> R: the gradient's
   Attrs attrs;
+  bool smallest = false;         // min: Partial(min), the first minimum
 };
 
 std::vector<Tensor> dist_max(const OpDef& op, std::vector<Tensor>& inputs, const Attrs& attrs, const SpmdDecision& dec) {
@@ -237,6 +238,7 @@ std::vector<Tensor> dist_max(const OpDef& op, std::vector<Tensor>& inputs, const
   st->in_attr = dist_attr(x);
   st->global = x.shape();
   st->dims = normalize_dims(attrs.ints("dims"), x.dim(), "max");
+  st->smallest = op.name == "min";
   st->attrs = attrs;
   for (int64_t m = 0; m < st->mesh.ndim(); ++m) {
     const Placement& p = dec.inputs[0][static_cast<size_t>(m)];
@@ -254,7 +256,8 @@ std::vector<Tensor> dist_max(const OpDef& op, std::vector<Tensor>& inputs, const
   const Shape local_out = DistAttr(st->mesh, dec.outputs[0]).local_shape(metas[0].shape, rank);
   if (st->mesh.contains(rank) && reduced_local == 0) {
     // An empty piece of the reduced dims (more ranks than elements): it holds no candidate.
-    st->values = Tensor::full(local_out, -std::numeric_limits<double>::infinity(), metas[0].dtype);
+    st->values = Tensor::full(local_out, (st->smallest ? 1 : -1) * std::numeric_limits<double>::infinity(),
+                              metas[0].dtype);
     st->index = Tensor::zeros({shape_numel(local_out)}, DType::i64);
     out_local = st->values;
   } else if (st->mesh.contains(rank)) {
@@ -287,7 +290,8 @@ std::vector<Tensor> dist_max(const OpDef& op, std::vector<Tensor>& inputs, const
       const T* pv = view::contiguous(st->values).template data<T>();
       for (int64_t o = 0; o < n; ++o) best[o] = static_cast<double>(pv[o]);
     });
-    for (int64_t d : st->select) mesh_dim_group(st->mesh, d)->all_reduce(best.data(), n, DType::f64, ReduceOp::max);
+    for (int64_t d : st->select)
+      mesh_dim_group(st->mesh, d)->all_reduce(best.data(), n, DType::f64, st->smallest ? ReduceOp::min : ReduceOp::max);
     TESSEL_DISPATCH_FLOAT(st->values.dtype(), "max", [&]<typename T>() {
       const T* pv = view::contiguous(st->values).template data<T>();
       for (int64_t o = 0; o < n; ++o) {
@@ -540,6 +544,7 @@ void register_custom_ops() {
   register_dist_impl("topk", &dist_topk);
   register_dist_impl("cross_entropy", &dist_cross_entropy);
   register_dist_impl("max", &dist_max);
+  register_dist_impl("min", &dist_max);
 }
 
 }  // namespace tessel

@@ -12,7 +12,7 @@
                        X(rsqrt) X(tanh) X(gelu) X(silu) X(relu) X(cast)                       \
                        X(eq) X(ne) X(lt) X(le) X(gt) X(ge)                                    \
   /* select.cc */      X(where) X(masked_fill) X(triu)                                        \
-  /* reduce.cc */      X(sum) X(mean) X(max) X(argmax) X(topk) X(cumsum)                      \
+  /* reduce.cc */      X(sum) X(mean) X(max) X(min) X(argmax) X(topk) X(cumsum)               \
   /* softmax.cc */     X(softmax) X(log_softmax) X(cross_entropy)                             \
   /* norm.cc */        X(layer_norm) X(rms_norm)                                              \
   /* shape.cc */       X(reshape) X(permute) X(expand) X(contiguous) X(cat) X(split) X(slice) \

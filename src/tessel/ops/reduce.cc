@@ -157,19 +157,21 @@ Tensor rows_last(const Tensor& x, const std::vector<int64_t>& dims) {
   return view::contiguous(view::permute(x, order));
 }
 
+// max and min share everything but the comparison; `c.op.name` tells them apart.
 std::vector<TensorMeta> max_infer(const MetaCall& c) {
   kernels::check_floating(c, 0);
   std::vector<int64_t> dims = reduce_dims(c);
   const TensorMeta& x = c.inputs[0];
   int64_t R = reduced_count(x.shape, dims);
-  TESSEL_CHECK(R > 0, "max: cannot reduce over empty dims [{}] of {}", fmt::join(dims, ","), x.str());
+  TESSEL_CHECK(R > 0, "{}: cannot reduce over empty dims [{}] of {}", c.op.name, fmt::join(dims, ","), x.str());
   Shape out = reduced_shape(x.shape, dims, c.attrs.b("keepdim"));
   return {TensorMeta{out, x.dtype, {}}, TensorMeta{{shape_numel(out)}, DType::i64, {}}};
 }
 
 std::vector<Tensor> max_forward(const OpCall& c) {
   const Tensor& x = c.inputs[0];
-  std::vector<int64_t> dims = normalize_dims(c.attrs.ints("dims"), x.dim(), "max");
+  std::vector<int64_t> dims = normalize_dims(c.attrs.ints("dims"), x.dim(), c.op.name);
+  const bool smallest = c.op.name == "min";
   Tensor rows = rows_last(x, dims);
   int64_t R = reduced_count(x.shape(), dims), outer = x.numel() / R;
   Tensor out = Tensor::empty(c.outputs[0]);
@@ -183,7 +185,8 @@ std::vector<Tensor> max_forward(const OpCall& c) {
         const T* row = px + o * R;
         int64_t best = 0;
         for (int64_t r = 1; r < R; ++r)
-          if (row[r] > row[best] || (std::isnan(row[r]) && !std::isnan(row[best]))) best = r;
+          if ((smallest ? row[r] < row[best] : row[r] > row[best]) || (std::isnan(row[r]) && !std::isnan(row[best])))
+            best = r;
         po[o] = row[best];
         pi[o] = best;
       }
@@ -409,14 +412,14 @@ SpmdDecision whole_dims_rule(const SpmdCall& c, const std::vector<int64_t>& whol
   return dec;
 }
 
-// max: a sharded reduced dim gives Partial(max) — the dist layer's own implementation
-// (dist/custom_ops.cc) then routes the gradient to the one rank holding the selected element;
-// every other layout runs the local kernel as usual.
+// max (min): a sharded reduced dim gives Partial(max) (Partial(min)) — the dist layer's own
+// implementation (dist/custom_ops.cc) then routes the gradient to the one rank holding the
+// selected element; every other layout runs the local kernel as usual.
 SpmdDecision max_spmd(const SpmdCall& c) {
   const std::vector<int64_t> dims = rule_dims(c, "dims");
   spmd::LabelRule r;
   r.linearity = spmd::Linearity::none;
-  r.contracted = ReduceOp::max;
+  r.contracted = c.op == "min" ? ReduceOp::min : ReduceOp::max;
   const Shape& s = c.inputs[0].shape;
   for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
     const char L = static_cast<char>('a' + d);
@@ -491,6 +494,8 @@ const OpDef op_mean{.name = "mean", .num_inputs = 1, .infer = reduce_infer, .for
                     .backward = mean_backward, .cost = reduce_cost, .spmd = mean_spmd};
 const OpDef op_max{.name = "max", .num_inputs = 1, .num_hidden = 1, .infer = max_infer, .forward = max_forward,
                    .backward = max_backward, .cost = reduce_cost, .spmd = max_spmd, .save = {0, 0b10}};
+const OpDef op_min{.name = "min", .num_inputs = 1, .num_hidden = 1, .infer = max_infer, .forward = max_forward,
+                   .backward = max_backward, .cost = reduce_cost, .spmd = max_spmd, .save = {0, 0b10}};
 const OpDef op_argmax{.name = "argmax", .num_inputs = 1, .infer = argmax_infer, .forward = argmax_forward,
                       .cost = reduce_cost, .spmd = argmax_spmd, .bf16_via_f32 = false};
 const OpDef op_topk{.name = "topk", .num_inputs = 1, .num_outputs = 2, .infer = topk_infer, .forward = topk_forward,
@@ -506,6 +511,9 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 }
 Tensor max(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return call_op1(op_max, {x}, Attrs{{"dims", dims}, {"keepdim", keepdim}});
+}
+Tensor min(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return call_op1(op_min, {x}, Attrs{{"dims", dims}, {"keepdim", keepdim}});
 }
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   return call_op1(op_argmax, {x}, Attrs{{"dim", dim}, {"keepdim", keepdim}});

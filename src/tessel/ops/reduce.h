@@ -13,6 +13,8 @@ namespace tessel {
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor max(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Min over `dims`, as max: the gradient goes to the first minimal element of each group.
+Tensor min(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 // Index (i64) of the first maximal element along `dim`.
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
 // The k largest (or smallest) elements along `dim`, sorted, and their i64 indices; ties keep
