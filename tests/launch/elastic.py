@@ -15,7 +15,6 @@ launcher's report) and recovery (kill to the next completed step) times, and the
 job took to grow back.
   elastic.py TESSEL_BINARY SOURCE_DIR [RUNS]
 """
-import json
 import os
 import random
 import signal
@@ -26,34 +25,20 @@ import tempfile
 import threading
 import time
 
+from train_job import losses, train_command, workers
+
 tessel, src = sys.argv[1], sys.argv[2]
 runs = int(sys.argv[3]) if len(sys.argv) > 3 else 4
 steps = 24
 rng = random.Random(5)
 token = "e1a571c0e1a571c0e1a571c0e1a571c0"
-train = [tessel, "train", os.path.join(src, "configs", "gpt2-tiny.yaml"), "--backend", "gloo",
-         "--set", "model.n_layer=2", "--set", "model.n_embd=64", "--set", "model.n_head=4",
-         "--set", "train.seq_len=32", "--set", "train.global_batch=8", "--set", "train.micro_batch=8",
-         "--set", f"train.steps={steps}", "--set", "train.warmup=0", "--set", "train.save_every=5",
-         "--set", "train.memory_save_every=1",
-         "--set", "train.threads=1", "--set", "log.every=1", "--set", "parallel.dp=2", "--set", "parallel.tp=2",
-         "--set", "parallel.sharding_stage=2"]
+train = train_command(tessel, src, steps, save_every=5)
 
 
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def losses(path):
-    out = {}
-    for line in open(path):
-        r = json.loads(line)
-        if r["step"] in out:
-            sys.exit(f"{path}: step {r['step']} appears twice")
-        out[r["step"]] = r["loss"]
-    return out
 
 
 class Node:
@@ -97,11 +82,6 @@ class Node:
 
 def step_line(step):
     return lambda l: l.startswith("[rank 0]") and f"info: step {step}/{steps}" in l
-
-
-def workers(launcher_pid):
-    out = subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in out]
 
 
 with tempfile.TemporaryDirectory() as tmp:

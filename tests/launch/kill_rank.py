@@ -9,7 +9,6 @@ time (kill to the next completed step) of each; the launcher gives its processes
 to stop after a failure.
   kill_rank.py TESSEL_BINARY SOURCE_DIR [RUNS]
 """
-import json
 import os
 import random
 import signal
@@ -19,38 +18,19 @@ import tempfile
 import threading
 import time
 
+from train_job import losses, train_command, workers
+
 tessel, src = sys.argv[1], sys.argv[2]
 runs = int(sys.argv[3]) if len(sys.argv) > 3 else 10
 steps = 8
 rng = random.Random(11)
-train = [tessel, "train", os.path.join(src, "configs", "gpt2-tiny.yaml"), "--backend", "gloo",
-         "--set", "model.n_layer=2", "--set", "model.n_embd=64", "--set", "model.n_head=4",
-         "--set", "train.seq_len=32", "--set", "train.global_batch=8", "--set", "train.micro_batch=8",
-         "--set", f"train.steps={steps}", "--set", "train.warmup=0", "--set", "train.save_every=3",
-         "--set", "train.memory_save_every=1",
-         "--set", "train.threads=1", "--set", "log.every=1", "--set", "parallel.dp=2", "--set", "parallel.tp=2",
-         "--set", "parallel.sharding_stage=2"]
+train = train_command(tessel, src, steps, save_every=3)
 
 
 def launch(work, extra_launch=()):
     return subprocess.Popen([tessel, "launch", "--nproc-per-node", "4", "--timeout", "5", *extra_launch, "--", *train,
                              "--save", os.path.join(work, "ck"), "--metrics", os.path.join(work, "m.jsonl")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, bufsize=1)
-
-
-def losses(path):
-    out = {}
-    for line in open(path):
-        r = json.loads(line)
-        if r["step"] in out:
-            sys.exit(f"{path}: step {r['step']} appears twice")
-        out[r["step"]] = r["loss"]
-    return out
-
-
-def workers(launcher_pid):
-    out = subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in out]
 
 
 with tempfile.TemporaryDirectory() as tmp:

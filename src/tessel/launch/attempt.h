@@ -49,6 +49,20 @@ struct Round {
   std::function<std::string()> membership_change;
 };
 
+// The job's store as a launcher sees it: hosted here when `host` (node 0; room for
+// `max_clients` connections), reached as a client either way — in short attempts, so that
+// `interrupted()` (which also takes the launcher's signals) is asked while node 0 is not up
+// yet. `client` stays null when interrupted first; a store not reached within
+// --rendezvous-timeout throws TimeoutError, naming `who`.
+struct JobStore {
+  std::unique_ptr<TcpStoreServer> server;
+  std::shared_ptr<TcpStore> client;
+  int port = 0;
+  std::string where;  // host:port, for messages
+};
+JobStore open_job_store(const LaunchOptions& options, bool host, std::size_t max_clients, const std::string& who,
+                        const std::function<bool()>& interrupted);
+
 // Runs one attempt: options.nnodes and options.node_rank are this attempt's. Returns 0 when
 // every process of the job succeeded, 1 when the attempt failed (or was stopped for a
 // membership change), 128 + the signal when interrupted. Without a round, the attempt hosts

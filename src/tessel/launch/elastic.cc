@@ -95,35 +95,18 @@ class Elastic {
 };
 
 void Elastic::connect() {
-  std::string connect_host = o_.master_host;
-  if (hosts_store()) {
-    // Every round's processes (two connections each) and launchers, with room to spare.
-    const std::size_t world = static_cast<std::size_t>(o_.max_nodes) * static_cast<std::size_t>(o_.nproc_per_node);
-    server_ = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{
-        .host = o_.master_host, .port = o_.master_port, .token = o_.token, .max_connections = 4096 + 4 * world});
-    port_ = server_->port();
-    if (connect_host == "0.0.0.0" || connect_host.empty()) connect_host = "127.0.0.1";
-    if (connect_host == "::") connect_host = "::1";
-  } else {
-    port_ = o_.master_port;
-  }
-  where_ = net::host_port(o_.master_host, port_);
-  const Deadline deadline = net::deadline_after(o_.rendezvous_timeout);
-  while (true) {
-    try {
-      store_ = std::make_shared<TcpStore>(connect_host, port_, o_.token,
-                                          std::max(Millis(1), std::min(Millis(1000), net::time_left(deadline))));
-      break;
-    } catch (const TimeoutError& e) {
-      TESSEL_CHECK_AS(TimeoutError, Clock::now() < deadline,
-                      "tessel launch: could not reach the elastic job's store at {} within {} ms: {}", where_,
-                      o_.rendezvous_timeout.count(), e.what());
-    }
-    for (int sig : signals_.take())
-      if (sig == SIGINT || sig == SIGTERM) interrupted_ = sig;
-    if (interrupted_ != 0) return;
-  }
-  store_->set_timeout(Millis(30'000));
+  // Every round's processes (two connections each) and launchers, with room to spare.
+  JobStore js = open_job_store(o_, hosts_store(), 4 * static_cast<std::size_t>(o_.max_nodes) * o_.nproc_per_node,
+                               "this launcher", [this] {
+                                 for (int sig : signals_.take())
+                                   if (sig == SIGINT || sig == SIGTERM) interrupted_ = sig;
+                                 return interrupted_ != 0;
+                               });
+  server_ = std::move(js.server);
+  port_ = js.port;
+  where_ = js.where;
+  store_ = std::move(js.client);
+  if (store_) store_->set_timeout(Millis(30'000));
 }
 
 bool Elastic::wait_for(const std::function<bool()>& done, Deadline deadline, const std::string& what) {

@@ -186,35 +186,18 @@ int Launcher::run() {
 
 // Node 0 hosts the store; every node (node 0 included) talks to it as a client.
 bool Launcher::connect_store() {
-  std::string connect_host = o_.master_host;
-  if (o_.node_rank == 0) {
-    // Two connections per rank (its store client and its heartbeat) and one per launcher, with
-    // room to spare.
-    const std::size_t world = static_cast<std::size_t>(o_.nnodes) * static_cast<std::size_t>(o_.nproc_per_node);
-    server_ = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{
-        .host = o_.master_host, .port = o_.master_port, .token = o_.token, .max_connections = 4096 + 2 * world});
-    master_port_ = server_->port();
-    if (connect_host == "0.0.0.0" || connect_host.empty()) connect_host = "127.0.0.1";
-    if (connect_host == "::") connect_host = "::1";
-  } else {
-    master_port_ = o_.master_port;
-  }
-  store_where_ = net::host_port(o_.master_host, master_port_);
-  // Connect in short attempts so that Ctrl-C is noticed while node 0 is not up yet.
-  const Deadline deadline = net::deadline_after(o_.rendezvous_timeout);
-  while (true) {
-    try {
-      store_ = std::make_shared<TcpStore>(connect_host, master_port_, o_.token,
-                                          std::max(Millis(1), std::min(Millis(1000), net::time_left(deadline))));
-      break;
-    } catch (const TimeoutError& e) {
-      TESSEL_CHECK_AS(TimeoutError, Clock::now() < deadline,
-                      "tessel launch: node {} could not reach node 0's store at {} within {} ms: {}", o_.node_rank,
-                      store_where_, o_.rendezvous_timeout.count(), e.what());
-    }
-    on_signals();
-    if (interrupted_ != 0) return false;
-  }
+  // Two connections per rank (its store client and its heartbeat) and one per launcher, with
+  // room to spare.
+  JobStore js = open_job_store(o_, o_.node_rank == 0, 2 * static_cast<std::size_t>(o_.nnodes) * o_.nproc_per_node,
+                               fmt::format("node {}", o_.node_rank), [this] {
+                                 on_signals();
+                                 return interrupted_ != 0;
+                               });
+  server_ = std::move(js.server);
+  master_port_ = js.port;
+  store_where_ = js.where;
+  if (!js.client) return false;
+  store_ = std::move(js.client);
   store_->set_timeout(Millis(30'000));
   return true;
 }
@@ -727,6 +710,35 @@ int Launcher::finish() {
 }
 
 }  // namespace
+
+JobStore open_job_store(const LaunchOptions& o, bool host, std::size_t max_clients, const std::string& who,
+                        const std::function<bool()>& interrupted) {
+  JobStore js;
+  std::string connect_host = o.master_host;
+  if (host) {
+    js.server = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{
+        .host = o.master_host, .port = o.master_port, .token = o.token, .max_connections = 4096 + max_clients});
+    js.port = js.server->port();
+    if (connect_host == "0.0.0.0" || connect_host.empty()) connect_host = "127.0.0.1";
+    if (connect_host == "::") connect_host = "::1";
+  } else {
+    js.port = o.master_port;
+  }
+  js.where = net::host_port(o.master_host, js.port);
+  const Deadline deadline = net::deadline_after(o.rendezvous_timeout);
+  while (true) {
+    try {
+      js.client = std::make_shared<TcpStore>(connect_host, js.port, o.token,
+                                             std::max(Millis(1), std::min(Millis(1000), net::time_left(deadline))));
+      return js;
+    } catch (const TimeoutError& e) {
+      TESSEL_CHECK_AS(TimeoutError, Clock::now() < deadline,
+                      "tessel launch: {} could not reach node 0's store at {} within {} ms: {}", who, js.where,
+                      o.rendezvous_timeout.count(), e.what());
+    }
+    if (interrupted()) return js;
+  }
+}
 
 int run_attempt(const LaunchOptions& options, SignalScope& signals, const Round* round) {
   Launcher launcher(options, signals, round);
