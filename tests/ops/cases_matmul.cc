@@ -1,5 +1,6 @@
 // Cases for matmul.cc: plain, transposed, batched, broadcast batches, empty and thin shapes;
-// linear with both weight layouts, with and without bias.
+// linear with both weight layouts, with and without bias. And grouped_matmul.cc: groups of
+// several sizes, an empty one, the weight in both layouts.
 #include "op_cases.h"
 
 namespace tessel::testing {
@@ -85,8 +86,42 @@ const MatmulShape kMatmulShapes[] = {
 
 }  // namespace
 
+// y[rows of group e] = x[rows of group e] @ W_e, W_e = w[e] or w[e]^T.
+Tensor ref_grouped_matmul(const Tensor& x, const Tensor& w, const std::vector<int64_t>& counts, bool trans_w) {
+  Nd a(x), b(w);
+  const int64_t K = x.shape()[1], F = trans_w ? w.shape()[1] : w.shape()[2];
+  Nd r(Shape{x.shape()[0], F});
+  int64_t row = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    for (int64_t i = row; i < row + counts[e]; ++i)
+      for (int64_t f = 0; f < F; ++f) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k)
+          s += a({i, k}) * (trans_w ? b({static_cast<int64_t>(e), f, k}) : b({static_cast<int64_t>(e), k, f}));
+        r({i, f}) = s;
+      }
+    row += counts[e];
+  }
+  return r.tensor();
+}
+
 std::vector<OpCase> matmul_cases() {
   std::vector<OpCase> out;
+  for (const bool trans_w : {false, true}) {
+    const std::vector<int64_t> counts = {2, 0, 3, 1};
+    out.push_back(OpCase{
+        .name = fmt::format("grouped_matmul/{}", trans_w ? "trans_w" : "plain"),
+        .op = "grouped_matmul",
+        .make_inputs =
+            [trans_w](DType d) {
+              return Tensors{rand_tensor({6, 5}, d, 13), rand_tensor(trans_w ? Shape{4, 3, 5} : Shape{4, 5, 3}, d, 14)};
+            },
+        .run = [counts, trans_w](const Tensors& in) { return Tensors{grouped_matmul(in[0], in[1], counts, trans_w)}; },
+        .reference =
+            [counts, trans_w](const Tensors& in) { return Tensors{ref_grouped_matmul(in[0], in[1], counts, trans_w)}; },
+        .f32_rtol = 1e-4,
+        .f32_atol = 1e-5});
+  }
   for (const MatmulShape& s : kMatmulShapes) {
     Shape sa = s.a, sb = s.b;
     bool ta = s.ta, tb = s.tb;
@@ -140,6 +175,14 @@ std::vector<ErrorCase> matmul_errors() {
       {"linear_bias_3d", [] { linear(Tensor::zeros({2, 4}), Tensor::zeros({4, 3, 2}), Tensor::zeros({6}), true); },
        {"linear", "bias", "[6]", "[3, 2]"}},
       {"linear_out_in_3d", [] { linear(Tensor::zeros({2, 4}), Tensor::zeros({3, 2, 4})); }, {"linear", "[3, 2, 4]"}},
+      {"grouped_matmul_counts", [] { grouped_matmul(Tensor::zeros({5, 4}), Tensor::zeros({2, 4, 3}), {2, 2}); },
+       {"grouped_matmul", "[2, 2]", "4 rows", "x has 5"}},
+      {"grouped_matmul_groups", [] { grouped_matmul(Tensor::zeros({4, 4}), Tensor::zeros({2, 4, 3}), {4}); },
+       {"grouped_matmul", "1 counts for 2 groups"}},
+      {"grouped_matmul_k", [] { grouped_matmul(Tensor::zeros({4, 5}), Tensor::zeros({2, 4, 3}), {2, 2}); },
+       {"grouped_matmul", "K=5", "K=4"}},
+      {"grouped_matmul_negative", [] { grouped_matmul(Tensor::zeros({2, 4}), Tensor::zeros({2, 4, 3}), {3, -1}); },
+       {"grouped_matmul", "negative count -1"}},
   };
 }
 

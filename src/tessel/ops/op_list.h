@@ -8,6 +8,7 @@
 // clang-format off
 #define TESSEL_OP_LIST(X)                                                                     \
   /* matmul.cc */      X(matmul) X(linear)                                                    \
+  /* grouped_matmul.cc */ X(grouped_matmul)                                                   \
   /* elementwise.cc */ X(add) X(sub) X(mul) X(div) X(scale) X(neg) X(exp) X(log) X(sqrt)     \
                        X(rsqrt) X(tanh) X(gelu) X(silu) X(relu) X(cast)                       \
                        X(eq) X(ne) X(lt) X(le) X(gt) X(ge)                                    \

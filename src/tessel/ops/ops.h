@@ -4,6 +4,7 @@
 #include "tessel/ops/attention.h"
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/elementwise.h"
+#include "tessel/ops/grouped_matmul.h"
 #include "tessel/ops/index.h"
 #include "tessel/ops/matmul.h"
 #include "tessel/ops/norm.h"
