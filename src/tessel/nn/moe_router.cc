@@ -1,0 +1,81 @@
+// The MoE router (moe_router.h): scores, top-k, renormalisation, capacity, and the auxiliary
+// and z losses, all from tessel's ops; the choices themselves (which experts, which are
+// dropped) are integer decisions made from the scores' values.
+#include "tessel/nn/moe_router.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "tessel/core/error.h"
+#include "tessel/core/view.h"
+#include "tessel/ops/ops.h"
+
+namespace tessel::nn {
+
+Routing route_tokens(const Tensor& logits, const RouterOptions& o) {
+  TESSEL_CHECK(logits.dim() == 2, "moe router: logits must be [tokens, experts], got {}", shape_str(logits.shape()));
+  const int64_t T = logits.size(0), E = logits.size(1), k = o.top_k;
+  TESSEL_CHECK(k >= 1 && k <= E, "moe router: top_k = {} must be 1..{} (the number of experts)", k, E);
+  TESSEL_CHECK(o.scores == "softmax" || o.scores == "sigmoid", "moe router: scores '{}' is not softmax or sigmoid",
+               o.scores);
+  TESSEL_CHECK(std::isfinite(o.capacity_factor) && o.capacity_factor >= 0,
+               "moe router: capacity_factor {} must be 0 (dropless) or positive", o.capacity_factor);
+  Routing r;
+  // sigmoid(x) = 1 / (1 + exp(-x)).
+  const Tensor scores = o.scores == "softmax" ? softmax(logits, -1) : div(Tensor::full({1}, 1.0, logits.dtype()),
+                                                                        scale(exp(neg(logits)), 1.0, 1.0));
+  auto [top, experts] = topk(scores, k, -1, true);
+  r.experts = experts;
+  Tensor weights = o.renormalize ? div(top, sum(top, {1}, true)) : top;
+
+  // Capacity: per expert, its assignments by score (best first, ties to the earlier token).
+  const Tensor ex = view::contiguous(experts);
+  const std::vector<double> sv = view::contiguous(top).to_doubles();
+  const int64_t* pe = ex.data<int64_t>();
+  std::vector<std::vector<int64_t>> chosen(static_cast<size_t>(E));
+  for (int64_t a = 0; a < T * k; ++a) chosen[static_cast<size_t>(pe[a])].push_back(a);
+  const int64_t capacity = o.capacity_factor > 0
+                               ? static_cast<int64_t>(std::ceil(o.capacity_factor * static_cast<double>(T * k) /
+                                                                static_cast<double>(E)))
+                               : T * k;
+  std::vector<double> keep(static_cast<size_t>(T * k), 1.0);
+  r.counts.assign(static_cast<size_t>(E), 0);
+  for (int64_t e = 0; e < E; ++e) {
+    std::vector<int64_t>& list = chosen[static_cast<size_t>(e)];
+    if (static_cast<int64_t>(list.size()) > capacity) {
+      std::vector<int64_t> by_score = list;
+      std::stable_sort(by_score.begin(), by_score.end(), [&](int64_t a, int64_t b) {
+        return sv[static_cast<size_t>(a)] > sv[static_cast<size_t>(b)];
+      });
+      for (size_t i = static_cast<size_t>(capacity); i < by_score.size(); ++i) keep[static_cast<size_t>(by_score[i])] = 0;
+      r.dropped += static_cast<int64_t>(by_score.size()) - capacity;
+    }
+    for (int64_t a : list)
+      if (keep[static_cast<size_t>(a)] != 0) {
+        r.order.push_back(a);
+        ++r.counts[static_cast<size_t>(e)];
+      }
+  }
+  r.dropped_fraction = T * k > 0 ? static_cast<double>(r.dropped) / static_cast<double>(T * k) : 0.0;
+  if (r.dropped > 0) {
+    Tensor mask = Tensor::empty({T, k}, DType::f64);
+    std::copy(keep.begin(), keep.end(), mask.data<double>());
+    weights = mul(weights, cast(mask, weights.dtype()));
+  }
+  r.weights = weights;
+
+  // aux = E · Σ_e f_e · P_e; f from the choices before dropping, as Switch counts them.
+  Tensor f = Tensor::empty({E}, DType::f64);
+  for (int64_t e = 0; e < E; ++e)
+    f.data<double>()[e] = static_cast<double>(chosen[static_cast<size_t>(e)].size()) / static_cast<double>(T * k);
+  const Tensor P = mean(scores, {0});
+  r.aux_loss = scale(sum(mul(P, cast(f, P.dtype()))), static_cast<double>(E));
+  // z = mean_t (logsumexp_t)², logsumexp = m + log Σ exp(x - m) with m the row maximum.
+  const Tensor m = max(logits, {1}, true);
+  const Tensor lse = add(m, log(sum(exp(sub(logits, m)), {1}, true)));
+  r.z_loss = mean(mul(lse, lse));
+  return r;
+}
+
+}  // namespace tessel::nn

@@ -1,0 +1,44 @@
+// The router of a mixture-of-experts layer (issue 29): which experts each token goes to, with
+// which weights, which assignments a capacity drops, and the two regularising losses. Written
+// with tessel's ops, so the weights and the losses are differentiable with respect to the
+// router's logits (and through them, its weight) in every layout the ops support.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessel/core/tensor.h"
+
+namespace tessel::nn {
+
+struct RouterOptions {
+  int64_t top_k = 2;
+  std::string scores = "softmax";  // softmax | sigmoid (over each token's expert logits)
+  bool renormalize = true;         // the k weights of a token divided by their sum
+  // 0: dropless. > 0: each expert takes at most ceil(capacity_factor · T · k / E) assignments;
+  // the ones beyond it are dropped, lowest score first (ties: the later token).
+  double capacity_factor = 0;
+};
+
+struct Routing {
+  Tensor weights;  // [T, k], differentiable: the weight of each token's j-th expert (0 if dropped)
+  Tensor experts;  // [T, k] i64: the j-th expert of each token, best score first
+  // The kept assignments (t·k + j) sorted by expert, tokens in order within an expert: the
+  // rows a grouped GEMM receives, `counts[e]` of them for expert e.
+  std::vector<int64_t> order, counts;
+  int64_t dropped = 0;         // assignments dropped by the capacity
+  double dropped_fraction = 0;  // dropped / (T · k)
+  // Switch/GShard load balancing, E · Σ_e f_e · P_e: f_e the share of the T·k assignments
+  // (before dropping) that chose expert e (not differentiated), P_e the mean score of expert
+  // e over the tokens. 1 for a perfectly balanced router. Scalar, differentiable.
+  Tensor aux_loss;
+  // ST-MoE's router z-loss: the mean over tokens of logsumexp(logits)². Scalar, differentiable.
+  Tensor z_loss;
+};
+
+// Routes the tokens of `logits` [T, E] (the router linear's output). Throws naming the option
+// on k outside 1..E, an unknown score function or a negative capacity factor.
+Routing route_tokens(const Tensor& logits, const RouterOptions& options);
+
+}  // namespace tessel::nn
