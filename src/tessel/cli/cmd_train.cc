@@ -15,7 +15,6 @@
 #include "tessel/ckpt/sharded.h"
 #include "tessel/comm/gloo_backend.h"
 #include "tessel/comm/store.h"
-#include "tessel/comm/tcp_store.h"
 #include "tessel/comm/world.h"
 #include "tessel/core/input_file.h"
 #include "tessel/core/log.h"
@@ -60,9 +59,8 @@ int env_count(const char* name) {
 // same number of ranks plans at once.
 void plan_for_launched_world(RunConfig& cfg, const std::string& why) {
   const GlooWorldOptions w = GlooWorldOptions::from_env(default_timeout());
-  const auto job_store = std::make_shared<TcpStore>(w.master_addr, w.master_port, w.token, w.timeout);
-  std::shared_ptr<Store> store = job_store;
-  if (!w.store_prefix.empty()) store = std::make_shared<PrefixStore>(w.store_prefix, job_store);
+  const std::shared_ptr<Store> job_store = connect_job_store(w, /*round_namespace=*/false);
+  const std::shared_ptr<Store> store = connect_job_store(w);
   const std::string key = "plan/layout";
   std::string text;
   if (w.rank == 0) {

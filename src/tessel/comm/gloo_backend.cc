@@ -502,14 +502,15 @@ void gloo_direct_ring_all_reduce(ProcessGroup& group, float* buf, int64_t count,
   gloo::allreduce(o);
 }
 
-std::shared_ptr<ProcessGroup> make_gloo_world(const GlooWorldOptions& o) {
+std::shared_ptr<Store> connect_job_store(const GlooWorldOptions& o, bool round_namespace) {
   auto tcp = std::make_shared<TcpStore>(o.master_addr, o.master_port, o.token, o.timeout);
   tcp->set_timeout(o.timeout);
-  auto in_namespace = [&](std::shared_ptr<Store> s) -> std::shared_ptr<Store> {
-    if (o.store_prefix.empty()) return s;
-    return std::make_shared<PrefixStore>(o.store_prefix, std::move(s));
-  };
-  std::shared_ptr<Store> store = in_namespace(tcp);
+  if (!round_namespace || o.store_prefix.empty()) return tcp;
+  return std::make_shared<PrefixStore>(o.store_prefix, std::move(tcp));
+}
+
+std::shared_ptr<ProcessGroup> make_gloo_world(const GlooWorldOptions& o) {
+  std::shared_ptr<Store> store = connect_job_store(o);
   std::vector<int> nodes;
   if (o.local_world_size > 0)
     for (int r = 0; r < o.size; ++r) nodes.push_back(r / o.local_world_size);
@@ -528,9 +529,7 @@ std::shared_ptr<ProcessGroup> make_gloo_world(const GlooWorldOptions& o) {
   // a connection of its own, so that waits on the rank's store never delay a beat.
   std::unique_ptr<HeartbeatWriter> heartbeat;
   if (o.heartbeat_interval.count() > 0)
-    heartbeat = std::make_unique<HeartbeatWriter>(
-        in_namespace(std::make_shared<TcpStore>(o.master_addr, o.master_port, o.token, o.timeout)), o.rank,
-        o.heartbeat_interval);
+    heartbeat = std::make_unique<HeartbeatWriter>(connect_job_store(o), o.rank, o.heartbeat_interval);
   auto group = make_gloo_group(store, o.rank, o.size, nodes, host, o.timeout, "world");
   if (heartbeat) std::static_pointer_cast<GlooProcessGroup>(group)->keep_heartbeat(std::move(heartbeat));
   return group;

@@ -32,6 +32,10 @@ struct GlooWorldOptions {
   static GlooWorldOptions from_env(Millis timeout);
 };
 
+// A new connection to the job's TCP store, in this rank's namespace (store_prefix) unless
+// `round_namespace` is false (keys shared by every round of an elastic job).
+std::shared_ptr<Store> connect_job_store(const GlooWorldOptions& options, bool round_namespace = true);
+
 // Connects to the job's TCP store and creates the world group (with its heartbeat, when asked).
 std::shared_ptr<ProcessGroup> make_gloo_world(const GlooWorldOptions& options);
 // A Gloo group over an existing store (several ranks in one process for tests, or an

@@ -14,9 +14,7 @@
 #include <thread>
 #include <atomic>
 #include <optional>
-#include <random>
 #include <set>
-#include <sstream>
 
 #include "tessel/autograd/engine.h"
 #include "tessel/ckpt/checkpoint.h"
@@ -208,50 +206,6 @@ struct Engine::State {
                                    {.keep_last = static_cast<int>(keep_last >= 0 ? keep_last : cfg.train.keep_last)});
   }
 
-  // Whether every rank sees `dir` as the same folder (one machine, or a shared file system):
-  // rank 0 leaves a random mark there and every rank looks for it. A memory folder on tmpfs is
-  // each machine's own, and a checkpoint needs one folder that every rank writes into.
-  bool shared_by_all_ranks(const std::string& dir) {
-    namespace fs = std::filesystem;
-    std::string mark;
-    if (world->rank() == 0) {
-      std::error_code ec;
-      fs::create_directories(dir, ec);
-      mark = fmt::format("{:016x}", std::random_device{}() * 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(::getpid()));
-      std::ofstream(fs::path(dir) / ".tessel-shared-mark") << mark;
-    }
-    mark = all_gather_strings(*world, mark).front();
-    std::ifstream in(fs::path(dir) / ".tessel-shared-mark");
-    std::string seen;
-    std::getline(in, seen);
-    int64_t bad = seen == mark ? 0 : 1;
-    world->all_reduce(&bad, 1, DType::i64, ReduceOp::max);
-    return bad == 0;
-  }
-
-  // The complete step folders under `dir` that every rank sees complete, newest first (no
-  // collective per folder: each rank lists its own, then they agree on the common ones).
-  std::vector<std::pair<int64_t, std::string>> agreed_steps(const std::string& dir) {
-    namespace fs = std::filesystem;
-    std::string mine;
-    std::error_code ec;
-    if (fs::is_directory(dir, ec))
-      for (const auto& e : fs::directory_iterator(dir, ec)) {
-        const int64_t step = checkpoint_step_of(e.path().filename().string());
-        if (step >= 0 && checkpoint_incomplete(e.path().string()).empty()) mine += std::to_string(step) + " ";
-      }
-    std::map<int64_t, int> seen;
-    for (const std::string& list : all_gather_strings(*world, mine)) {
-      std::istringstream in(list);
-      for (int64_t step; in >> step;) ++seen[step];
-    }
-    std::vector<std::pair<int64_t, std::string>> out;
-    for (const auto& [step, n] : seen)
-      if (n == world->size()) out.emplace_back(step, (fs::path(dir) / fmt::format("step-{:06d}", step)).string());
-    std::sort(out.rbegin(), out.rend());
-    return out;
-  }
-
   // A save written by a background thread from the live tensors: it plans at the step
   // boundary and writes while the next step's forward and backward run, which read the
   // parameters and optimizer states but do not change them. Before the step's update, what the
@@ -312,7 +266,7 @@ struct Engine::State {
       if (memory.empty() && !optional) throw;  // (alike on every rank: they see the same folder)
     }
     if (!memory.empty()) {
-      std::vector<std::pair<int64_t, std::string>> merged = agreed_steps(memory);
+      std::vector<std::pair<int64_t, std::string>> merged = complete_steps_on_every_rank(memory, world.get());
       for (const std::string& d : dirs) merged.emplace_back(checkpoint_step_of(std::filesystem::path(d).filename().string()), d);
       std::stable_sort(merged.begin(), merged.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
       dirs.clear();
@@ -552,7 +506,7 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
   // The in-memory checkpoints' folder, when every rank can write it (one machine's tmpfs).
   std::string memory;
   if (t.memory_save_every > 0 && !base.memory_dir.empty()) {
-    if (s.shared_by_all_ranks(base.memory_dir)) {
+    if (folder_shared_by_group(base.memory_dir, s.world.get())) {
       memory = base.memory_dir;
       if (s.lead() && !base.quiet)
         log_info("in-memory checkpoints every {} step{} in {}", t.memory_save_every, t.memory_save_every == 1 ? "" : "s",

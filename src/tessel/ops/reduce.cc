@@ -437,50 +437,45 @@ SpmdDecision max_spmd(const SpmdCall& c) {
 // argmax: a sharded dim is merged by the dist layer (dist/custom_ops.cc: each rank's top-1,
 // then the maximum and its first position across ranks), the index replicated there; priced as
 // a max's Partial output (the merge reduces output-sized values).
-SpmdDecision argmax_spmd(const SpmdCall& c) {
-  const int64_t dim = rule_dims(c, "dim")[0];
-  if (c.inputs[0].dtype == DType::b8)  // infer rejects it
-    return whole_dims_rule(c, {dim}, c.attrs.b("keepdim"), spmd::Linearity::none, 1);
+// The rule of a selection along `dim` that the dist layer merges across the ranks sharding it
+// (argmax, topk): labelled like a max over the dim, its Partial output priced as the merge
+// (`owed_scale` halves of an output-sized all_reduce) and then replicated, `outputs` alike.
+// `kept` the output's size along the dim (topk's k), 0 when the dim is dropped (or kept as 1
+// with keepdim).
+SpmdDecision merged_selection_rule(const SpmdCall& c, int64_t dim, int64_t kept, bool keepdim, size_t outputs) {
   spmd::LabelRule r;
   r.linearity = spmd::Linearity::none;
   r.contracted = ReduceOp::max;
-  r.owed_scale = 4;  // the merge: two all_reduces of the output
+  r.owed_scale = 4;
+  if (kept > 0) {
+    r.output_shape = c.inputs[0].shape;
+    r.output_shape[static_cast<size_t>(dim)] = kept;
+  }
   r.inputs.resize(1);
   for (int64_t d = 0; d < static_cast<int64_t>(c.inputs[0].shape.size()); ++d) {
     const char L = static_cast<char>('a' + d);
     r.inputs[0] += L;
     if (d != dim) r.output += L;
-    else if (c.attrs.b("keepdim")) r.output += '.';
+    else if (kept > 0 || keepdim) r.output += '.';
   }
   SpmdDecision dec = spmd::label_rule(c, r);
   for (const Placement& p : dec.inputs[0]) dec.custom = dec.custom || p.is_shard(dim);
   for (Placement& p : dec.outputs[0])
     if (p.is_partial()) p = Replicate();
+  dec.outputs.resize(outputs, dec.outputs[0]);
   return dec;
+}
+SpmdDecision argmax_spmd(const SpmdCall& c) {
+  const int64_t dim = rule_dims(c, "dim")[0];
+  if (c.inputs[0].dtype == DType::b8)  // infer rejects it
+    return whole_dims_rule(c, {dim}, c.attrs.b("keepdim"), spmd::Linearity::none, 1);
+  return merged_selection_rule(c, dim, 0, c.attrs.b("keepdim"), 1);  // the merge: two all_reduces of the output
 }
 // topk: a sharded dim is merged by the dist layer (dist/custom_ops.cc: each rank's top k, then
 // the best k of the gathered candidates), both outputs replicated there; priced like argmax's
 // merge (the candidates are output-sized).
 SpmdDecision topk_spmd(const SpmdCall& c) {
-  const int64_t dim = rule_dims(c, "dim")[0];
-  spmd::LabelRule r;
-  r.linearity = spmd::Linearity::none;
-  r.contracted = ReduceOp::max;
-  r.owed_scale = 4;  // the merge: values and positions of every rank's k, gathered
-  r.output_shape = c.inputs[0].shape;
-  r.output_shape[static_cast<size_t>(dim)] = c.attrs.i("k");
-  r.inputs.resize(1);
-  for (int64_t d = 0; d < static_cast<int64_t>(c.inputs[0].shape.size()); ++d) {
-    const char L = static_cast<char>('a' + d);
-    r.inputs[0] += L;
-    r.output += d == dim ? '.' : L;
-  }
-  SpmdDecision dec = spmd::label_rule(c, r);
-  for (const Placement& p : dec.inputs[0]) dec.custom = dec.custom || p.is_shard(dim);
-  for (Placement& p : dec.outputs[0])
-    if (p.is_partial()) p = Replicate();
-  dec.outputs.resize(2, dec.outputs[0]);
-  return dec;
+  return merged_selection_rule(c, rule_dims(c, "dim")[0], c.attrs.i("k"), false, 2);
 }
 SpmdDecision cumsum_spmd(const SpmdCall& c) {
   return whole_dims_rule(c, rule_dims(c, "dim"), true, spmd::Linearity::single, 1);
