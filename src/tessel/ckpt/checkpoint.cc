@@ -34,11 +34,21 @@ Tensor reshaped(const Tensor& t, const Shape& to) {
 
 }  // namespace
 
+void split_stacked(std::map<std::string, Tensor>& tensors, const std::string& name) {
+  auto it = tensors.find(name);
+  TESSEL_ASSERT(it != tensors.end() && it->second.dim() >= 1, "split_stacked: no stacked tensor '{}'", name);
+  const Tensor whole = is_dist(it->second) ? full_tensor(it->second) : it->second;
+  tensors.erase(it);
+  for (int64_t i = 0; i < whole.size(0); ++i)
+    tensors[nn::stacked_file_name(name, i)] = view::contiguous(view::select(whole, 0, i));
+}
+
 std::map<std::string, Tensor> model_state(nn::Module& model) {
   std::map<std::string, Tensor> out;
   for (nn::Parameter* p : model.parameters()) {
     TESSEL_CHECK_AS(CheckpointError, p->value.defined(), "save: parameter '{}' is not materialised", p->name);
     out[p->name] = reshaped(p->value, p->stored_shape());
+    if (p->file_stack) split_stacked(out, p->name);
   }
   return out;
 }
@@ -53,22 +63,38 @@ void load_model(const std::string& path, nn::LanguageModel& model) {
   SafetensorsFile f = SafetensorsFile::open(path);
   std::map<std::string, bool> used;
   for (const SafetensorsEntry& e : f.entries()) used[e.name] = false;
-  for (nn::Parameter* p : model.parameters()) {
-    std::string key = p->name;
+  // The file's tensor `key` for (a slice of) parameter p, of `shape`: checked and marked used.
+  auto find = [&](const nn::Parameter* p, std::string key, const Shape& shape) {
     if (!f.contains(key) && key.rfind("transformer.", 0) == 0 && f.contains(key.substr(12))) key = key.substr(12);
-    TESSEL_CHECK_AS(CheckpointError, f.contains(key), "checkpoint '{}' has no tensor for parameter '{}'", path, p->name);
+    TESSEL_CHECK_AS(CheckpointError, f.contains(key), "checkpoint '{}' has no tensor \"{}\" for parameter '{}'", path,
+                    key, p->name);
     const SafetensorsEntry& entry = f.entry(key);
-    const Shape& shape = entry.shape;
     TESSEL_CHECK_AS(CheckpointError,
                     entry.dtype == "F32" || entry.dtype == "F64" || entry.dtype == "BF16" || entry.dtype == "F16",
                     "checkpoint '{}': tensor \"{}\" is {}, but parameter '{}' takes floating-point weights", path, key,
                     entry.dtype, p->name);
-    TESSEL_CHECK_AS(CheckpointError, shape == p->stored_shape(),
+    TESSEL_CHECK_AS(CheckpointError, entry.shape == shape,
                     "checkpoint '{}': tensor \"{}\" has shape {} but parameter '{}' has {}", path, key,
-                    shape_str(shape), p->name, shape_str(p->stored_shape()));
+                    shape_str(entry.shape), p->name, shape_str(shape));
     used[key] = true;
+    return key;
+  };
+  for (nn::Parameter* p : model.parameters()) {
+    std::vector<std::string> keys;  // one, or one per index of a stacked parameter's dim 0
+    if (p->file_stack) {
+      const Shape each(p->stored_shape().begin() + 1, p->stored_shape().end());
+      for (int64_t i = 0; i < p->shape[0]; ++i) keys.push_back(find(p, nn::stacked_file_name(p->name, i), each));
+    } else {
+      keys.push_back(find(p, p->name, p->stored_shape()));
+    }
     if (!p->value.defined()) continue;  // held by another rank
-    Tensor t = reshaped(f.load(key), p->shape);
+    Tensor t;
+    if (p->file_stack) {
+      t = Tensor::empty(p->shape, p->value.dtype());
+      for (size_t i = 0; i < keys.size(); ++i) copy_(view::select(t, 0, static_cast<int64_t>(i)), f.load(keys[i]));
+    } else {
+      t = reshaped(f.load(keys[0]), p->shape);
+    }
     if (is_dist(p->value)) {
       const DistAttr& a = dist_attr(p->value);
       copy_(local_piece(p->value), local_piece(shard_tensor(t, a.mesh, a.placements)));

@@ -16,6 +16,9 @@ namespace tessel {
 
 // Every parameter of `model` by its full name.
 std::map<std::string, Tensor> model_state(nn::Module& model);
+// Replaces the stacked tensor `name` of `tensors` by one tensor per index of its dim 0, named as
+// Hugging Face's files name them (nn::stacked_file_name).
+void split_stacked(std::map<std::string, Tensor>& tensors, const std::string& name);
 void save_model(const std::string& path, nn::Module& model, const std::map<std::string, std::string>& metadata = {});
 // Copies weights into the materialised parameters of `model`: the whole tensor, or this
 // rank's piece of a distributed one (parameters another rank holds are left alone). Accepts

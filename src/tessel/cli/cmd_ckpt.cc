@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "tessel/ckpt/checkpoint.h"
 #include "tessel/ckpt/safetensors.h"
 #include "tessel/ckpt/sharded.h"
 #include "tessel/cli/commands.h"
@@ -138,8 +139,19 @@ Json hf_config(const Json& trainer) {
     c["activation_function"] = "gelu_new";
     c["tie_word_embeddings"] = true;
   } else {
-    c["architectures"] = Json(Json::Array{Json("LlamaForCausalLM")});
-    c["model_type"] = "llama";
+    const bool moe = arch == "mixtral";
+    c["architectures"] = Json(Json::Array{Json(moe ? "MixtralForCausalLM" : "LlamaForCausalLM")});
+    c["model_type"] = moe ? "mixtral" : "llama";
+    if (moe) {
+      for (const char* k : {"num_local_experts", "num_experts_per_tok"}) c[k] = integer(k);
+      c["router_aux_loss_coef"] = real("router_aux_loss_coef");
+      TESSEL_CHECK_AS(CheckpointError, text("decoder_sparse_step") == "1" && text("shared_expert_intermediate_size") == "0" &&
+                          text("router_scores") == "softmax" && text("norm_topk_prob") == "true" &&
+                          std::stod(text("capacity_factor")) == 0,
+                      "this mixture of experts is not a Mixtral (dense blocks, a shared expert, sigmoid or "
+                      "unnormalised scores, or a capacity): Hugging Face's MixtralForCausalLM would compute another "
+                      "model; export refuses rather than mislabel it");
+    }
     for (const char* k : {"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
                           "intermediate_size", "vocab_size", "max_position_embeddings"})
       c[k] = integer(k);
@@ -202,6 +214,10 @@ std::vector<Command> register_ckpt(CLI::App& app) {
              if (model.empty()) throw BadInput(fmt::format("'{}' holds no model tensors", step));
              const Json config = hf_config(reader.trainer());
              reader.read(targets);
+             // Mixtral's experts are stacked here ([E, ...] per matrix) and one tensor each there.
+             if (config.at("model_type").as_string() == "mixtral")
+               for (const auto& t : targets)
+                 if (t.name.find(".block_sparse_moe.experts.w") != std::string::npos) split_stacked(model, t.name);
              std::error_code ec;
              fs::create_directories(a->out, ec);
              if (ec) throw BadInput(fmt::format("cannot create '{}': {}", a->out, ec.message()));

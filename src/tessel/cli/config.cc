@@ -264,6 +264,24 @@ void check_model_sizes(const ModelSection& m, const std::string& source) {
   check_elements(source, "the rotary table",
                  {{"model.max_position_embeddings", c.max_position_embeddings}, {"model.hidden_size", c.hidden_size}});
   multiple("num_attention_heads", c.num_attention_heads, "num_key_value_heads", c.num_key_value_heads);
+  if (m.arch == "mixtral") {
+    const nn::MoeConfig& e = c.moe;
+    positive({{"num_local_experts", d(e.num_experts)}, {"num_experts_per_tok", d(e.top_k)},
+              {"decoder_sparse_step", d(c.moe_every)}});
+    TESSEL_CHECK(e.top_k <= e.num_experts,
+                 "{}: config 'model.num_experts_per_tok' ({}) must be at most 'model.num_local_experts' ({})", source,
+                 e.top_k, e.num_experts);
+    TESSEL_CHECK(e.scores == "softmax" || e.scores == "sigmoid",
+                 "{}: config 'model.router_scores' must be softmax or sigmoid, got '{}'", source, e.scores);
+    for (const auto& [key, v] : {std::pair{"capacity_factor", e.capacity_factor}, {"router_aux_loss_coef", e.aux_loss_coef},
+                                 {"router_z_loss_coef", e.z_loss_coef}})
+      TESSEL_CHECK(v >= 0, "{}: config 'model.{}' must be 0 or more, got {}", source, key, v);
+    TESSEL_CHECK(e.shared_expert_hidden >= 0, "{}: config 'model.shared_expert_intermediate_size' must be 0 or more, got {}",
+                 source, e.shared_expert_hidden);
+    check_elements(source, "the experts' weights",
+                   {{"model.num_hidden_layers", c.num_hidden_layers}, {"model.num_local_experts", e.num_experts},
+                    {"3", 3}, {"model.hidden_size", c.hidden_size}, {"model.intermediate_size", c.intermediate_size}});
+  }
   const int64_t head_dim = c.hidden_size / c.num_attention_heads;
   TESSEL_CHECK(head_dim % 2 == 0,
                "{}: a head's width, 'model.hidden_size' / 'model.num_attention_heads' = {} / {} = {}, must be even "
@@ -273,8 +291,8 @@ void check_model_sizes(const ModelSection& m, const std::string& source) {
 
 void read_model(Section& s, ModelSection& m, const std::string& base_dir, const std::string& source) {
   m.arch = s.require<std::string>("arch");
-  TESSEL_CHECK(m.arch == "gpt2" || m.arch == "llama", "{}: config 'model.arch' must be gpt2 or llama, got '{}'", source,
-               m.arch);
+  TESSEL_CHECK(m.arch == "gpt2" || m.arch == "llama" || m.arch == "mixtral",
+               "{}: config 'model.arch' must be gpt2, llama or mixtral, got '{}'", source, m.arch);
   m.init_from = resolve_path(s.get<std::string>("init_from", ""), base_dir);
   s.mark("hf_config");  // merged into the section before reading
   if (m.arch == "gpt2") {
@@ -299,6 +317,21 @@ void read_model(Section& s, ModelSection& m, const std::string& base_dir, const 
     c.rope_theta = s.get("rope_theta", c.rope_theta);
     c.rms_norm_eps = s.get("rms_norm_eps", c.rms_norm_eps);
     c.initializer_range = s.get("initializer_range", c.initializer_range);
+    if (m.arch == "mixtral") {  // Hugging Face's Mixtral keys, and the MoE options it lacks
+      nn::MoeConfig& e = c.moe;
+      e = nn::MoeConfig{};
+      e.num_experts = s.get("num_local_experts", e.num_experts);
+      e.top_k = s.get("num_experts_per_tok", e.top_k);
+      e.expert_hidden = c.intermediate_size;
+      e.scores = s.get("router_scores", e.scores);
+      e.renormalize = s.get("norm_topk_prob", e.renormalize);
+      e.capacity_factor = s.get("capacity_factor", e.capacity_factor);
+      e.aux_loss_coef = s.get("router_aux_loss_coef", e.aux_loss_coef);
+      e.z_loss_coef = s.get("router_z_loss_coef", e.z_loss_coef);
+      e.shared_expert_hidden = s.get("shared_expert_intermediate_size", e.shared_expert_hidden);
+      c.moe_every = s.get("decoder_sparse_step", c.moe_every);
+      s.mark("output_router_logits");  // Hugging Face's switch for returning the aux loss; tessel always adds it
+    }
   }
   s.finish();
   check_model_sizes(m, source);
@@ -308,7 +341,9 @@ void read_model(Section& s, ModelSection& m, const std::string& base_dir, const 
 const std::set<std::string> kHfKeys = {"n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon",
                                        "initializer_range", "resid_pdrop", "num_hidden_layers", "hidden_size",
                                        "num_attention_heads", "num_key_value_heads", "intermediate_size",
-                                       "max_position_embeddings", "rope_theta", "rms_norm_eps"};
+                                       "max_position_embeddings", "rope_theta", "rms_norm_eps", "num_local_experts",
+                                       "num_experts_per_tok", "router_aux_loss_coef", "norm_topk_prob",
+                                       "decoder_sparse_step", "shared_expert_intermediate_size"};
 
 // Keys of a config.json that turn the model into something tessel does not build. Any value
 // but the ones tessel implements (absent or null is always fine) is refused, rather than
@@ -330,6 +365,10 @@ const std::vector<HfFixed> kHfFixed = {
     {"llama", "attention_bias", {"false"}, "the attention projections have no biases"},
     {"llama", "mlp_bias", {"false"}, "the MLP projections have no biases"},
     {"llama", "rope_scaling", {}, "RoPE is unscaled"},
+    {"mixtral", "hidden_act", {"silu"}, "the experts are SwiGLU with SiLU"},
+    {"mixtral", "tie_word_embeddings", {"false"}, "the LM head is a matrix of its own"},
+    {"mixtral", "rope_scaling", {}, "RoPE is unscaled"},
+    {"mixtral", "sliding_window", {}, "attention is not windowed"},
 };
 
 void check_hf_architecture(const YAML::Node& hf, const std::string& arch, const std::string& where) {
@@ -347,7 +386,7 @@ void check_hf_architecture(const YAML::Node& hf, const std::string& arch, const 
     TESSEL_CHECK(hf["n_inner"].as<int64_t>() == 4 * int_of("n_embd"),
                  "{}: \"n_inner\" is {}, which tessel's gpt2 does not build: the MLP is 4 x n_embd = {} wide", where,
                  hf["n_inner"].as<std::string>(), 4 * int_of("n_embd"));
-  if (arch == "llama" && hf["head_dim"] && !hf["head_dim"].IsNull() && int_of("num_attention_heads") > 0)
+  if ((arch == "llama" || arch == "mixtral") && hf["head_dim"] && !hf["head_dim"].IsNull() && int_of("num_attention_heads") > 0)
     TESSEL_CHECK(hf["head_dim"].as<int64_t>() == int_of("hidden_size") / int_of("num_attention_heads"),
                  "{}: \"head_dim\" is {}, which tessel's llama does not build: a head is hidden_size / "
                  "num_attention_heads = {} wide",
@@ -476,6 +515,7 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   pc.dp = par.get("dp", pc.dp);
   pc.tp = par.get("tp", pc.tp);
   pc.pp = par.get("pp", pc.pp);
+  pc.ep = par.get("ep", pc.ep);
   pc.vpp = par.get("vpp", pc.vpp);
   pc.sharding_stage = par.get("sharding_stage", pc.sharding_stage);
   pc.sp = par.get("sp", pc.sp);
@@ -564,6 +604,13 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   for (const char* key : {"eval_every", "eval_batches"})
     TESSEL_CHECK(c.data.has_validation() || !train.has(key),
                  "{}: config 'train.{}' needs validation tokens: 'data.val_path' or 'data.val_fraction'", source, key);
+  if (pc.ep > 1) {
+    TESSEL_CHECK(c.model.arch == "mixtral", "{}: config 'parallel.ep' is {}, but a {} model has no experts to split",
+                 source, pc.ep, c.model.arch);
+    TESSEL_CHECK(c.model.llama.moe.num_experts % pc.ep == 0,
+                 "{}: config 'parallel.ep' ({}) must divide 'model.num_local_experts' ({})", source, pc.ep,
+                 c.model.llama.moe.num_experts);
+  }
   TESSEL_CHECK(c.model.arch == "gpt2" || !train.has("dropout") || t.dropout == 0,
                "{}: config 'train.dropout' is {}, but llama has no dropout layers (gpt2 does)", source, t.dropout);
   TESSEL_CHECK(t.threads <= 1024, "{}: config 'train.threads' is {}; this machine has {} hardware threads", source,

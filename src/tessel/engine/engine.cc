@@ -30,6 +30,7 @@
 #include "tessel/ops/ops.h"
 #include "tessel/parallel/data.h"
 #include "tessel/parallel/param_gather.h"
+#include "tessel/engine/moe_metrics.h"
 #include "tessel/parallel/parallelize.h"
 #include "tessel/parallel/pipeline.h"
 #include "tessel/parallel/sharded_optimizer.h"
@@ -370,8 +371,8 @@ Engine::Engine(RunConfig config, std::unique_ptr<nn::LanguageModel> model) : s_(
   const ParallelConfig& pc = s.cfg.parallel;
   s.world = world_group();
   TESSEL_CHECK(s.world->size() == pc.world_size(),
-               "the config's parallel section needs dp·tp·pp = {}·{}·{} = {} ranks, but {} were started", pc.dp, pc.tp,
-               pc.pp, pc.world_size(), s.world->size());
+               "the config's parallel section needs dp·ep·tp·pp = {}·{}·{}·{} = {} ranks, but {} were started", pc.dp,
+               pc.ep, pc.tp, pc.pp, pc.world_size(), s.world->size());
   // Thread ranks get their intra-op threads from spawn; a process rank sets its own.
   if (t.threads > 0 && s.world->backend() != "thread") set_default_num_threads(static_cast<int>(t.threads));
   s.model = model ? std::move(model) : build_model(s.cfg);
@@ -582,9 +583,11 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
     mem.reset_peak();
     std::vector<MicroBatch> batches = s.loader->batch(step);
     const double lr = s.lr_schedule.at(step);
+    begin_moe_step(M);
     const double loss_here = s.runtime->run([&](int chunk, int m, const std::vector<Tensor>& inputs) {
       return s.chunk_forward(batches, step, chunk, m, inputs);
     });
+    const Json moe = end_moe_step(*s.model, *s.world);
     if (s.gather) s.gather->finish_step();
     const auto t_opt = Clock::now();
     const int64_t peak_activations = mem.peak.load() - base_bytes;
@@ -607,6 +610,7 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
     const auto t1 = Clock::now();
     const double secs = std::chrono::duration<double>(t1 - t0).count();
     StepRecord rec{step, loss, lr, norm, static_cast<double>(t.global_batch * t.seq_len) / secs, secs};
+    rec.moe = moe;
     if (s.data.validation && t.evaluates_after(step)) {
       rec.val_loss = s.validation_loss();
       result.train.validation.emplace_back(step + 1, *rec.val_loss);

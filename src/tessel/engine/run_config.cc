@@ -44,6 +44,15 @@ Json trajectory_settings(const RunConfig& c) {
           {"model.max_position_embeddings", l.max_position_embeddings}});
     reals({{"model.rope_theta", l.rope_theta}, {"model.rms_norm_eps", l.rms_norm_eps},
            {"model.initializer_range", l.initializer_range}});
+    if (l.is_moe()) {
+      const nn::MoeConfig& e = l.moe;
+      ints({{"model.num_local_experts", e.num_experts}, {"model.num_experts_per_tok", e.top_k},
+            {"model.decoder_sparse_step", l.moe_every}, {"model.shared_expert_intermediate_size", e.shared_expert_hidden}});
+      reals({{"model.capacity_factor", e.capacity_factor}, {"model.router_aux_loss_coef", e.aux_loss_coef},
+             {"model.router_z_loss_coef", e.z_loss_coef}});
+      put("model.router_scores", e.scores);
+      put("model.norm_topk_prob", e.renormalize ? "true" : "false");
+    }
   }
   const DataSection& d = c.data;
   put("data.path", d.path);

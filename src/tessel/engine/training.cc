@@ -66,6 +66,9 @@ std::string step_line(const StepRecord& r, int64_t total_steps, double eta_secon
                                  total_steps, r.loss, r.lr, r.grad_norm, rate_str(r.tokens_per_s),
                                  duration_str(eta_seconds));
   if (r.val_loss) line += fmt::format("  val_loss {:.4f}", *r.val_loss);
+  if (r.moe.is_object())
+    line += fmt::format("  aux {:.4f}  z {:.3f}  dropped {:.2f}%", r.moe.at("aux_loss").as_double(),
+                        r.moe.at("z_loss").as_double(), 100 * r.moe.at("dropped_fraction").as_double());
   return line;
 }
 
@@ -78,6 +81,7 @@ Json step_metrics(const StepRecord& r, double elapsed_s) {
   line["tokens_per_s"] = r.tokens_per_s;
   line["step_time_s"] = r.seconds;
   if (r.val_loss) line["val_loss"] = *r.val_loss;
+  if (r.moe.is_object()) line["moe"] = r.moe;
   line["elapsed_s"] = elapsed_s;
   return line;
 }

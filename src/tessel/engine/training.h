@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/core/json.h"
 #include "tessel/data/dataset.h"
 #include "tessel/data/loader.h"
 #include "tessel/engine/run_config.h"
@@ -36,6 +37,8 @@ struct StepRecord {
   int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, seconds = 0;
   std::optional<double> val_loss;  // the validation loss after this step's update, when evaluated
+  // Mixture-of-experts models: the step's router record summed over the ranks (moe_metrics.h).
+  Json moe;
 };
 
 struct TrainResult {

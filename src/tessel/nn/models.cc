@@ -95,18 +95,22 @@ void Gpt2::set_selective_recompute(bool on) {
 
 // ---------------------------------------------------------------- Llama
 
-LlamaBlock::LlamaBlock(const LlamaConfig& c) {
+LlamaBlock::LlamaBlock(const LlamaConfig& c, int64_t index) {
   input_layernorm_ = &add_module("input_layernorm", std::make_unique<RMSNorm>(c.hidden_size, c.rms_norm_eps));
   self_attn_ = &add_module("self_attn", std::make_unique<LlamaAttention>(c.hidden_size, c.num_attention_heads,
                                                                         c.num_key_value_heads, c.initializer_range));
   post_attention_layernorm_ =
       &add_module("post_attention_layernorm", std::make_unique<RMSNorm>(c.hidden_size, c.rms_norm_eps));
-  mlp_ = &add_module("mlp", std::make_unique<SwiGlu>(c.hidden_size, c.intermediate_size, c.initializer_range));
+  if (c.moe_block(index))
+    moe_ = &add_module("block_sparse_moe", std::make_unique<MoeBlock>(c.hidden_size, c.moe, c.initializer_range, index));
+  else
+    mlp_ = &add_module("mlp", std::make_unique<SwiGlu>(c.hidden_size, c.intermediate_size, c.initializer_range));
 }
 
 Tensor LlamaBlock::forward(const Tensor& x, const Rope& rope) const {
   Tensor h = add(x, self_attn_->forward(input_layernorm_->forward(x), rope));
-  return add(h, mlp_->forward(post_attention_layernorm_->forward(h)));
+  const Tensor normed = post_attention_layernorm_->forward(h);
+  return add(h, moe_ ? moe_->forward(normed) : mlp_->forward(normed));
 }
 
 Llama::Llama(const LlamaConfig& c) : config_(c) {
@@ -119,7 +123,8 @@ Llama::Llama(const LlamaConfig& c) : config_(c) {
   model_ = &m;
   embed_tokens_ = &m.add("embed_tokens", std::make_unique<Embedding>(c.vocab_size, c.hidden_size, c.initializer_range));
   layers_ = &m.add("layers", std::make_unique<ModuleList<LlamaBlock>>());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers_->append(std::make_unique<LlamaBlock>(c));
+  TESSEL_CHECK(c.moe_every >= 1, "mixtral config: decoder_sparse_step ({}) must be at least 1", c.moe_every);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers_->append(std::make_unique<LlamaBlock>(c, i));
   norm_ = &m.add("norm", std::make_unique<RMSNorm>(c.hidden_size, c.rms_norm_eps));
   lm_head_ = &add_module("lm_head", std::make_unique<Linear>(c.hidden_size, c.vocab_size, false, Linear::Layout::out_in,
                                                              c.initializer_range));
@@ -163,7 +168,12 @@ std::vector<Parameter*> Llama::part_parameters(Part part, int64_t block) {
 }
 
 double Llama::train_flops_per_token(int64_t seq_len) const {
-  return 6.0 * static_cast<double>(num_parameters()) +
+  // A token passes through k of the E experts of each MoE block: the others' weights do not count.
+  int64_t idle = 0;
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i)
+    if (config_.moe_block(i))
+      idle += 3 * config_.moe.expert_hidden * config_.hidden_size * (config_.moe.num_experts - config_.moe.top_k);
+  return 6.0 * static_cast<double>(num_parameters() - idle) +
          12.0 * static_cast<double>(config_.num_hidden_layers * config_.hidden_size * seq_len);
 }
 

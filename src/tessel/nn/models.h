@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tessel/nn/layers.h"
+#include "tessel/nn/moe.h"
 
 namespace tessel::nn {
 
@@ -20,6 +21,13 @@ struct LlamaConfig {
   int64_t num_hidden_layers = 32, hidden_size = 4096, num_attention_heads = 32, num_key_value_heads = 32;
   int64_t intermediate_size = 11008, vocab_size = 32000, max_position_embeddings = 4096;
   double rope_theta = 10000.0, rms_norm_eps = 1e-6, initializer_range = 0.02;
+  // Mixtral: mixture-of-experts feed-forward blocks (`moe.num_experts` > 0), in every
+  // `moe_every`-th block (blocks i with (i + 1) % moe_every == 0, Qwen2-MoE's
+  // decoder_sparse_step); the others keep the dense SwiGLU `mlp`.
+  MoeConfig moe{.num_experts = 0};
+  int64_t moe_every = 1;
+  bool is_moe() const { return moe.num_experts > 0; }
+  bool moe_block(int64_t i) const { return is_moe() && (i + 1) % moe_every == 0; }
 };
 
 // A causal language model: token ids [B, T] -> logits [B, T, V], written as a chain
@@ -91,19 +99,23 @@ class Gpt2 : public LanguageModel {
 
 class LlamaBlock : public Module {
  public:
-  explicit LlamaBlock(const LlamaConfig& c);
+  LlamaBlock(const LlamaConfig& c, int64_t index);
   Tensor forward(const Tensor& x, const Rope& rope) const;
   LlamaAttention& self_attn() { return *self_attn_; }
+  MoeBlock* moe() { return moe_; }  // Mixtral's block_sparse_moe, or null
 
  private:
   RMSNorm* input_layernorm_;
   LlamaAttention* self_attn_;
   RMSNorm* post_attention_layernorm_;
-  SwiGlu* mlp_;
+  SwiGlu* mlp_ = nullptr;
+  MoeBlock* moe_ = nullptr;
 };
 
 // model.{embed_tokens, layers.i.{input_layernorm, self_attn.{q,k,v,o}_proj,
-// post_attention_layernorm, mlp.{gate,up,down}_proj}, norm}, lm_head (untied).
+// post_attention_layernorm, mlp.{gate,up,down}_proj}, norm}, lm_head (untied). Mixtral (arch
+// "mixtral") is the same with layers.i.block_sparse_moe.{gate, experts.e.{w1,w2,w3}} in place of
+// the mlp.
 class Llama : public LanguageModel {
  public:
   explicit Llama(const LlamaConfig& c);
@@ -112,7 +124,7 @@ class Llama : public LanguageModel {
   Tensor block(int64_t i, const Tensor& x) override;
   Tensor head(const Tensor& x) override;
   std::vector<Parameter*> part_parameters(Part part, int64_t block = 0) override;
-  std::string arch() const override { return "llama"; }
+  std::string arch() const override { return config_.is_moe() ? "mixtral" : "llama"; }
   int64_t vocab_size() const override { return config_.vocab_size; }
   int64_t max_seq_len() const override { return config_.max_position_embeddings; }
   double train_flops_per_token(int64_t seq_len) const override;

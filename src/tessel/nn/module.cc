@@ -76,6 +76,13 @@ Parameter& Module::parameter(const std::string& name) {
   TESSEL_THROW("model has no parameter '{}' ({} parameters, e.g. {})", name, all.size(), some);
 }
 
+std::string stacked_file_name(const std::string& name, int64_t i) {
+  const size_t last = name.rfind('.');
+  const size_t before = last == std::string::npos || last == 0 ? std::string::npos : name.rfind('.', last - 1);
+  const size_t at = before == std::string::npos ? 0 : before + 1;
+  return name.substr(0, at) + std::to_string(i) + "." + name.substr(at);
+}
+
 void Module::finalize_names(const std::string& prefix) {
   path_ = prefix;
   for (auto& [n, p] : params_) p->name = prefix.empty() ? n : prefix + "." + n;

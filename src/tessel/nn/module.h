@@ -39,6 +39,10 @@ struct Parameter {
   // the same row-major bytes, so a tensor of one views as the other (GPT-2's c_attn is
   // [C, 3, C] here, so tensor parallelism can shard it by heads, and [C, 3C] in the file).
   Shape file_shape;
+  // Set when the files hold one tensor per index of dim 0 instead (a mixture of experts' stacked
+  // matrices, "….experts.w1.weight" [E, F, C] here and E tensors "….experts.<e>.w1.weight" [F, C]
+  // in Hugging Face's files): see stacked_file_name.
+  bool file_stack = false;
   DType dtype = DType::f32;
   Init init;
   Tensor value;  // this rank's tensor; undefined until materialised
@@ -51,6 +55,10 @@ struct Parameter {
   // The shape it has in a checkpoint file.
   const Shape& stored_shape() const { return file_shape.empty() ? shape : file_shape; }
 };
+
+// The name a checkpoint file gives index `i` of a stacked parameter: `i` put in before its
+// module's name ("a.experts.w1.weight" -> "a.experts.3.w1.weight").
+std::string stacked_file_name(const std::string& name, int64_t i);
 
 class Module {
  public:

@@ -29,33 +29,44 @@ Routing route_tokens(const Tensor& logits, const RouterOptions& o) {
   r.experts = experts;
   Tensor weights = o.renormalize ? div(top, sum(top, {1}, true)) : top;
 
-  // Capacity: per expert, its assignments by score (best first, ties to the earlier token).
+  // Groups of G tokens: capacity per (group, expert), the balancing loss per group.
+  const int64_t G = o.group_tokens > 0 ? o.group_tokens : T, groups = T > 0 ? T / G : 0;
+  TESSEL_CHECK(o.group_tokens >= 0 && (T == 0 || T % G == 0),
+               "moe router: {} tokens do not split into routing groups of {}", T, o.group_tokens);
   const Tensor ex = view::contiguous(experts);
   const std::vector<double> sv = view::contiguous(top).to_doubles();
   const int64_t* pe = ex.data<int64_t>();
-  std::vector<std::vector<int64_t>> chosen(static_cast<size_t>(E));
-  for (int64_t a = 0; a < T * k; ++a) chosen[static_cast<size_t>(pe[a])].push_back(a);
   const int64_t capacity = o.capacity_factor > 0
-                               ? static_cast<int64_t>(std::ceil(o.capacity_factor * static_cast<double>(T * k) /
+                               ? static_cast<int64_t>(std::ceil(o.capacity_factor * static_cast<double>(G * k) /
                                                                 static_cast<double>(E)))
-                               : T * k;
+                               : G * k;
   std::vector<double> keep(static_cast<size_t>(T * k), 1.0);
+  Tensor f = Tensor::zeros({groups, E}, DType::f64);  // share of each group's assignments per expert
+  std::vector<std::vector<int64_t>> kept(static_cast<size_t>(E));  // per expert, in token order
+  for (int64_t g = 0; g < groups; ++g) {
+    // Per expert, the group's assignments; those past the capacity dropped by score (best
+    // first, ties to the earlier token).
+    std::vector<std::vector<int64_t>> chosen(static_cast<size_t>(E));
+    for (int64_t a = g * G * k; a < (g + 1) * G * k; ++a) chosen[static_cast<size_t>(pe[a])].push_back(a);
+    for (int64_t e = 0; e < E; ++e) {
+      std::vector<int64_t>& list = chosen[static_cast<size_t>(e)];
+      f.data<double>()[g * E + e] = static_cast<double>(list.size()) / static_cast<double>(G * k);
+      if (static_cast<int64_t>(list.size()) > capacity) {
+        std::vector<int64_t> by_score = list;
+        std::stable_sort(by_score.begin(), by_score.end(), [&](int64_t a, int64_t b) {
+          return sv[static_cast<size_t>(a)] > sv[static_cast<size_t>(b)];
+        });
+        for (size_t i = static_cast<size_t>(capacity); i < by_score.size(); ++i) keep[static_cast<size_t>(by_score[i])] = 0;
+        r.dropped += static_cast<int64_t>(by_score.size()) - capacity;
+      }
+      for (int64_t a : list)
+        if (keep[static_cast<size_t>(a)] != 0) kept[static_cast<size_t>(e)].push_back(a);
+    }
+  }
   r.counts.assign(static_cast<size_t>(E), 0);
   for (int64_t e = 0; e < E; ++e) {
-    std::vector<int64_t>& list = chosen[static_cast<size_t>(e)];
-    if (static_cast<int64_t>(list.size()) > capacity) {
-      std::vector<int64_t> by_score = list;
-      std::stable_sort(by_score.begin(), by_score.end(), [&](int64_t a, int64_t b) {
-        return sv[static_cast<size_t>(a)] > sv[static_cast<size_t>(b)];
-      });
-      for (size_t i = static_cast<size_t>(capacity); i < by_score.size(); ++i) keep[static_cast<size_t>(by_score[i])] = 0;
-      r.dropped += static_cast<int64_t>(by_score.size()) - capacity;
-    }
-    for (int64_t a : list)
-      if (keep[static_cast<size_t>(a)] != 0) {
-        r.order.push_back(a);
-        ++r.counts[static_cast<size_t>(e)];
-      }
+    r.counts[static_cast<size_t>(e)] = static_cast<int64_t>(kept[static_cast<size_t>(e)].size());
+    r.order.insert(r.order.end(), kept[static_cast<size_t>(e)].begin(), kept[static_cast<size_t>(e)].end());
   }
   r.dropped_fraction = T * k > 0 ? static_cast<double>(r.dropped) / static_cast<double>(T * k) : 0.0;
   if (r.dropped > 0) {
@@ -65,12 +76,10 @@ Routing route_tokens(const Tensor& logits, const RouterOptions& o) {
   }
   r.weights = weights;
 
-  // aux = E · Σ_e f_e · P_e; f from the choices before dropping, as Switch counts them.
-  Tensor f = Tensor::empty({E}, DType::f64);
-  for (int64_t e = 0; e < E; ++e)
-    f.data<double>()[e] = static_cast<double>(chosen[static_cast<size_t>(e)].size()) / static_cast<double>(T * k);
-  const Tensor P = mean(scores, {0});
-  r.aux_loss = scale(sum(mul(P, cast(f, P.dtype()))), static_cast<double>(E));
+  // aux = mean over groups of E · Σ_e f_ge · P_ge; f from the choices before dropping, as
+  // Switch counts them.
+  const Tensor P = mean(reshape(scores, {groups, G, E}), {1});
+  r.aux_loss = scale(mean(sum(mul(P, cast(f, P.dtype())), {1})), static_cast<double>(E));
   // z = mean_t (logsumexp_t)², logsumexp = m + log Σ exp(x - m) with m the row maximum.
   const Tensor m = max(logits, {1}, true);
   const Tensor lse = add(m, log(sum(exp(sub(logits, m)), {1}, true)));

@@ -16,9 +16,15 @@ struct RouterOptions {
   int64_t top_k = 2;
   std::string scores = "softmax";  // softmax | sigmoid (over each token's expert logits)
   bool renormalize = true;         // the k weights of a token divided by their sum
-  // 0: dropless. > 0: each expert takes at most ceil(capacity_factor · T · k / E) assignments;
-  // the ones beyond it are dropped, lowest score first (ties: the later token).
+  // 0: dropless. > 0: each expert takes at most ceil(capacity_factor · G · k / E) assignments
+  // of each group of G tokens; the ones beyond it are dropped, lowest score first (ties: the
+  // later token).
   double capacity_factor = 0;
+  // Tokens per routing group (0: all T tokens are one group). The capacity and the load-balancing
+  // loss are per group, the loss averaged over the groups. A model routes each sequence as a
+  // group, so what is dropped and the loss do not depend on how the batch is split over ranks
+  // or micro-batches.
+  int64_t group_tokens = 0;
 };
 
 struct Routing {
@@ -29,9 +35,10 @@ struct Routing {
   std::vector<int64_t> order, counts;
   int64_t dropped = 0;         // assignments dropped by the capacity
   double dropped_fraction = 0;  // dropped / (T · k)
-  // Switch/GShard load balancing, E · Σ_e f_e · P_e: f_e the share of the T·k assignments
-  // (before dropping) that chose expert e (not differentiated), P_e the mean score of expert
-  // e over the tokens. 1 for a perfectly balanced router. Scalar, differentiable.
+  // Switch/GShard load balancing, E · Σ_e f_e · P_e: f_e the share of the G·k assignments of a
+  // group (before dropping) that chose expert e (not differentiated), P_e the mean score of
+  // expert e over the group's tokens; the mean over the groups. 1 for a perfectly balanced
+  // router. Scalar, differentiable.
   Tensor aux_loss;
   // ST-MoE's router z-loss: the mean over tokens of logsumexp(logits)². Scalar, differentiable.
   Tensor z_loss;

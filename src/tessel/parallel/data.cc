@@ -24,8 +24,9 @@ std::vector<MicroBatch> ShardedLoader::batch(int64_t step) const {
     MicroBatch& b = out[static_cast<size_t>(m)];
     b.first_row = m * mb;
     if (!want_inputs_ && !want_targets_) continue;
-    const int64_t dp = layout_.degree("dp"), at = layout_.coord("dp");
-    const int64_t offset = split_offset(mb, dp, at), rows = split_size(mb, dp, at);
+    // This rank's rows: the batch split over dp and ep as the ids' placements say.
+    const DistAttr rows_of(mesh, layout_.ids_placements());
+    const int64_t offset = rows_of.local_offset({mb, 1}, layout_.rank)[0], rows = rows_of.local_shape({mb, 1}, layout_.rank)[0];
     Batch local = make_batch(*data_, sampler_, step, m * mb + offset, rows);
     const Shape global{mb, local.inputs.size(1)};
     if (want_inputs_) b.inputs = dtensor_from_local(local.inputs, mesh, layout_.ids_placements(), global);

@@ -13,20 +13,37 @@ int64_t ParallelConfig::degree(std::string_view dim) const {
   if (dim == "pp") return pp;
   if (dim == "dp") return dp;
   if (dim == "tp") return tp;
-  TESSEL_THROW("no mesh dim '{}' in a layout (have: pp, dp, tp)", dim);
+  if (dim == "ep") return ep;
+  TESSEL_THROW("no mesh dim '{}' in a layout (have: {})", dim, fmt::join(kMeshDims, ", "));
 }
 
 void ParallelConfig::check_mesh() const {
-  std::vector<std::string> sorted = mesh, known(std::begin(kMeshDims), std::end(kMeshDims));
-  std::sort(sorted.begin(), sorted.end());
-  std::sort(known.begin(), known.end());
-  TESSEL_CHECK(sorted == known, "parallel.mesh must name each of pp, dp and tp once (outermost first), got [{}]",
-               fmt::join(mesh, ", "));
+  // pp, dp and tp are named always; ep may be left out (it then goes just inside dp).
+  for (const char* dim : {"pp", "dp", "tp"})
+    TESSEL_CHECK(std::count(mesh.begin(), mesh.end(), dim) == 1,
+                 "parallel.mesh must name each of pp, dp and tp once (outermost first), got [{}]", fmt::join(mesh, ", "));
+  const std::vector<std::string> known(std::begin(kMeshDims), std::end(kMeshDims));
+  for (const std::string& dim : mesh) {
+    TESSEL_CHECK(std::find(known.begin(), known.end(), dim) != known.end(),
+                 "parallel.mesh names '{}', which is not a mesh dim (have: {})", dim, fmt::join(known, ", "));
+    TESSEL_CHECK(std::count(mesh.begin(), mesh.end(), dim) == 1, "parallel.mesh names '{}' twice: [{}]", dim,
+                 fmt::join(mesh, ", "));
+  }
+}
+
+std::vector<std::string> ParallelConfig::full_mesh() const {
+  std::vector<std::string> out = mesh;
+  auto absent = [&](std::string_view dim) { return std::find(out.begin(), out.end(), dim) == out.end(); };
+  if (ep > 1 && absent("ep")) {
+    auto at = std::find(out.begin(), out.end(), "dp");
+    out.insert(at == out.end() ? out.end() : at + 1, "ep");
+  }
+  return out;
 }
 
 void ParallelConfig::validate(int64_t num_blocks, int64_t global_batch) const {
   check_mesh();
-  for (auto [key, v] : {std::pair{"dp", dp}, {"tp", tp}, {"pp", pp}, {"vpp", vpp}, {"micro_batches", micro_batches}})
+  for (auto [key, v] : {std::pair{"dp", dp}, {"ep", ep}, {"tp", tp}, {"pp", pp}, {"vpp", vpp}, {"micro_batches", micro_batches}})
     TESSEL_CHECK(v >= 1, "parallel.{} must be at least 1, got {}", key, v);
   TESSEL_CHECK(sharding_stage >= 0 && sharding_stage <= 3, "parallel.sharding_stage must be 0, 1, 2 or 3, got {}",
                sharding_stage);
@@ -36,9 +53,9 @@ void ParallelConfig::validate(int64_t num_blocks, int64_t global_batch) const {
   TESSEL_CHECK(global_batch % micro_batches == 0,
                "train.global_batch {} is not a multiple of parallel.micro_batches {}", global_batch, micro_batches);
   const int64_t mb = global_batch / micro_batches;
-  TESSEL_CHECK(mb >= dp, "each micro-batch has {} rows (train.global_batch {} / parallel.micro_batches {}) — fewer than "
-               "parallel.dp = {}, so some data-parallel ranks would get none",
-               mb, global_batch, micro_batches, dp);
+  TESSEL_CHECK(mb >= dp * ep, "each micro-batch has {} rows (train.global_batch {} / parallel.micro_batches {}) — fewer than "
+               "parallel.dp · parallel.ep = {}, so some data-parallel ranks would get none",
+               mb, global_batch, micro_batches, dp * ep);
   if (vpp > 1) {
     TESSEL_CHECK(pp > 1, "parallel.vpp = {} needs parallel.pp > 1", vpp);
     TESSEL_CHECK(canonical_schedule_name(schedule) == "VPP",
@@ -69,7 +86,8 @@ void ParallelConfig::validate(int64_t num_blocks, int64_t global_batch) const {
 std::string ParallelConfig::str() const {
   // The mesh order only when it is not the default.
   const std::string order = mesh == ParallelConfig{}.mesh ? "" : fmt::format("mesh [{}] ", fmt::join(mesh, ","));
-  return fmt::format("{}dp{}·tp{}·pp{} vpp{} stage{}{} {} m{} recompute {}", order, dp, tp, pp, vpp, sharding_stage,
+  const std::string experts = ep > 1 ? fmt::format("·ep{}", ep) : "";
+  return fmt::format("{}dp{}{}·tp{}·pp{} vpp{} stage{}{} {} m{} recompute {}", order, dp, experts, tp, pp, vpp, sharding_stage,
                      sp ? " sp" : "", schedule, micro_batches, recompute);
 }
 
@@ -97,11 +115,24 @@ int64_t dp_shard_dim(const Placement& tp, const Shape& shape, int64_t dp) {
   return largest < 0 ? 0 : largest;
 }
 
+int64_t dp_shard_dim(const Placements& stored, size_t dp_dim, const Shape& shape, int64_t dp) {
+  int64_t largest = -1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    bool taken = false;
+    for (size_t m = 0; m < stored.size(); ++m) taken = taken || (m != dp_dim && stored[m].is_shard(static_cast<int64_t>(d)));
+    if (taken) continue;
+    if (shape[d] >= dp) return static_cast<int64_t>(d);
+    if (largest < 0 || shape[d] > shape[static_cast<size_t>(largest)]) largest = static_cast<int64_t>(d);
+  }
+  return largest < 0 ? 0 : largest;
+}
+
 Layout::Layout(ParallelConfig config, int64_t world_rank) : rank(world_rank), config_(std::move(config)) {
   config_.check_mesh();
   Shape shape;
-  for (const std::string& dim : config_.mesh) shape.push_back(config_.degree(dim));
-  world_ = ProcessMesh::iota(shape, config_.mesh);
+  const std::vector<std::string> dims = config_.full_mesh();
+  for (const std::string& dim : dims) shape.push_back(config_.degree(dim));
+  world_ = ProcessMesh::iota(shape, dims);
   TESSEL_CHECK(world_rank >= 0 && world_rank < world_.size(), "rank {} is outside a layout of {} ranks ({})", world_rank,
                world_.size(), config_.str());
   coord_ = world_.coord(world_rank);
@@ -109,7 +140,14 @@ Layout::Layout(ParallelConfig config, int64_t world_rank) : rank(world_rank), co
 
 ProcessMesh Layout::stage_mesh(int64_t pp) const { return world_.sub_mesh(world_.dim_index("pp"), pp); }
 
-int64_t Layout::coord(std::string_view dim) const { return coord_[static_cast<size_t>(world_.dim_index(dim))]; }
+bool Layout::has(std::string_view dim) const {
+  const std::vector<std::string>& names = world_.dim_names();
+  return std::find(names.begin(), names.end(), dim) != names.end();
+}
+
+int64_t Layout::coord(std::string_view dim) const {
+  return has(dim) ? coord_[static_cast<size_t>(world_.dim_index(dim))] : 0;
+}
 
 int64_t Layout::peer(std::string_view dim, int64_t index) const {
   std::vector<int64_t> c = coord_;
@@ -133,7 +171,8 @@ int64_t Layout::stage_dim(std::string_view dim) const {
 
 Placements Layout::placements(std::initializer_list<std::pair<std::string_view, Placement>> by_dim) const {
   Placements out(static_cast<size_t>(world_.ndim() - 1), Replicate());
-  for (const auto& [dim, placement] : by_dim) out[static_cast<size_t>(stage_dim(dim))] = placement;
+  for (const auto& [dim, placement] : by_dim)
+    if (has(dim)) out[static_cast<size_t>(stage_dim(dim))] = placement;
   return out;
 }
 
@@ -146,8 +185,9 @@ std::shared_ptr<ProcessGroup> Layout::world_group_along(std::string_view dim) co
 }
 
 Placements Layout::activation_placements() const {
-  return placements({{"dp", Shard(0)}, {"tp", config_.sp ? Placement(Shard(1)) : Placement(Replicate())}});
+  return placements(
+      {{"dp", Shard(0)}, {"ep", Shard(0)}, {"tp", config_.sp ? Placement(Shard(1)) : Placement(Replicate())}});
 }
-Placements Layout::ids_placements() const { return placements({{"dp", Shard(0)}}); }
+Placements Layout::ids_placements() const { return placements({{"dp", Shard(0)}, {"ep", Shard(0)}}); }
 
 }  // namespace tessel::parallel

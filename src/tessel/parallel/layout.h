@@ -24,6 +24,10 @@ namespace tessel::parallel {
 
 struct ParallelConfig {
   int64_t dp = 1, tp = 1, pp = 1;
+  // Expert parallel: a mixture of experts' experts split over `ep` ranks, which also split the
+  // batch (inside data parallel, as Megatron-Core and DeepSpeed place it): dense parameters are
+  // replicated over dp · ep ranks, experts over dp.
+  int64_t ep = 1;
   int64_t vpp = 1;             // model chunks per pipeline rank (interleaved schedule)
   int64_t sharding_stage = 0;  // ZeRO: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters
   bool sp = false;             // sequence parallel (needs tp > 1 to matter)
@@ -32,15 +36,19 @@ struct ParallelConfig {
   std::string recompute = "none";  // none | selective (attention probabilities) | full (per block)
   double bucket_mb = 4;            // gradient bytes per data-parallel collective (MiB)
   std::vector<int64_t> stage_layers;  // blocks per virtual stage (empty: as even as possible)
-  // The mesh dims, outermost first: an order of every name in kMeshDims. World ranks are
-  // numbered row-major over them.
+  // The mesh dims, outermost first: an order of names in kMeshDims. World ranks are numbered
+  // row-major over them. A dim of degree 1 may be left out.
   std::vector<std::string> mesh = {"pp", "dp", "tp"};
-  static constexpr std::string_view kMeshDims[] = {"pp", "dp", "tp"};
+  static constexpr std::string_view kMeshDims[] = {"pp", "dp", "ep", "tp"};
 
-  int64_t world_size() const { return dp * tp * pp; }
+  int64_t world_size() const { return dp * ep * tp * pp; }
+  // The dims the world mesh has: `mesh`, with ep (when more than one rank and left out) just
+  // inside dp, where the peers put it, and pp, dp and tp always (innermost when left out). A dim
+  // such as ep of degree 1 that `mesh` leaves out is not there at all.
+  std::vector<std::string> full_mesh() const;
   // The degree of the mesh dim called `dim`; throws naming the known dims.
   int64_t degree(std::string_view dim) const;
-  // Checks that `mesh` names every dim once; throws naming parallel.mesh.
+  // Checks that `mesh` names known dims once and every dim of degree > 1; throws naming parallel.mesh.
   void check_mesh() const;
   // Checks the degrees against the model and batch; throws naming the key (parallel.*).
   void validate(int64_t num_blocks, int64_t global_batch) const;
@@ -55,6 +63,10 @@ std::vector<std::pair<int64_t, int64_t>> stage_blocks(const ParallelConfig& c, i
 // after another in memory when it is dim 0), else the largest dim tp does not shard, so no rank
 // is left with nothing when another dim would do (dim 0 when tp shards the only one).
 int64_t dp_shard_dim(const Placement& tp, const Shape& shape, int64_t dp);
+// The same for a parameter stored as `stored` on a stage mesh whose dp dim is `dp_dim`: no dim
+// another mesh dim shards (so expert weights, split over ep on their expert dim, are split over
+// dp on another).
+int64_t dp_shard_dim(const Placements& stored, size_t dp_dim, const Shape& shape, int64_t dp);
 
 class Layout {
  public:
@@ -65,7 +77,10 @@ class Layout {
   ProcessMesh stage_mesh(int64_t pp) const;
   ProcessMesh stage_mesh() const { return stage_mesh(coord("pp")); }
 
-  // This rank's coordinate along the mesh dim `dim`, and that dim's degree.
+  // Whether the mesh has the dim `dim` (pp, dp and tp always; others when full_mesh has them).
+  bool has(std::string_view dim) const;
+  // This rank's coordinate along the mesh dim `dim` (0 along a dim the mesh does not have), and
+  // that dim's degree.
   int64_t coord(std::string_view dim) const;
   int64_t degree(std::string_view dim) const { return config_.degree(dim); }
   // The world rank at this rank's coordinates with `dim`'s changed to `index`.
@@ -75,7 +90,8 @@ class Layout {
   bool first_along_all_but(std::initializer_list<std::string_view> dims) const;
   // The index of `dim` on a stage mesh (a dim other than pp).
   int64_t stage_dim(std::string_view dim) const;
-  // Placements on a stage mesh: the given ones on the named dims, Replicate on the others.
+  // Placements on a stage mesh: the given ones on the named dims, Replicate on the others (a
+  // named dim the mesh does not have, of degree 1, is skipped).
   Placements placements(std::initializer_list<std::pair<std::string_view, Placement>> by_dim) const;
   // This rank's process group along the stage mesh dim `dim`.
   std::shared_ptr<ProcessGroup> group(std::string_view dim) const;
@@ -83,8 +99,8 @@ class Layout {
   // group rank = pp coordinate).
   std::shared_ptr<ProcessGroup> world_group_along(std::string_view dim) const;
 
-  // Placements on a stage mesh: the activations between blocks ([B, T, C]: batch over dp; the
-  // sequence over tp with sequence parallel) and the token ids ([B, T]).
+  // Placements on a stage mesh: the activations between blocks ([B, T, C]: batch over dp and
+  // ep; the sequence over tp with sequence parallel) and the token ids ([B, T]).
   Placements activation_placements() const;
   Placements ids_placements() const;
 

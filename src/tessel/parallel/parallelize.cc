@@ -6,6 +6,7 @@
 #include "tessel/core/context.h"
 #include "tessel/core/error.h"
 #include "tessel/dist/dtensor.h"
+#include "tessel/parallel/expert.h"
 
 namespace tessel::parallel {
 
@@ -67,13 +68,35 @@ ParallelPlan llama_plan() {
            {"lm_head", Style::colwise}}};
 }
 
+ParallelPlan mixtral_plan() {
+  ParallelPlan plan = llama_plan();
+  for (PlanRule r : std::vector<PlanRule>{{"model.layers.*.block_sparse_moe.experts.w1", Style::colwise},
+                                          {"model.layers.*.block_sparse_moe.experts.w3", Style::colwise},
+                                          {"model.layers.*.block_sparse_moe.experts.w2", Style::rowwise},
+                                          {"model.layers.*.block_sparse_moe.shared_expert.gate_proj", Style::colwise},
+                                          {"model.layers.*.block_sparse_moe.shared_expert.up_proj", Style::colwise},
+                                          {"model.layers.*.block_sparse_moe.shared_expert.down_proj", Style::rowwise}})
+    plan.rules.push_back(r);
+  return plan;
+}
+
 ParallelPlan plan_for(const std::string& arch) {
   if (arch == "gpt2") return gpt2_plan();
   if (arch == "llama") return llama_plan();
-  TESSEL_THROW("no parallel plan for model.arch '{}' (have: gpt2, llama)", arch);
+  if (arch == "mixtral") return mixtral_plan();
+  TESSEL_THROW("no parallel plan for model.arch '{}' (have: gpt2, llama, mixtral)", arch);
 }
 
 Placement tp_placement(const nn::Parameter& p, Style style, bool in_out_layout, bool bias) {
+  if (p.file_stack) {
+    // Stacked expert matrices [E, out, in] (Hugging Face's per-expert [out, in]): ColWise splits
+    // each expert's output features, RowWise its input features; the expert dim is ep's.
+    TESSEL_CHECK(p.shape.size() == 3, "parallel plan: stacked parameter '{}' must be [experts, out, in], got {}", p.name,
+                 shape_str(p.shape));
+    if (style == Style::colwise) return Shard(1);
+    if (style == Style::rowwise) return Shard(2);
+    return Replicate();
+  }
   const bool matrix = p.shape.size() == 2;
   // The tensor dims holding a Linear's (last) output and its input features: a weight
   // [in, O1, O2, ...] (in_out) shards its last dim, so GPT-2's c_attn [C, 3, C] splits by heads.
@@ -102,14 +125,20 @@ void parallelize(nn::LanguageModel& model, const std::vector<nn::Parameter*>& pa
       holds = true;
       auto* linear = dynamic_cast<nn::Linear*>(m);
       const bool in_out = linear != nullptr && linear->layout() == nn::Linear::Layout::in_out;
-      TESSEL_CHECK(style == Style::replicate || style == Style::vocabwise || linear != nullptr,
+      TESSEL_CHECK(style == Style::replicate || style == Style::vocabwise || linear != nullptr || p->file_stack,
                    "parallel plan: '{}' is not a Linear, so it cannot be ColWise/RowWise", m->path());
       const Placement tp = tp_placement(*p, style, in_out, linear != nullptr && p == linear->bias());
-      const Placements gathered = layout.placements({{"tp", tp}});
+      // Stacked experts are split over ep on their expert dim.
+      const Placement ep = p->file_stack ? Placement(Shard(0)) : Placement(Replicate());
+      const Placements gathered = layout.placements({{"ep", ep}, {"tp", tp}});
       Placements stored = gathered;
-      if (zero3 && !p->shape.empty()) {  // ZeRO-3; a placement over a tp of one rank splits nothing
-        const Placement splits = layout.degree("tp") > 1 ? tp : Replicate();
-        stored = layout.placements({{"dp", Shard(dp_shard_dim(splits, p->shape, layout.degree("dp")))}, {"tp", tp}});
+      if (zero3 && !p->shape.empty()) {  // ZeRO-3; a placement over a mesh dim of one rank splits nothing
+        Placements splits = gathered;
+        for (size_t d = 0; d < splits.size(); ++d)
+          if (mesh.dim_size(static_cast<int64_t>(d)) == 1) splits[d] = Replicate();
+        const size_t dp_dim = static_cast<size_t>(layout.stage_dim("dp"));
+        stored = layout.placements(
+            {{"dp", Shard(dp_shard_dim(splits, dp_dim, p->shape, layout.degree("dp")))}, {"ep", ep}, {"tp", tp}});
       }
       const nn::Init init = p->init;
       const std::string name = p->name;
@@ -132,6 +161,7 @@ void parallelize(nn::LanguageModel& model, const std::vector<nn::Parameter*>& pa
         p->gather = nullptr;
     }
     if (!holds) continue;
+    if (!m->own_parameters().empty() && m->own_parameters()[0]->file_stack) continue;  // the MoE block moves their inputs
     const Placement seq = sp ? Placement(Shard(1)) : Placement(Replicate());
     const int64_t tp_dim = layout.stage_dim("tp");
     switch (style) {
@@ -145,6 +175,13 @@ void parallelize(nn::LanguageModel& model, const std::vector<nn::Parameter*>& pa
       case Style::replicate: break;
     }
   }
+  // Mixture-of-experts blocks compute on local pieces, exchanging tokens over ep.
+  std::shared_ptr<const nn::ExpertComm> comm;
+  for (nn::Module* m : model.modules())
+    if (auto* moe = dynamic_cast<nn::MoeBlock*>(m)) {
+      if (!comm) comm = expert_comm(layout, mesh);
+      moe->comm = comm;
+    }
 }
 
 }  // namespace tessel::parallel

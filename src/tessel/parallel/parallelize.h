@@ -43,6 +43,9 @@ struct ParallelPlan {
 // lm_head is ColWise over the vocabulary).
 ParallelPlan gpt2_plan();
 ParallelPlan llama_plan();
+// Llama's, with each expert's w1 and w3 ColWise and w2 RowWise (split within every expert; the
+// experts themselves over ep), and the shared expert like an MLP.
+ParallelPlan mixtral_plan();
 ParallelPlan plan_for(const std::string& arch);
 
 // Creates this rank's pieces of `params` (only those — a model is never materialised whole)

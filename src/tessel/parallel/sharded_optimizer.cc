@@ -107,10 +107,14 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
     s.stored = s.shard = dist_attr(p->value).placements;
     s.decay = p->stored_shape().size() >= 2;  // matrices as checkpoints hold them (c_attn's bias [3, C] is a vector)
     for (nn::Parameter* t : tied) s.tied = s.tied || t == p;
-    // A placement over a tp of one rank splits nothing.
-    const Placement tp = layout_.degree("tp") > 1 ? s.stored[tp_dim] : Placement(Replicate());
-    const int64_t d = dp_shard_dim(tp, p->shape, dp);
-    if ((stage == 1 || stage == 2) && dp > 1 && !p->shape.empty() && !tp.is_shard(d)) {
+    // A placement over a mesh dim of one rank splits nothing.
+    Placements splits = s.stored;
+    for (size_t m = 0; m < splits.size(); ++m)
+      if (mesh.dim_size(static_cast<int64_t>(m)) == 1) splits[m] = Replicate();
+    const int64_t d = dp_shard_dim(splits, dp_dim, p->shape, dp);
+    bool taken = false;  // another mesh dim shards d (no dim was free)
+    for (size_t m = 0; m < splits.size(); ++m) taken = taken || (m != dp_dim && splits[m].is_shard(d));
+    if ((stage == 1 || stage == 2) && dp > 1 && !p->shape.empty() && !taken) {
       s.split = true;
       s.dim = d;
       const int64_t n = local_piece(p->value).size(d);
@@ -388,7 +392,9 @@ double ShardedOptimizer::step(double lr, double max_norm) {
   for (const Slot& s : slots_) {
     bool counts = !(s.tied && !count_tied_);
     if (!s.shard[dp_dim].is_shard()) counts = counts && me == 0;
-    if (!s.stored[tp_dim].is_shard()) counts = counts && layout_.coord("tp") == 0;
+    // Likewise over every other mesh dim (tp, ep): a piece replicated there counts on its rank 0.
+    for (size_t m = 0; m < s.stored.size(); ++m)
+      if (m != dp_dim && !s.stored[m].is_shard() && layout_.stage_mesh().coord(layout_.rank)[m] != 0) counts = false;
     if (!counts) continue;
     Tensor g = view::contiguous(local_piece(s.grad));
     sum_sq += optim::sum_squares(g.data<float>(), g.numel());

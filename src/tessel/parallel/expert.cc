@@ -1,0 +1,66 @@
+// Expert parallelism (expert.h).
+#include "tessel/parallel/expert.h"
+
+#include <numeric>
+
+#include "tessel/autograd/function.h"
+#include "tessel/core/error.h"
+#include "tessel/core/profile.h"
+#include "tessel/core/view.h"
+#include "tessel/dist/dtensor.h"
+
+namespace tessel::parallel {
+
+Tensor exchange_rows(const Tensor& x, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
+                     std::shared_ptr<ProcessGroup> group) {
+  ProfileScope scope("(expert all_to_all)");
+  TESSEL_CHECK(x.dim() == 2, "exchange_rows: rows must be [n, C], got {}", shape_str(x.shape()));
+  const int64_t C = x.size(1);
+  TESSEL_CHECK(std::accumulate(send_rows.begin(), send_rows.end(), int64_t{0}) == x.size(0),
+               "exchange_rows: {} rows but the send counts add up to {}", x.size(0),
+               std::accumulate(send_rows.begin(), send_rows.end(), int64_t{0}));
+  const Tensor in = view::contiguous(x);
+  Tensor out = Tensor::empty({std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t{0}), C}, x.dtype());
+  std::vector<int64_t> send(send_rows), recv(recv_rows);
+  for (int64_t& v : send) v *= C;
+  for (int64_t& v : recv) v *= C;
+  group->all_to_all_v(in.raw_data(), send, out.raw_data(), recv, x.dtype());
+  record_function("exchange_rows", {x}, {out}, [send_rows, recv_rows, group](std::vector<Tensor>&& g) {
+    return std::vector<Tensor>{g[0].defined() ? exchange_rows(g[0], recv_rows, send_rows, group) : Tensor()};
+  });
+  return out;
+}
+
+std::shared_ptr<const nn::ExpertComm> expert_comm(const Layout& layout, const ProcessMesh& mesh) {
+  auto c = std::make_shared<nn::ExpertComm>();
+  const int64_t tp = layout.degree("tp");
+  c->ep = layout.degree("ep");
+  c->ep_rank = layout.coord("ep");
+  c->router_share = 1.0 / static_cast<double>(tp);
+  c->batch_shards = static_cast<double>(layout.degree("dp") * layout.degree("ep"));
+  c->reports_stats = layout.coord("tp") == 0;
+  // In: this rank's whole sequences (the batch split over dp and ep, the sequence whole). Out:
+  // the experts' partial sums over tp, laid out as the activations between blocks.
+  const Placements between = layout.activation_placements();
+  const Placements whole = layout.placements({{"dp", Shard(0)}, {"ep", Shard(0)}});
+  const Placements partial = tp > 1 ? layout.placements({{"dp", Shard(0)}, {"ep", Shard(0)}, {"tp", Partial()}}) : whole;
+  c->enter = [mesh, whole](const Tensor& x) { return to_local(reshard(x, mesh, whole)); };
+  c->leave = [mesh, partial, between](const Tensor& y, const Tensor& x) {
+    return reshard(dtensor_from_local(y, mesh, partial, x.shape()), mesh, between);
+  };
+  c->local = [](const Tensor& p) { return to_local(p); };
+  if (c->ep > 1) {
+    std::shared_ptr<ProcessGroup> group = layout.group("ep");
+    c->exchange = [group](const Tensor& x, const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
+      return exchange_rows(x, send, recv, group);
+    };
+    c->exchange_counts = [group](const std::vector<int64_t>& counts) {
+      std::vector<int64_t> out(counts.size());
+      group->all_to_all(counts.data(), out.data(), static_cast<int64_t>(counts.size()) / group->size(), DType::i64);
+      return out;
+    };
+  }
+  return c;
+}
+
+}  // namespace tessel::parallel
