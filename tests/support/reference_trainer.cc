@@ -16,6 +16,7 @@
 #include "tessel/core/context.h"
 #include "tessel/core/fault.h"
 #include "tessel/core/log.h"
+#include "tessel/nn/moe.h"
 #include "tessel/core/profile.h"
 #include "tessel/core/thread_pool.h"
 #include "tessel/core/view.h"
@@ -166,6 +167,7 @@ TrainResult reference_train(const RunConfig& cfg, const TrainOptions& options,
     double lr = schedule.at(step);
     optimizer->set_lr(lr);
     double loss_sum = 0;
+    nn::moe_step().loss_scale = 1.0 / static_cast<double>(M);  // the MoE losses' share, as the main loss's
     for (int64_t m = 0; m < M; ++m) {
       Tensor in = view::slice(batch.inputs, 0, m * mb, (m + 1) * mb);
       Tensor tg = view::slice(batch.targets, 0, m * mb, (m + 1) * mb);

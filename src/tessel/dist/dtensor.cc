@@ -76,10 +76,12 @@ Tensor wrap_dtensor(Tensor local, const DistAttr& attr, const Shape& global_shap
 
 const Tensor& local_piece(const Tensor& t) { return spec(t).local; }
 
-Tensor to_local(const Tensor& t) {
+Tensor to_local(const Tensor& t) { return to_local(t, dual(spec(t).attr.placements)); }
+
+Tensor to_local(const Tensor& t, const Placements& grad_placements) {
   const DistSpec& s = spec(t);
   Tensor out = s.local.detach();
-  DistAttr grad_attr(s.attr.mesh, dual(s.attr.placements));
+  DistAttr grad_attr(s.attr.mesh, grad_placements);
   Shape global = t.shape();
   record_function("to_local", {t}, {out}, [grad_attr, global](std::vector<Tensor>&& g) {
     return std::vector<Tensor>{g[0].defined() ? wrap_dtensor(g[0], grad_attr, global) : Tensor()};

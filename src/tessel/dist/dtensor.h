@@ -15,8 +15,12 @@ namespace tessel {
 bool is_dist(const Tensor& t);
 // The DistAttr of a distributed tensor; throws naming the tensor otherwise.
 const DistAttr& dist_attr(const Tensor& t);
-// This rank's piece (a plain tensor; empty outside the mesh).
+// This rank's piece (a plain tensor; empty outside the mesh). Its gradient is taken to be laid
+// out as `t` is (Partial dims as whole gradients), or as `grad_placements` say — Partial where
+// the piece is replicated but the code that uses it computes only this rank's share (a
+// parameter used on this rank's tokens alone).
 Tensor to_local(const Tensor& t);
+Tensor to_local(const Tensor& t, const Placements& grad_placements);
 
 // Every rank passes the same full tensor; each keeps its piece. (Partial placements keep the
 // value on the first rank along that mesh dim and zeros elsewhere.)

@@ -44,11 +44,19 @@ std::shared_ptr<const nn::ExpertComm> expert_comm(const Layout& layout, const Pr
   const Placements between = layout.activation_placements();
   const Placements whole = layout.placements({{"dp", Shard(0)}, {"ep", Shard(0)}});
   const Placements partial = tp > 1 ? layout.placements({{"dp", Shard(0)}, {"ep", Shard(0)}, {"tp", Partial()}}) : whole;
-  c->enter = [mesh, whole](const Tensor& x) { return to_local(reshard(x, mesh, whole)); };
+  // What the block computes from a local piece is this rank's share of the gradient over every
+  // dim the piece is replicated on (its tokens alone; over tp, the experts' partial sums).
+  auto share = [](const Placements& p) {
+    Placements out = p;
+    for (Placement& x : out)
+      if (x.is_replicate()) x = Partial();
+    return out;
+  };
+  c->enter = [mesh, whole, share](const Tensor& x) { return to_local(reshard(x, mesh, whole), share(whole)); };
   c->leave = [mesh, partial, between](const Tensor& y, const Tensor& x) {
     return reshard(dtensor_from_local(y, mesh, partial, x.shape()), mesh, between);
   };
-  c->local = [](const Tensor& p) { return to_local(p); };
+  c->local = [share](const Tensor& p) { return to_local(p, share(dist_attr(p).placements)); };
   if (c->ep > 1) {
     std::shared_ptr<ProcessGroup> group = layout.group("ep");
     c->exchange = [group](const Tensor& x, const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
