@@ -606,8 +606,15 @@ void ProcessGroup::hierarchical_all_to_all_v(const void* in, const std::vector<i
       r1[j] += theirs[j * uN + m];
     }
   const int64_t sent = send_at.back(), held = total(r1);
-  std::vector<char> packed(std::max<size_t>(static_cast<size_t>(sent) * esz, 1));
-  char* p = packed.data();
+  // Three staging buffers, kept by the group across calls: fresh ones would be page-faulted in
+  // on every call, which at megabytes costs more than the copies themselves.
+  auto staging = [&](int i, size_t bytes) {
+    std::vector<char>& b = a2a_staging_[static_cast<size_t>(i)];
+    if (b.size() < std::max<size_t>(bytes, 1)) b.resize(std::max<size_t>(bytes, 1));
+    return b.data();
+  };
+  char* const packed = staging(0, static_cast<size_t>(sent) * esz);
+  char* p = packed;
   for (int j = 0; j < L; ++j)
     for (int m = 0; m < N; ++m) {
       const int r = member(m, j);
@@ -615,20 +622,20 @@ void ProcessGroup::hierarchical_all_to_all_v(const void* in, const std::vector<i
       if (n > 0) std::memcpy(p, static_cast<const char*>(in) + static_cast<size_t>(send_at[static_cast<size_t>(r)]) * esz, n);
       p += n;
     }
-  std::vector<char> gathered(std::max<size_t>(static_cast<size_t>(held) * esz, 1));
-  intra_node_->all_to_all_v(packed.data(), s1, gathered.data(), r1, dtype);
+  char* const gathered = staging(1, static_cast<size_t>(held) * esz);
+  intra_node_->all_to_all_v(packed, s1, gathered, r1, dtype);
 
   // 2. Between nodes: gathered is [source l][destination node m]; the exchange sends node m the
   // segments of every l in order, so transpose to [m][l].
   std::vector<int64_t> gathered_at(uL * uN + 1, 0);  // offsets in gathered, [l][m] order
   for (size_t i = 0; i < uL * uN; ++i) gathered_at[i + 1] = gathered_at[i] + theirs[i];
-  std::vector<char> outgoing(gathered.size());
+  char* const outgoing = staging(0, static_cast<size_t>(held) * esz);  // packed is no longer needed
   std::vector<int64_t> s2(uN, 0), r2(uN, 0);
-  p = outgoing.data();
+  p = outgoing;
   for (size_t m = 0; m < uN; ++m)
     for (size_t l = 0; l < uL; ++l) {
       const size_t n = static_cast<size_t>(theirs[l * uN + m]) * esz;
-      if (n > 0) std::memcpy(p, gathered.data() + static_cast<size_t>(gathered_at[l * uN + m]) * esz, n);
+      if (n > 0) std::memcpy(p, gathered + static_cast<size_t>(gathered_at[l * uN + m]) * esz, n);
       p += n;
       s2[m] += theirs[l * uN + m];
       r2[m] += recv_counts[static_cast<size_t>(member(static_cast<int>(m), static_cast<int>(l)))];
@@ -636,17 +643,12 @@ void ProcessGroup::hierarchical_all_to_all_v(const void* in, const std::vector<i
   bool in_order = true;  // group ranks numbered node by node: received order is group-rank order
   for (int m = 0; m < N && in_order; ++m)
     for (int l = 0; l < L && in_order; ++l) in_order = member(m, l) == m * L + l;
-  std::vector<char> incoming;
-  char* landing = static_cast<char*>(out);
-  if (!in_order) {
-    incoming.resize(std::max<size_t>(static_cast<size_t>(recv_at.back()) * esz, 1));
-    landing = incoming.data();
-  }
-  inter_node_->all_to_all_v(outgoing.data(), s2, landing, r2, dtype);
+  char* const landing = in_order ? static_cast<char*>(out) : staging(2, static_cast<size_t>(recv_at.back()) * esz);
+  inter_node_->all_to_all_v(outgoing, s2, landing, r2, dtype);
 
   // 3. Into group-rank order.
   if (in_order) return;
-  p = incoming.data();
+  p = landing;
   for (int m = 0; m < N; ++m)
     for (int l = 0; l < L; ++l) {
       const int r = member(m, l);

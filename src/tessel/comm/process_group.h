@@ -281,6 +281,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // intra_node_ l.
   std::vector<std::vector<int>> node_members_;
   AllToAllAlgorithm all_to_all_algorithm_ = AllToAllAlgorithm::automatic;
+  std::vector<char> a2a_staging_[3];  // the hierarchical all_to_all's buffers (worker thread only)
 };
 
 // Element-wise reduction of `n` elements: acc = op(acc, x) (avg accumulates like sum; divide
