@@ -113,7 +113,7 @@ shape "$NS1" "$VB"; s1=$?
 DELAY_NOTE="no added delay"
 [ "$DELAY" != 0 ] && DELAY_NOTE="one-way delay $DELAY"
 if [ $s0 = 2 ] || [ $s1 = 2 ]; then DELAY_NOTE="no added delay: this kernel has no netem (--delay $DELAY skipped)"; fi
-echo "# two nodes: namespaces $NS0 ($A0) and $NS1 ($A1), $PER_NODE ranks each; link: tbf rate $RATE, queue bound $QUEUE, burst $BURST each way, $DELAY_NOTE; inside a node: loopback"
+echo "# two nodes: namespaces $NS0 ($A0) and $NS1 ($A1), $PER_NODE ranks each; link: tbf rate $RATE, queue bound $QUEUE, burst $BURST each way, $DELAY_NOTE; TCP congestion control $(in0 sysctl -n net.ipv4.tcp_congestion_control 2>/dev/null); inside a node: loopback"
 ping_ms=$(command -v ping >/dev/null && in0 ping -c 3 -i 0.2 -q "$A1" 2>/dev/null | sed -n "s#.*= [0-9.]*/\([0-9.]*\)/.*#\1#p")
 echo "# link round trip (ping, idle): ${ping_ms:-?} ms"
 
