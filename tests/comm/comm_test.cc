@@ -47,6 +47,27 @@ void spawn_gloo(int n, const std::function<void(ProcessGroup&)>& fn, Millis time
   if (first) std::rethrow_exception(first);
 }
 
+// Thread ranks on emulated nodes: numbered node by node, in reverse node order, dealt round,
+// three nodes, and uneven nodes (flat).
+class ThreadConformanceOnNodes : public ::testing::TestWithParam<std::vector<int>> {};
+TEST_P(ThreadConformanceOnNodes, PassesTheSuite) {
+  SpawnOptions o;
+  o.nodes = GetParam();
+  spawn(static_cast<int>(o.nodes.size()), [](int) { testing::run_conformance(*world_group()); }, o);
+}
+INSTANTIATE_TEST_SUITE_P(Topologies, ThreadConformanceOnNodes,
+                         ::testing::Values(std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1},
+                                           std::vector<int>{1, 1, 0, 0}, std::vector<int>{0, 1, 0, 1, 0, 1},
+                                           std::vector<int>{0, 0, 1, 1, 2, 2}, std::vector<int>{0, 0, 0, 1}));
+
+class GlooThreadsConformanceOnNodes : public ::testing::TestWithParam<std::vector<int>> {};
+TEST_P(GlooThreadsConformanceOnNodes, PassesTheSuite) {
+  spawn_gloo(static_cast<int>(GetParam().size()), [](ProcessGroup& g) { testing::run_conformance(g); }, Millis(60'000),
+             GetParam());
+}
+INSTANTIATE_TEST_SUITE_P(Topologies, GlooThreadsConformanceOnNodes,
+                         ::testing::Values(std::vector<int>{0, 0, 1, 1}, std::vector<int>{0, 1, 0, 1}));
+
 class ThreadConformance : public ::testing::TestWithParam<int> {};
 TEST_P(ThreadConformance, PassesTheSuite) {
   spawn(GetParam(), [](int) { testing::run_conformance(*world_group()); });
@@ -327,6 +348,39 @@ TEST(Hierarchical, ChosenAcrossNodesAndExact) {
         },
         o);
   spawn(4, [](int) { EXPECT_FALSE(world_group()->hierarchical()); });
+}
+
+// The hierarchical all_to_all: asked for on one node it is refused naming the topology;
+// TESSEL_ALL_TO_ALL=flat turns the automatic choice off, a bad value is named.
+TEST(Hierarchical, AllToAllChoice) {
+  spawn(2, [](int) {
+    auto g = world_group();
+    EXPECT_FALSE(g->all_to_all_hierarchical());
+    try {
+      g->set_all_to_all_algorithm(AllToAllAlgorithm::hierarchical);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("nodes are [0, 0]"), std::string::npos) << e.what();
+    }
+  });
+  SpawnOptions o;
+  o.nodes = {0, 0, 1, 1};
+  ::setenv("TESSEL_ALL_TO_ALL", "flat", 1);
+  spawn(4, [](int) {
+    EXPECT_TRUE(world_group()->hierarchical());
+    EXPECT_FALSE(world_group()->all_to_all_hierarchical());
+  }, o);
+  ::setenv("TESSEL_ALL_TO_ALL", "ring", 1);
+  try {
+    spawn(4, [](int) {}, o);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TESSEL_ALL_TO_ALL: unknown all_to_all algorithm 'ring'"), std::string::npos)
+        << e.what();
+  }
+  ::unsetenv("TESSEL_ALL_TO_ALL");
+  spawn(4, [](int) { EXPECT_TRUE(world_group()->all_to_all_hierarchical()); }, o);
+  EXPECT_EQ(parse_all_to_all_algorithm("hierarchical", "x"), AllToAllAlgorithm::hierarchical);
 }
 
 TEST(GlooThreads, HierarchicalAcrossEmulatedNodes) {

@@ -2,6 +2,7 @@
 #include "conformance.h"
 
 #include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "tessel/core/convert.h"
@@ -295,6 +296,93 @@ void check_subgroups(ProcessGroup& g) {
   }
 }
 
+// A byte of the segment rank `src` sends rank `dst` (its byte `i`): a hash, so a segment that
+// lands in the wrong place or with a neighbour's bytes cannot match by accident.
+char a2a_byte(int src, int dst, int64_t i) {
+  uint64_t x = (static_cast<uint64_t>(src) << 40) ^ (static_cast<uint64_t>(dst) << 20) ^ static_cast<uint64_t>(i);
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 29;
+  return static_cast<char>(x);
+}
+
+// all_to_all_v with send counts `counts(src, dst)` under the group's current algorithm; checks
+// every received byte and returns the output.
+std::vector<char> a2a_checked(ProcessGroup& g, DType d, const std::function<int64_t(int, int)>& counts, bool equal,
+                              const std::string& what) {
+  const int P = g.size(), me = g.rank();
+  const int64_t esz = static_cast<int64_t>(dtype_size(d));
+  std::vector<int64_t> sc(static_cast<size_t>(P)), rc(static_cast<size_t>(P));
+  for (int r = 0; r < P; ++r) {
+    sc[static_cast<size_t>(r)] = counts(me, r);
+    rc[static_cast<size_t>(r)] = counts(r, me);
+  }
+  const int64_t st = std::accumulate(sc.begin(), sc.end(), int64_t{0}), rt = std::accumulate(rc.begin(), rc.end(), int64_t{0});
+  std::vector<char> in(static_cast<size_t>(std::max<int64_t>(st, 1) * esz)), out(static_cast<size_t>(std::max<int64_t>(rt, 1) * esz), 0);
+  for (int r = 0, at = 0; r < P; at += static_cast<int>(sc[static_cast<size_t>(r)] * esz), ++r)
+    for (int64_t i = 0; i < sc[static_cast<size_t>(r)] * esz; ++i) in[static_cast<size_t>(at + i)] = a2a_byte(me, r, i);
+  if (equal) g.all_to_all(in.data(), out.data(), sc[0], d);
+  else g.all_to_all_v(in.data(), sc, out.data(), rc, d);
+  for (int r = 0, at = 0; r < P; at += static_cast<int>(rc[static_cast<size_t>(r)] * esz), ++r)
+    for (int64_t i = 0; i < rc[static_cast<size_t>(r)] * esz; ++i)
+      TESSEL_CHECK(out[static_cast<size_t>(at + i)] == a2a_byte(r, me, i),
+                   "conformance: {} ({} all_to_all, {}): byte {} of the segment from rank {} is wrong", what,
+                   all_to_all_algorithm_name(g.all_to_all_algorithm()), dtype_name(d), i, r);
+  return out;
+}
+
+// On a group over several nodes: the hierarchical all_to_all is the default, and it and the
+// flat one give the same bytes for equal counts, uneven counts with zeros, a rank that
+// receives nothing, nothing at all, and segments of tens of kilobytes.
+void check_all_to_all_algorithms(ProcessGroup& g) {
+  if (!g.hierarchical()) {
+    TESSEL_CHECK(!g.all_to_all_hierarchical(), "conformance: a one-node group reports a hierarchical all_to_all");
+    return;
+  }
+  TESSEL_CHECK(g.all_to_all_hierarchical(), "conformance: group over nodes [{}] does not choose the hierarchical "
+               "all_to_all", fmt::join(g.nodes(), ", "));
+  const int P = g.size();
+  struct Case {
+    const char* name;
+    std::function<int64_t(int, int)> counts;
+    bool equal;
+  };
+  const std::vector<Case> cases = {
+      {"equal counts", [](int, int) { return int64_t{5}; }, true},
+      {"uneven counts with zeros", [](int a, int b) { return int64_t{(a * 3 + b * 5) % 7}; }, false},
+      {"rank 1 receives nothing", [](int, int b) { return b == 1 ? int64_t{0} : int64_t{3 + b}; }, false},
+      {"nothing at all", [](int, int) { return int64_t{0}; }, false},
+      {"large segments", [P](int a, int b) { return int64_t{20000 + 97 * ((a + 2 * b) % P)}; }, false},
+  };
+  const AllToAllAlgorithm before = g.all_to_all_algorithm();
+  for (DType d : {DType::b8, DType::bf16, DType::i32, DType::f64})
+    for (const Case& c : cases) {
+      g.set_all_to_all_algorithm(AllToAllAlgorithm::flat);
+      std::vector<char> flat = a2a_checked(g, d, c.counts, c.equal, c.name);
+      g.set_all_to_all_algorithm(AllToAllAlgorithm::hierarchical);
+      std::vector<char> hier = a2a_checked(g, d, c.counts, c.equal, c.name);
+      TESSEL_CHECK(flat == hier, "conformance: {} ({}): the hierarchical all_to_all's bytes differ from the flat one's",
+                   c.name, dtype_name(d));
+    }
+  // Asynchronous calls of both algorithms queued together complete in issue order.
+  std::vector<std::vector<int64_t>> ins(4), outs(4);
+  std::vector<WorkPtr> works;
+  for (int k = 0; k < 4; ++k) {
+    g.set_all_to_all_algorithm(k % 2 ? AllToAllAlgorithm::flat : AllToAllAlgorithm::hierarchical);
+    ins[static_cast<size_t>(k)].resize(static_cast<size_t>(3 * P));
+    outs[static_cast<size_t>(k)].assign(static_cast<size_t>(3 * P), -1);
+    for (int i = 0; i < 3 * P; ++i) ins[static_cast<size_t>(k)][static_cast<size_t>(i)] = k * 100000 + g.rank() * 1000 + i;
+    works.push_back(g.all_to_all_async(ins[static_cast<size_t>(k)].data(), outs[static_cast<size_t>(k)].data(), 3, DType::i64));
+  }
+  for (auto& w : works) w->wait();
+  for (int k = 0; k < 4; ++k)
+    for (int r = 0; r < P; ++r)
+      for (int i = 0; i < 3; ++i)
+        expect_eq(static_cast<double>(outs[static_cast<size_t>(k)][static_cast<size_t>(r * 3 + i)]),
+                  static_cast<double>(k * 100000 + r * 1000 + g.rank() * 3 + i), "queued all_to_all", r * 3 + i);
+  g.set_all_to_all_algorithm(before);
+}
+
 }  // namespace
 
 void run_conformance(ProcessGroup& g) {
@@ -304,6 +392,7 @@ void run_conformance(ProcessGroup& g) {
   check_point_to_point(g);
   check_async_overlap(g);
   check_subgroups(g);
+  check_all_to_all_algorithms(g);
   g.barrier();
 }
 

@@ -1,5 +1,9 @@
 // A program for `tessel launch`: each process is a Gloo rank.
 //   comm_launched conformance        run the conformance suite on the world group
+//   comm_launched conformance-nodes K [cyclic]
+//                                    the same on an emulated topology: TESSEL_NODE is set to
+//                                    RANK / K (K ranks per node, numbered node by node), or
+//                                    with `cyclic` to RANK % K (K nodes, ranks dealt round)
 //   comm_launched never-join R       rank R stays alive but skips a collective; the others
 //                                    must fail with CommError naming R within the timeout
 // Exit status 0 when the expectation held. TESSEL_COMM_TIMEOUT_MS sets the group timeout.
@@ -19,11 +23,18 @@ int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "conformance";
   const char* t = std::getenv("TESSEL_COMM_TIMEOUT_MS");
   Millis timeout = t ? Millis(std::atoi(t)) : Millis(60'000);
+  if (mode == "conformance-nodes" && argc > 2) {
+    const int k = std::atoi(argv[2]), rank = std::atoi(std::getenv("RANK") ? std::getenv("RANK") : "0");
+    const bool cyclic = argc > 3 && std::string(argv[3]) == "cyclic";
+    ::setenv("TESSEL_NODE", std::to_string(cyclic ? rank % k : rank / k).c_str(), 1);
+    mode = "conformance";
+  }
   try {
     auto g = init_world({.backend = "gloo", .timeout = timeout});
     if (mode == "conformance") {
       testing::run_conformance(*g);
-      std::printf("rank %d of %d: conformance ok\n", g->rank(), g->size());
+      std::printf("rank %d of %d (node %d%s): conformance ok\n", g->rank(), g->size(), g->nodes()[static_cast<size_t>(g->rank())],
+                  g->all_to_all_hierarchical() ? ", hierarchical all_to_all" : "");
       return 0;
     }
     if (mode == "never-join" && argc > 2) {

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -35,8 +37,36 @@ double bus_factor(const std::string& op, int n) {
 // the buffer otherwise). Returns seconds per iteration on this rank.
 struct Row {
   int64_t size, count;
-  double seconds, direct_seconds = 0, classic_seconds = 0;
+  double seconds, direct_seconds = 0, classic_seconds = 0, hierarchical_seconds = 0;
 };
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// all_to_all on a group over several nodes: flat and hierarchical in alternating blocks of
+// iterations (each between barriers), five blocks each, the median block compared — drifting
+// machine or link noise hits both alike.
+Row compare_all_to_all(ProcessGroup& g, Row row, const std::function<void()>& once,
+                       const std::function<double(const std::function<void()>&, int)>& timed, int iters) {
+  const AllToAllAlgorithm before = g.all_to_all_algorithm();
+  constexpr int kBlocks = 5;
+  const int per = std::max(1, iters / kBlocks);
+  std::vector<double> flat, hier;
+  g.set_all_to_all_algorithm(AllToAllAlgorithm::hierarchical);
+  once();  // warm up the sub-groups' connections
+  for (int b = 0; b < kBlocks; ++b) {
+    g.set_all_to_all_algorithm(AllToAllAlgorithm::flat);
+    flat.push_back(timed(once, per));
+    g.set_all_to_all_algorithm(AllToAllAlgorithm::hierarchical);
+    hier.push_back(timed(once, per));
+  }
+  g.set_all_to_all_algorithm(before);
+  row.seconds = median(flat);
+  row.hierarchical_seconds = median(hier);
+  return row;
+}
 
 Row measure(ProcessGroup& g, const std::string& op, int64_t size, int iterations) {
   const int n = g.size(), me = g.rank();
@@ -66,6 +96,8 @@ Row measure(ProcessGroup& g, const std::string& op, int64_t size, int iterations
     g.barrier();
     return seconds_since(t0) / iters;
   };
+  const bool compare_a2a = op == "all_to_all" && g.hierarchical();
+  if (compare_a2a) g.set_all_to_all_algorithm(AllToAllAlgorithm::flat);  // the adaptive count from the flat form
   once();  // warm up (connections, allocations)
   int iters = iterations;
   if (iters <= 0) {
@@ -74,6 +106,7 @@ Row measure(ProcessGroup& g, const std::string& op, int64_t size, int iterations
     g.broadcast(&want, 1, DType::i64, 0);  // every rank runs the same number of iterations
     iters = static_cast<int>(want);
   }
+  if (compare_a2a) return compare_all_to_all(g, Row{size, count, 0}, once, timed, iters);
   if (op != "all_reduce" || g.backend() != "gloo") return Row{size, count, timed(once, iters)};
   // Against Gloo called directly: the three are timed one after another within every
   // iteration, each between barriers, and the medians compared, so drifting machine noise
@@ -88,10 +121,6 @@ Row measure(ProcessGroup& g, const std::string& op, int64_t size, int iterations
     b.push_back(timed(direct, 1));
     c.push_back(timed(classic, 1));
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   Row row{size, count, median(a)};
   row.direct_seconds = median(b);
   row.classic_seconds = median(c);
@@ -101,15 +130,21 @@ Row measure(ProcessGroup& g, const std::string& op, int64_t size, int iterations
 void body(ProcessGroup& g, const CommBenchOptions& o, const std::string& how) {
   const int n = g.size();
   double memcpy_bw = 0;
-  if (g.rank() == 0) memcpy_bw = measure_memcpy_bandwidth(std::min<int64_t>(o.max_bytes, 256 << 20)) / 1e9;
+  // At least 64 MiB, past the caches, so the reference is the memory's bandwidth.
+  if (g.rank() == 0) memcpy_bw = measure_memcpy_bandwidth(std::clamp<int64_t>(o.max_bytes, 64 << 20, 256 << 20)) / 1e9;
   g.barrier();
   bool gloo = g.backend() == "gloo" && o.op == "all_reduce";
+  const bool hier = o.op == "all_to_all" && g.hierarchical();
   if (g.rank() == 0) {
+    std::set<int> nodes(g.nodes().begin(), g.nodes().end());
     std::printf("# tessel bench comm: %s, %d ranks (%s), float32, %s\n", o.op.c_str(), n, how.c_str(),
                 o.op == "send_recv" ? "ring of send/recv" : "sum where it reduces");
+    std::printf("# nodes: %zu (node of each rank: %s)%s\n", nodes.size(), fmt::format("{}", fmt::join(g.nodes(), " ")).c_str(),
+                hier ? "; flat and hierarchical all_to_all timed in alternating blocks, medians" : "");
     std::printf("# memcpy bandwidth on this machine, same run: %.2f GB/s (bytes copied per second)\n", memcpy_bw);
-    std::printf("#%11s %12s %6s %11s %9s %9s %8s%s\n", "size (B)", "count", "type", "time (us)", "algbw", "busbw",
-                "bus/mcpy", gloo ? "  gloo::allreduce (us)  ratio  AllreduceRing (us)  ratio" : "");
+    std::printf("#%11s %12s %6s %11s %9s %9s %8s%s%s\n", "size (B)", "count", "type", "time (us)", "algbw", "busbw",
+                "bus/mcpy", gloo ? "  gloo::allreduce (us)  ratio  AllreduceRing (us)  ratio" : "",
+                hier ? "  | hierarchical: time (us)     algbw     busbw  bus/mcpy  flat/hier" : "");
   }
   for (int64_t size = o.min_bytes; size <= o.max_bytes; size *= 2) {
     Row r = measure(g, o.op, size, o.iterations);
@@ -120,9 +155,17 @@ void body(ProcessGroup& g, const CommBenchOptions& o, const std::string& how) {
     if (gloo)
       std::printf("  %20.1f %5.2fx %19.1f %5.2fx", r.direct_seconds * 1e6, r.direct_seconds / r.seconds,
                   r.classic_seconds * 1e6, r.classic_seconds / r.seconds);
+    if (hier) {
+      double h_algbw = static_cast<double>(size) / r.hierarchical_seconds / 1e9, h_busbw = h_algbw * bus_factor(o.op, n);
+      std::printf("  | %23.1f %9.3f %9.3f %8.0f%% %9.2fx", r.hierarchical_seconds * 1e6, h_algbw, h_busbw,
+                  100 * h_busbw / memcpy_bw, r.seconds / r.hierarchical_seconds);
+    }
     std::printf("\n");
     std::fflush(stdout);
   }
+  if (g.rank() == 0 && hier)
+    std::printf("# flat/hier: the flat all_to_all's time over the hierarchical one's; above 1 the hierarchical is "
+                "faster\n");
   if (g.rank() == 0 && gloo)
     std::printf("# ratio: Gloo's own ring all_reduce time (called directly, no tessel code) over tessel's; 1.00x is "
                 "the same speed, above 1 tessel is faster\n");
@@ -157,8 +200,14 @@ int run_comm_bench(const CommBenchOptions& o) {
     return 0;
   }
   TESSEL_CHECK(o.np >= 1, "--np {}: need at least one rank", o.np);
+  TESSEL_CHECK(o.ranks_per_node >= 0, "--ranks-per-node {}: need a non-negative count", o.ranks_per_node);
+  std::vector<int> nodes;  // emulated nodes: ranks numbered node by node
+  if (o.ranks_per_node > 0)
+    for (int r = 0; r < o.np; ++r) nodes.push_back(r / o.ranks_per_node);
   if (o.backend == "thread") {
-    spawn(o.np, [&](int) { body(*world_group(), o, "thread backend, ranks are threads"); });
+    SpawnOptions so;
+    so.nodes = nodes;
+    spawn(o.np, [&](int) { body(*world_group(), o, "thread backend, ranks are threads"); }, so);
     return 0;
   }
   auto store = std::make_shared<MemoryStore>();
@@ -170,7 +219,7 @@ int run_comm_bench(const CommBenchOptions& o) {
       auto ctx = make_rank_context(r, o.np, 1);
       RankContextScope scope(ctx);
       try {
-        auto g = make_gloo_group(store, r, o.np, {}, "127.0.0.1", kDefaultTimeout);
+        auto g = make_gloo_group(store, r, o.np, nodes, "127.0.0.1", kDefaultTimeout);
         body(*g, o, "gloo over loopback, ranks are threads; use `tessel launch` for processes");
       } catch (...) {
         std::lock_guard lock(m);

@@ -23,6 +23,10 @@ std::vector<Command> register_bench(CLI::App& app) {
       ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"}));
   comm->add_option("--min", o->min_bytes, "smallest size in bytes (doubling up to --max)")->check(kPositiveCount);
   comm->add_option("--max", o->max_bytes, "largest size in bytes")->check(kPositiveCount);
+  comm->add_option("--ranks-per-node", o->ranks_per_node,
+                   "emulate nodes of this many ranks (thread ranks, or gloo ranks as threads; under tessel launch the "
+                   "nodes are the launcher's). With several nodes all_to_all prints the hierarchical form beside the flat")
+      ->check(kNonNegativeCount);
   comm->add_option("--iters", o->iterations, "iterations per size (default or 0: enough for 0.2 s)")
       ->check(kNonNegativeCount);
   out.push_back({comm, [o] {

@@ -18,6 +18,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -152,6 +153,15 @@ class GlooProcessGroup final : public ProcessGroup {
     setup_hierarchy();
   }
   ~GlooProcessGroup() override { shutdown(); }
+  // Makes the world's topology that of `node` on each rank (collective, right after creation).
+  void adopt_node(int node) {
+    int64_t mine = node;
+    std::vector<int64_t> all(static_cast<size_t>(size()));
+    all_gather(&mine, all.data(), 1, DType::i64);
+    std::vector<int> nodes(all.begin(), all.end());
+    if (std::any_of(nodes.begin(), nodes.end(), [&](int n) { return n != nodes[0]; })) set_nodes(std::move(nodes));
+    reset_stats();  // the exchange is the world's set-up, not the program's communication
+  }
   std::string backend() const override { return "gloo"; }
   const std::shared_ptr<gloo::Context>& context() const { return context_; }
   // Kept alive as long as the group: the heartbeat of this process's rank.
@@ -468,6 +478,7 @@ GlooWorldOptions GlooWorldOptions::from_env(Millis timeout) {
   const char* token = std::getenv("TESSEL_JOB_TOKEN");
   o.token = token ? token : "";
   o.local_world_size = env_int("LOCAL_WORLD_SIZE", 0, false);
+  o.node = env_int("TESSEL_NODE", env_int("GROUP_RANK", -1, false), false);
   const char* host = std::getenv("TESSEL_GLOO_HOST");
   o.bind_host = host ? host : "";
   o.timeout = timeout;
@@ -511,9 +522,8 @@ std::shared_ptr<Store> connect_job_store(const GlooWorldOptions& o, bool round_n
 
 std::shared_ptr<ProcessGroup> make_gloo_world(const GlooWorldOptions& o) {
   std::shared_ptr<Store> store = connect_job_store(o);
-  std::vector<int> nodes;
-  if (o.local_world_size > 0)
-    for (int r = 0; r < o.size; ++r) nodes.push_back(r / o.local_world_size);
+  int node = o.node;
+  if (node < 0) node = o.local_world_size > 0 ? o.rank / o.local_world_size : 0;
   std::string host = o.bind_host;
   if (host.empty()) {
     bool loopback = o.master_addr.rfind("127.", 0) == 0 || o.master_addr == "localhost" || o.master_addr == "::1";
@@ -530,8 +540,11 @@ std::shared_ptr<ProcessGroup> make_gloo_world(const GlooWorldOptions& o) {
   std::unique_ptr<HeartbeatWriter> heartbeat;
   if (o.heartbeat_interval.count() > 0)
     heartbeat = std::make_unique<HeartbeatWriter>(connect_job_store(o), o.rank, o.heartbeat_interval);
-  auto group = make_gloo_group(store, o.rank, o.size, nodes, host, o.timeout, "world");
-  if (heartbeat) std::static_pointer_cast<GlooProcessGroup>(group)->keep_heartbeat(std::move(heartbeat));
+  // One node until every rank's id is known: the world gathers them through itself (one small
+  // all_gather, not a store read per rank), then builds its hierarchy.
+  auto group = std::static_pointer_cast<GlooProcessGroup>(make_gloo_group(store, o.rank, o.size, {}, host, o.timeout, "world"));
+  if (heartbeat) group->keep_heartbeat(std::move(heartbeat));
+  if (o.size > 1) group->adopt_node(node);
   return group;
 }
 

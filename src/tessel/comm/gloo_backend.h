@@ -20,6 +20,10 @@ struct GlooWorldOptions {
   int master_port = 0;
   std::string token;
   int local_world_size = 0;  // ranks per node (0: one node)
+  // This rank's node (any non-negative id; ranks with the same id are one node). -1: RANK /
+  // local_world_size, or one node without it. The world exchanges the ids at creation, so
+  // every member knows every rank's node whatever order the ranks are numbered in.
+  int node = -1;
   std::string bind_host;     // address of this rank's Gloo device ("": 127.0.0.1 for a loopback master, else the hostname)
   Millis timeout = default_timeout();
   Millis heartbeat_interval{0};  // > 0: beat for this rank (heartbeat.h) every interval
@@ -27,8 +31,10 @@ struct GlooWorldOptions {
   // round of its long-lived store a namespace of its own); "" for none.
   std::string store_prefix;
   // From RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TESSEL_JOB_TOKEN, LOCAL_WORLD_SIZE,
-  // TESSEL_GLOO_HOST, TESSEL_HEARTBEAT_MS and TESSEL_STORE_PREFIX (set by `tessel launch`); throws naming a missing
-  // or malformed variable.
+  // TESSEL_GLOO_HOST, TESSEL_HEARTBEAT_MS and TESSEL_STORE_PREFIX (set by `tessel launch`); the
+  // node from TESSEL_NODE (an override: tests emulating nodes, launchers other than tessel's),
+  // else GROUP_RANK (`tessel launch`'s --node-rank); throws naming a missing or malformed
+  // variable.
   static GlooWorldOptions from_env(Millis timeout);
 };
 

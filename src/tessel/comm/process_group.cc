@@ -1,8 +1,9 @@
-// ProcessGroup: queuing, validation, statistics, sub-groups, hierarchical all_reduce, and the
-// byte-level reduction kernels backends share.
+// ProcessGroup: queuing, validation, statistics, sub-groups, the hierarchical all_reduce and
+// all_to_all, and the byte-level reduction kernels backends share.
 #include "tessel/comm/process_group.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -125,11 +126,39 @@ void finish_avg(void* buf, int64_t n, DType dtype, int ranks) {
 
 // ---------------------------------------------------------------- the group
 
+const char* all_to_all_algorithm_name(AllToAllAlgorithm a) {
+  switch (a) {
+    case AllToAllAlgorithm::automatic: return "auto";
+    case AllToAllAlgorithm::flat: return "flat";
+    case AllToAllAlgorithm::hierarchical: return "hierarchical";
+  }
+  return "?";
+}
+
+AllToAllAlgorithm parse_all_to_all_algorithm(const std::string& name, const std::string& where) {
+  for (AllToAllAlgorithm a : {AllToAllAlgorithm::automatic, AllToAllAlgorithm::flat, AllToAllAlgorithm::hierarchical})
+    if (name == all_to_all_algorithm_name(a)) return a;
+  TESSEL_THROW("{}: unknown all_to_all algorithm '{}' (expected auto, flat or hierarchical)", where, name);
+}
+
 ProcessGroup::ProcessGroup(std::string name, int rank, std::vector<int> ranks, std::vector<int> nodes, Millis timeout)
     : name_(std::move(name)), rank_(rank), ranks_(std::move(ranks)), nodes_(std::move(nodes)), timeout_(timeout) {
   if (nodes_.empty()) nodes_.assign(ranks_.size(), 0);
   TESSEL_ASSERT(nodes_.size() == ranks_.size(), "group {}: {} node ids for {} ranks", name_, nodes_.size(), ranks_.size());
   TESSEL_ASSERT(rank_ >= 0 && rank_ < static_cast<int>(ranks_.size()), "group {}: rank {} of {}", name_, rank_, ranks_.size());
+  // "hierarchical" from the environment means: wherever the topology allows it, which is what
+  // automatic does; only "flat" changes the default.
+  if (const char* env = std::getenv("TESSEL_ALL_TO_ALL"); env != nullptr && *env != '\0')
+    if (parse_all_to_all_algorithm(env, "environment variable TESSEL_ALL_TO_ALL") == AllToAllAlgorithm::flat)
+      all_to_all_algorithm_ = AllToAllAlgorithm::flat;
+}
+
+void ProcessGroup::set_all_to_all_algorithm(AllToAllAlgorithm a) {
+  TESSEL_CHECK(a != AllToAllAlgorithm::hierarchical || intra_node_ != nullptr,
+               "{}: the hierarchical all_to_all needs a group over several nodes with the same number (more than one) "
+               "of ranks on each; this group's nodes are [{}]",
+               describe("set_all_to_all_algorithm"), fmt::join(nodes_, ", "));
+  all_to_all_algorithm_ = a;
 }
 
 ProcessGroup::~ProcessGroup() { shutdown(); }
@@ -328,7 +357,12 @@ WorkPtr ProcessGroup::reduce_scatter_v_async(const void* in, void* out, std::vec
 }
 
 WorkPtr ProcessGroup::all_to_all_async(const void* in, void* out, int64_t count, DType dtype) {
-  return enqueue("all_to_all", nbytes(count * size(), dtype), [=, this] { do_all_to_all(in, out, count, dtype); });
+  const bool hier = all_to_all_hierarchical();
+  return enqueue("all_to_all", nbytes(count * size(), dtype), [=, this] {
+    if (!hier) return do_all_to_all(in, out, count, dtype);
+    std::vector<int64_t> c(static_cast<size_t>(size()), count);
+    hierarchical_all_to_all_v(in, c, out, c, dtype, true);
+  });
 }
 
 WorkPtr ProcessGroup::all_to_all_v_async(const void* in, std::vector<int64_t> send_counts, void* out,
@@ -338,8 +372,10 @@ WorkPtr ProcessGroup::all_to_all_v_async(const void* in, std::vector<int64_t> se
                recv_counts.size(), size());
   int64_t sent = total(send_counts);
   total(recv_counts);
+  const bool hier = all_to_all_hierarchical();
   return enqueue("all_to_all", nbytes(sent, dtype), [=, this, s = std::move(send_counts), r = std::move(recv_counts)] {
-    do_all_to_all_v(in, s, out, r, dtype);
+    if (hier) hierarchical_all_to_all_v(in, s, out, r, dtype, false);
+    else do_all_to_all_v(in, s, out, r, dtype);
   });
 }
 
@@ -508,6 +544,14 @@ void ProcessGroup::setup_hierarchy() {
   }
   intra_node_ = split(intra);
   inter_node_ = split(inter);
+  node_members_ = intra;
+}
+
+void ProcessGroup::set_nodes(std::vector<int> nodes) {
+  TESSEL_ASSERT(nodes.size() == ranks_.size(), "group {}: {} node ids for {} ranks", name_, nodes.size(), ranks_.size());
+  TESSEL_ASSERT(intra_node_ == nullptr && created_.empty(), "group {}: set_nodes after sub-groups were made", name_);
+  nodes_ = std::move(nodes);
+  setup_hierarchy();
 }
 
 // reduce_scatter inside the node, all_reduce across nodes, all_gather inside the node.
@@ -520,6 +564,98 @@ void ProcessGroup::hierarchical_all_reduce(void* buf, int64_t count, DType dtype
   intra_node_->reduce_scatter_v(buf, part.data(), counts, dtype, op);
   inter_node_->all_reduce(part.data(), counts[static_cast<size_t>(me)], dtype, op);
   intra_node_->all_gather_v(part.data(), buf, counts, dtype);
+}
+
+// The flat all_to_all sends P·(P−1) messages, L² of them between every two nodes of L ranks.
+// This one sends L per node pair, each carrying L ranks' data (rank (k, l) is local rank l of
+// node k; see node_members_):
+//   1. gather within the node — an all_to_all inside node k: (k, l) hands (k, j) every segment
+//      it has for local rank j of any node, so (k, j) holds everything node k sends to the
+//      j-th ranks of all nodes;
+//   2. exchange between nodes — an all_to_all among the j-th ranks: (k, j) sends (m, j) the L
+//      segments of node k for (m, j) as one message;
+//   3. (m, j) now holds every segment addressed to it, ordered by source node and local rank:
+//      put in group-rank order (the scatter is folded into step 1's choice of destinations,
+//      so there is no third exchange). With ranks numbered node by node the order is already
+//      right and step 2 receives into `out` directly.
+// Every byte crosses between nodes once, as in the flat form; inside the node it moves once
+// more. With per-rank counts, (k, j) learns how much each (k, l) sends to each (m, j) from a
+// small all_to_all of counts inside the node first (its own receive counts say the rest).
+void ProcessGroup::hierarchical_all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                                             const std::vector<int64_t>& recv_counts, DType dtype, bool equal_counts) {
+  const int L = intra_node_->size(), N = inter_node_->size(), P = size();
+  const size_t esz = dtype_size(dtype), uL = static_cast<size_t>(L), uN = static_cast<size_t>(N);
+  auto member = [&](int k, int l) { return node_members_[static_cast<size_t>(k)][static_cast<size_t>(l)]; };
+  std::vector<int64_t> send_at(static_cast<size_t>(P) + 1, 0), recv_at(static_cast<size_t>(P) + 1, 0);
+  for (size_t r = 0; r < static_cast<size_t>(P); ++r) {
+    send_at[r + 1] = send_at[r] + send_counts[r];
+    recv_at[r + 1] = recv_at[r] + recv_counts[r];
+  }
+  // mine[j][m]: what this rank sends (m, j); theirs[l][m]: what (k, l) sends (m, this local rank).
+  std::vector<int64_t> mine(uL * uN), theirs(uL * uN);
+  for (int j = 0; j < L; ++j)
+    for (int m = 0; m < N; ++m) mine[static_cast<size_t>(j * N + m)] = send_counts[static_cast<size_t>(member(m, j))];
+  if (equal_counts) theirs = mine;  // every segment has the same size
+  else intra_node_->all_to_all(mine.data(), theirs.data(), N, DType::i64);
+
+  // 1. Within the node: segments regrouped by destination local rank j, then node m.
+  std::vector<int64_t> s1(uL, 0), r1(uL, 0);
+  for (size_t j = 0; j < uL; ++j)
+    for (size_t m = 0; m < uN; ++m) {
+      s1[j] += mine[j * uN + m];
+      r1[j] += theirs[j * uN + m];
+    }
+  const int64_t sent = send_at.back(), held = total(r1);
+  // Three staging buffers, kept by the group across calls: fresh ones would be page-faulted in
+  // on every call, which at megabytes costs more than the copies themselves.
+  auto staging = [&](int i, size_t bytes) {
+    std::vector<char>& b = a2a_staging_[static_cast<size_t>(i)];
+    if (b.size() < std::max<size_t>(bytes, 1)) b.resize(std::max<size_t>(bytes, 1));
+    return b.data();
+  };
+  char* const packed = staging(0, static_cast<size_t>(sent) * esz);
+  char* p = packed;
+  for (int j = 0; j < L; ++j)
+    for (int m = 0; m < N; ++m) {
+      const int r = member(m, j);
+      const size_t n = static_cast<size_t>(send_counts[static_cast<size_t>(r)]) * esz;
+      if (n > 0) std::memcpy(p, static_cast<const char*>(in) + static_cast<size_t>(send_at[static_cast<size_t>(r)]) * esz, n);
+      p += n;
+    }
+  char* const gathered = staging(1, static_cast<size_t>(held) * esz);
+  intra_node_->all_to_all_v(packed, s1, gathered, r1, dtype);
+
+  // 2. Between nodes: gathered is [source l][destination node m]; the exchange sends node m the
+  // segments of every l in order, so transpose to [m][l].
+  std::vector<int64_t> gathered_at(uL * uN + 1, 0);  // offsets in gathered, [l][m] order
+  for (size_t i = 0; i < uL * uN; ++i) gathered_at[i + 1] = gathered_at[i] + theirs[i];
+  char* const outgoing = staging(0, static_cast<size_t>(held) * esz);  // packed is no longer needed
+  std::vector<int64_t> s2(uN, 0), r2(uN, 0);
+  p = outgoing;
+  for (size_t m = 0; m < uN; ++m)
+    for (size_t l = 0; l < uL; ++l) {
+      const size_t n = static_cast<size_t>(theirs[l * uN + m]) * esz;
+      if (n > 0) std::memcpy(p, gathered + static_cast<size_t>(gathered_at[l * uN + m]) * esz, n);
+      p += n;
+      s2[m] += theirs[l * uN + m];
+      r2[m] += recv_counts[static_cast<size_t>(member(static_cast<int>(m), static_cast<int>(l)))];
+    }
+  bool in_order = true;  // group ranks numbered node by node: received order is group-rank order
+  for (int m = 0; m < N && in_order; ++m)
+    for (int l = 0; l < L && in_order; ++l) in_order = member(m, l) == m * L + l;
+  char* const landing = in_order ? static_cast<char*>(out) : staging(2, static_cast<size_t>(recv_at.back()) * esz);
+  inter_node_->all_to_all_v(outgoing, s2, landing, r2, dtype);
+
+  // 3. Into group-rank order.
+  if (in_order) return;
+  p = landing;
+  for (int m = 0; m < N; ++m)
+    for (int l = 0; l < L; ++l) {
+      const int r = member(m, l);
+      const size_t n = static_cast<size_t>(recv_counts[static_cast<size_t>(r)]) * esz;
+      if (n > 0) std::memcpy(static_cast<char*>(out) + static_cast<size_t>(recv_at[static_cast<size_t>(r)]) * esz, p, n);
+      p += n;
+    }
 }
 
 std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& mine) {

@@ -7,7 +7,8 @@
 // ranks that are missing.
 //
 // Backends (thread_backend.h, gloo_backend.h) implement the do_* primitives; this base class
-// provides queuing, statistics, sub-groups and the hierarchical all_reduce.
+// provides queuing, statistics, sub-groups and the hierarchical (node-aware) all_reduce and
+// all_to_all.
 #pragma once
 
 #include <atomic>
@@ -77,6 +78,19 @@ struct CommStats {
   int64_t total_calls() const;
   std::string str() const;  // "all_gather x2 (96 B), all_reduce x1 (48 B)"
 };
+
+// How all_to_all and all_to_all_v move their data.
+//   automatic     hierarchical when the group spans several nodes with the same number (> 1) of
+//                 ranks on each, flat otherwise (the default);
+//   flat          every rank sends each peer its segment directly (P·(P−1) messages);
+//   hierarchical  gather within the node, exchange between nodes, scatter within the node
+//                 (ProcessGroup::hierarchical_all_to_all_v); needs such a topology.
+// TESSEL_ALL_TO_ALL=auto|flat|hierarchical sets it for every group a process makes (hierarchical:
+// in every group whose topology allows it, flat in the others).
+enum class AllToAllAlgorithm { automatic, flat, hierarchical };
+const char* all_to_all_algorithm_name(AllToAllAlgorithm a);  // "auto", "flat", "hierarchical"
+// Parses a name of all_to_all_algorithm_name; throws naming `where` and the choices.
+AllToAllAlgorithm parse_all_to_all_algorithm(const std::string& name, const std::string& where);
 
 class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  public:
@@ -178,12 +192,24 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   void reset_stats();
   // Whether all_reduce uses the hierarchical algorithm (several nodes with several ranks each).
   bool hierarchical() const { return intra_node_ != nullptr; }
+  // The all_to_all(_v) algorithm for calls issued from now on (calls already queued keep theirs).
+  // Throws for `hierarchical` when the group does not span several nodes with several ranks
+  // each (hierarchical() is false).
+  void set_all_to_all_algorithm(AllToAllAlgorithm a);
+  AllToAllAlgorithm all_to_all_algorithm() const { return all_to_all_algorithm_; }
+  // Whether an all_to_all(_v) issued now runs the hierarchical algorithm.
+  bool all_to_all_hierarchical() const {
+    return intra_node_ != nullptr && all_to_all_algorithm_ != AllToAllAlgorithm::flat;
+  }
 
  protected:
   ProcessGroup(std::string name, int rank, std::vector<int> ranks, std::vector<int> nodes, Millis timeout);
   // Called by backends at the end of their constructor: creates the intra-/inter-node groups
   // when this group spans several nodes (collective).
   void setup_hierarchy();
+  // Replaces the node of each member (learnt after creation, e.g. exchanged through the group
+  // itself) and sets the hierarchy up for it; collective, before any sub-group is made.
+  void set_nodes(std::vector<int> nodes);
   // Stops the worker after the queued operations; backends call it first in their destructor.
   void shutdown();
 
@@ -228,6 +254,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   void run_item(std::function<void()>& job, CompletionWork& work);
   void check_rank(int r, const char* what) const;
   void hierarchical_all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op);
+  void hierarchical_all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                                 const std::vector<int64_t>& recv_counts, DType dtype, bool equal_counts);
 
   std::string name_;
   int rank_;
@@ -248,6 +276,12 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::thread worker_;
 
   std::shared_ptr<ProcessGroup> intra_node_, inter_node_;
+  // With a hierarchy: node_members_[k][l] is the group rank of local rank l of node k (nodes in
+  // node-id order, a node's ranks in group-rank order) — the rank of inter_node_ is k, of
+  // intra_node_ l.
+  std::vector<std::vector<int>> node_members_;
+  AllToAllAlgorithm all_to_all_algorithm_ = AllToAllAlgorithm::automatic;
+  std::vector<char> a2a_staging_[3];  // the hierarchical all_to_all's buffers (worker thread only)
 };
 
 // Element-wise reduction of `n` elements: acc = op(acc, x) (avg accumulates like sum; divide
