@@ -14,7 +14,7 @@ common=(--set model.n_layer=4 --set model.n_embd=32 --set model.n_head=4 --set m
         --set log.every=1000)
 "$tessel" train "$src/configs/gpt2-tiny.yaml" "${common[@]}" --metrics "$work/one.jsonl" >/dev/null 2>&1
 
-compare() {  # compare FILE LABEL
+compare() {  # compare FILE LABEL [REFERENCE]
   awk -v label="$2" '
     function loss(line) { match(line, /"loss":[-0-9.eE+]+/); return substr(line, RSTART + 7, RLENGTH - 7) + 0 }
     NR == FNR { ref[FNR] = loss($0); n = FNR; next }
@@ -22,7 +22,7 @@ compare() {  # compare FILE LABEL
       if (rel > worst) worst = rel; if (rel > 2.384185791015625e-07) { printf "%s: step %d loss %s vs one rank %s\n", label, FNR - 1, got, ref[FNR]; bad = 1 } ; m = FNR }
     END { if (m != n) { printf "%s: %d steps, one rank ran %d\n", label, m, n; bad = 1 }
           printf "%s: %d steps, worst relative loss difference %.1e\n", label, m, worst; exit bad }' \
-    "$work/one.jsonl" "$1"
+    "${3:-$work/one.jsonl}" "$1"
 }
 
 run() {  # run LABEL NPROC SETTINGS...
@@ -69,3 +69,32 @@ resume gloo-to-thread
   --set parallel.dp=2 --set parallel.tp=2 --set parallel.sharding_stage=3 --resume "$work/t/step-000003" \
   --metrics "$work/thread-to-gloo.jsonl" >"$work/t2g.log" 2>&1 || { cat "$work/t2g.log"; exit 1; }
 resume thread-to-gloo
+
+# Mixture of experts (issue 29): a tiny Mixtral with the experts over ep (tokens exchanged by
+# all_to_all between processes), dropless and with a capacity that drops tokens, against the
+# single-rank run; then a save with ep 2 on Gloo resumed with tp 2 on thread ranks.
+moe=(--set model.num_hidden_layers=2 --set model.hidden_size=32 --set model.num_attention_heads=4
+     --set model.num_key_value_heads=2 --set model.intermediate_size=32 --set model.max_position_embeddings=32
+     --set model.num_local_experts=4 --set train.seq_len=16 --set train.global_batch=8 --set train.micro_batch=4
+     --set train.steps=6 --set train.warmup=1 --set train.save_every=0 --set train.threads=1 --set log.every=1000)
+for cap in 0 1.0; do
+  "$tessel" train "$src/configs/mixtral-tiny.yaml" "${moe[@]}" --set model.capacity_factor=$cap \
+    --metrics "$work/moe-one-$cap.jsonl" >/dev/null 2>&1
+done
+moe_run() {  # moe_run LABEL NPROC CAPACITY SETTINGS...
+  local label=$1 nproc=$2 cap=$3
+  shift 3
+  "$tessel" launch --nproc-per-node "$nproc" -- "$tessel" train "$src/configs/mixtral-tiny.yaml" "${moe[@]}" \
+    --set model.capacity_factor=$cap "$@" --backend gloo --metrics "$work/$label.jsonl" >"$work/$label.log" 2>&1 ||
+    { cat "$work/$label.log"; exit 1; }
+  compare "$work/$label.jsonl" "$label" "$work/moe-one-$cap.jsonl"
+}
+moe_run moe-ep4-capacity 4 1.0 --set parallel.ep=4
+moe_run moe-dp2-ep2-stage3 4 0 --set parallel.dp=2 --set parallel.ep=2 --set parallel.sharding_stage=3
+"$tessel" launch --nproc-per-node 2 -- "$tessel" train "$src/configs/mixtral-tiny.yaml" "${moe[@]}" --backend gloo \
+  --set parallel.ep=2 --set model.capacity_factor=0 --set train.save_every=3 --save "$work/m" \
+  >"$work/msave.log" 2>&1 || { cat "$work/msave.log"; exit 1; }
+"$tessel" train "$src/configs/mixtral-tiny.yaml" "${moe[@]}" --set model.capacity_factor=0 --set parallel.tp=2 \
+  --resume "$work/m/step-000003" --metrics "$work/moe-ep-to-tp.jsonl" >"$work/m2t.log" 2>&1 || { cat "$work/m2t.log"; exit 1; }
+cp "$work/moe-one-0.jsonl" "$work/one.jsonl"  # resume compares against one.jsonl
+resume moe-ep-to-tp
