@@ -89,13 +89,9 @@ static std::string short_layout(const Layout& l) {
 // the predicted step: compute, exposed tensor-parallel, pipeline-send, data-parallel
 // communication, bubble, optimizer) and the table's mean and max absolute error.
 //
-// Memory: every row must fit, except that today's activation count (cost_model.cc,
-// layer_activation_bytes) charges the softmax scores and their dropout (a·s² per layer and
-// micro-batch) even where the cluster's software runs fused attention, which keeps none of
-// them. At the README's sequence of 4096 that is 5·a·s/h ≈ 160 bytes per token and hidden unit
-// against 34 for the rest of the layer, so its pipelined rows (70B to 462B) come out at
-// 100-240 GB. Such a row is printed as not fitting, and must fit once the scores are not
-// charged (the published layout with selective recompute, whose count drops exactly them).
+// Memory: every row must fit. (A row that does not is accepted only where the layout keeps no
+// attention scores to drop — recompute none with fused attention — and fits once selective
+// recompute drops them: the count of the scores is then what is wrong.)
 class PublishedTableTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(PublishedTableTest, EveryRowPlansAndIsCompared) {
