@@ -39,6 +39,8 @@ Cluster hand_built() {
   c.software.kernel_efficiency = 0.9;
   c.software.op_overhead = 3.3e-6;
   c.software.step_overhead = 0.01;
+  c.software.loss_fwd_bytes = 38;
+  c.software.loss_bwd_bytes = 14.5;
   c.software.overlap = Overlap{true, false, true, false};
   c.software.fragmentation = 0.05;
   c.software.reserved_bytes = 2e9;
@@ -77,6 +79,8 @@ void expect_equal(const Cluster& a, const Cluster& b) {
   EXPECT_EQ(s.kernel_efficiency, t.kernel_efficiency);
   EXPECT_EQ(s.op_overhead, t.op_overhead);
   EXPECT_EQ(s.step_overhead, t.step_overhead);
+  EXPECT_EQ(s.loss_fwd_bytes, t.loss_fwd_bytes);
+  EXPECT_EQ(s.loss_bwd_bytes, t.loss_bwd_bytes);
   EXPECT_EQ(s.overlap.tp_comm, t.overlap.tp_comm);
   EXPECT_EQ(s.overlap.grad_reduce, t.overlap.grad_reduce);
   EXPECT_EQ(s.overlap.param_gather, t.overlap.param_gather);

@@ -212,6 +212,8 @@ SoftwareProfile read_software(Section& parent, const std::string& origin) {
   p.attention_efficiency = s.efficiency("attention_efficiency", p.attention_efficiency, 2);
   p.kernel_efficiency = s.efficiency("kernel_efficiency", p.kernel_efficiency);
   p.op_overhead = s.non_negative("op_overhead", p.op_overhead);
+  p.loss_fwd_bytes = s.non_negative("loss_fwd_bytes", p.loss_fwd_bytes);
+  p.loss_bwd_bytes = s.non_negative("loss_bwd_bytes", p.loss_bwd_bytes);
   p.step_overhead = s.non_negative("step_overhead", p.step_overhead);
   Section o = s.sub("overlap");
   p.overlap.tp_comm = o.get<bool>("tp_comm", p.overlap.tp_comm);
@@ -372,6 +374,8 @@ std::string Cluster::to_yaml() const {
   line(fmt::format("  attention_efficiency: {}", number_text(p.attention_efficiency)));
   line(fmt::format("  kernel_efficiency: {}", number_text(p.kernel_efficiency)));
   line(fmt::format("  op_overhead: {}", number_text(p.op_overhead)));
+  line(fmt::format("  loss_fwd_bytes: {}", number_text(p.loss_fwd_bytes)));
+  line(fmt::format("  loss_bwd_bytes: {}", number_text(p.loss_bwd_bytes)));
   line(fmt::format("  step_overhead: {}", number_text(p.step_overhead)));
   auto flag = [](bool b) { return b ? "true" : "false"; };
   line(fmt::format("  overlap: {{tp_comm: {}, grad_reduce: {}, param_gather: {}, p2p: {}}}", flag(p.overlap.tp_comm),

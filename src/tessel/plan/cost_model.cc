@@ -300,8 +300,17 @@ LayerCost head_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) {
   p.op(llama ? "rms_norm" : "layer_norm", in, Attrs{{"has_weight", true}, {"has_bias", !llama}, {"eps", 1e-5}}, 0,
        false);
   linear(p, tokens, m.hidden, v, false);
-  // Cross entropy over the (vocab-parallel) logits: a softmax pass and its gradient.
-  streaming(p, "softmax", {tokens, v}, 1, Attrs{{"dim", int64_t{-1}}});
+  // Cross entropy over the (vocab-parallel) logits: a softmax pass and its gradient, or the
+  // software's own passes over them (SoftwareProfile::loss_fwd_bytes).
+  const SoftwareProfile& sw = c.software;
+  if (sw.loss_fwd_bytes > 0 || sw.loss_bwd_bytes > 0) {
+    const double logits = static_cast<double>(tokens) * static_cast<double>(v);
+    p.cost.fwd += p.stream(logits * sw.loss_fwd_bytes) + 6 * sw.op_overhead;
+    p.cost.bwd_input += p.stream(logits * sw.loss_bwd_bytes) + 2 * sw.op_overhead;
+    p.cost.kernels += 6;
+  } else {
+    streaming(p, "softmax", {tokens, v}, 1, Attrs{{"dim", int64_t{-1}}});
+  }
   LayerCost lc = p.cost;
   if (s.tp > 1) {  // max and sum-exp across the vocabulary shards, and the input all_reduce
     const double row = static_cast<double>(tokens) * 4;

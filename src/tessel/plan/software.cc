@@ -22,8 +22,24 @@ void cuda_runtime(SoftwareProfile& s) {
   s.sources["reserved_bytes"] = "CUDA context (~0.5 GB), cuBLAS workspace and NCCL buffers (~2 GB) per process; assumed";
 }
 
+// Megatron's vocab-parallel cross entropy (megatron/core/tensor_parallel/cross_entropy.py, and
+// mpu/cross_entropy.py before it) on logits cast to f32 (`output.float()` unless
+// --fp16-lm-cross-entropy; Megatron-Core casts in calculate_logits_max): per logit element the
+// forward reads the bf16 logit and writes it in f32 (2 + 4 bytes), takes the max (4), subtracts
+// it in place (8), exponentiates in place (8), sums (4) and divides in place (8): 38 bytes; the
+// backward scales the kept softmax by the incoming gradient in place (8) and casts it back to
+// bf16 (4 + 2): 14.
+void megatron_loss(SoftwareProfile& s) {
+  s.loss_fwd_bytes = 38;
+  s.loss_bwd_bytes = 14;
+  s.sources["loss_bytes"] =
+      "Megatron's vocab_parallel_cross_entropy on f32 logits: forward cast, max, subtract, exp, sum, divide (38 bytes "
+      "per logit), backward scale and cast back (14)";
+}
+
 SoftwareProfile megatron_2021() {
   SoftwareProfile s;
+  megatron_loss(s);
   s.name = "megatron-2021";
   cuda_runtime(s);
   s.fused_attention = false;
@@ -41,6 +57,7 @@ SoftwareProfile megatron_2021() {
 
 SoftwareProfile megatron_core_r08() {
   SoftwareProfile s;
+  megatron_loss(s);
   s.name = "megatron-core-r0.8";
   cuda_runtime(s);
   s.fused_attention = true;
@@ -64,6 +81,7 @@ SoftwareProfile megatron_core_r08() {
 
 SoftwareProfile deepspeed_megatron_2022() {
   SoftwareProfile s;
+  megatron_loss(s);
   s.name = "deepspeed-megatron-2022";
   cuda_runtime(s);
   s.fused_attention = false;

@@ -49,6 +49,9 @@ struct SoftwareProfile {
                                      // inside a training step (clocks under load, the wgrad
                                      // accumulation into f32 main gradients, stream contention)
   double op_overhead = 0;            // seconds per kernel (launch, framework dispatch)
+  // The loss over the (vocab-parallel) logits as memory traffic per logit element, forward and
+  // backward; 0: one softmax pass as the op registry costs it (tessel's fused cross entropy).
+  double loss_fwd_bytes = 0, loss_bwd_bytes = 0;
   double step_overhead = 0;          // seconds per step outside the model's ops (the stack's own
                                      // bookkeeping: gradient-norm, loss scaling, logging syncs)
   Overlap overlap;
