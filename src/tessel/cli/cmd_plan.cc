@@ -102,9 +102,10 @@ int run_published(const std::string& format) {
   for (const plan::PublishedTable& t : plan::published_tables()) {
     const bool model_count = !t.rows.empty() && t.rows.front().model_flops;
     if (format == "table")
-      std::printf("%s\n  %s\n  %s TFLOP/s per GPU as published, as predicted for the published layout, and for the "
-                  "planner's best plan\n%-16s %6s %-36s %9s %9s %7s %8s %10s %-44s %9s\n",
-                  t.name.c_str(), t.source.c_str(), model_count ? "model" : "hardware", "model", "GPUs",
+      std::printf("%s\n  %s\n  software profile: %s\n  %s TFLOP/s per GPU as published, as predicted for the "
+                  "published layout, and for the planner's best plan\n%-16s %6s %-36s %9s %9s %7s %8s %10s %-44s %9s\n",
+                  t.name.c_str(), t.source.c_str(), t.rows.empty() ? "-" : t.rows.front().software.c_str(),
+                  model_count ? "model" : "hardware", "model", "GPUs",
                   "published layout", "published", "predicted", "error", "mem GB", "best", "best layout", "best mem");
     double sum = 0, worst = 0;
     for (const plan::PublishedRun& r : t.rows) {
@@ -142,6 +143,7 @@ int run_published(const std::string& format) {
       j["table"] = t.name;
       j["model"] = r.model;
       j["cluster"] = r.cluster;
+      j["software"] = r.software;
       j["published_tflops_per_device"] = r.tflops_per_device;
       j["predicted_tflops_per_device"] = predicted;
       j["tflops_count"] = r.model_flops ? "model" : "hardware";
@@ -275,6 +277,7 @@ std::vector<Command> register_plan(CLI::App& app) {
                j["model"] = m.name;
                j["parameters"] = m.parameters();
                j["cluster"] = c.name;
+               j["software"] = c.software.name;
                j["devices"] = c.devices();
                j["global_batch"] = batch;
                j["seq_len"] = m.seq;
