@@ -32,11 +32,19 @@ Cluster hand_built() {
   c.calibration.gemm_size = "harmonic";
   c.calibration.memory_efficiency = 0.9;
   c.calibration.link_efficiency = 1.0;
-  c.calibration.op_overhead = 3.3e-6;
-  c.calibration.fragmentation = 0.05;
-  c.calibration.reserved_bytes = 2e9;
-  c.calibration.sources = {{"gemm_efficiency", "measured: 70% of 312 TFLOP/s\nsecond line"},
-                           {"op_overhead", "yes"}};
+  c.calibration.sources = {{"gemm_efficiency", "measured: 70% of 312 TFLOP/s\nsecond line"}};
+  c.software.name = "my stack";
+  c.software.fused_attention = false;
+  c.software.attention_efficiency = 1.25;
+  c.software.kernel_efficiency = 0.9;
+  c.software.op_overhead = 3.3e-6;
+  c.software.step_overhead = 0.01;
+  c.software.loss_fwd_bytes = 38;
+  c.software.loss_bwd_bytes = 14.5;
+  c.software.overlap = Overlap{true, false, true, false};
+  c.software.fragmentation = 0.05;
+  c.software.reserved_bytes = 2e9;
+  c.software.sources = {{"op_overhead", "yes"}};
   return c;
 }
 
@@ -63,10 +71,23 @@ void expect_equal(const Cluster& a, const Cluster& b) {
   EXPECT_EQ(p.gemm_size, q.gemm_size);
   EXPECT_EQ(p.memory_efficiency, q.memory_efficiency);
   EXPECT_EQ(p.link_efficiency, q.link_efficiency);
-  EXPECT_EQ(p.op_overhead, q.op_overhead);
-  EXPECT_EQ(p.fragmentation, q.fragmentation);
-  EXPECT_EQ(p.reserved_bytes, q.reserved_bytes);
   EXPECT_EQ(p.sources, q.sources);
+  const SoftwareProfile &s = a.software, &t = b.software;
+  EXPECT_EQ(s.name, t.name);
+  EXPECT_EQ(s.fused_attention, t.fused_attention);
+  EXPECT_EQ(s.attention_efficiency, t.attention_efficiency);
+  EXPECT_EQ(s.kernel_efficiency, t.kernel_efficiency);
+  EXPECT_EQ(s.op_overhead, t.op_overhead);
+  EXPECT_EQ(s.step_overhead, t.step_overhead);
+  EXPECT_EQ(s.loss_fwd_bytes, t.loss_fwd_bytes);
+  EXPECT_EQ(s.loss_bwd_bytes, t.loss_bwd_bytes);
+  EXPECT_EQ(s.overlap.tp_comm, t.overlap.tp_comm);
+  EXPECT_EQ(s.overlap.grad_reduce, t.overlap.grad_reduce);
+  EXPECT_EQ(s.overlap.param_gather, t.overlap.param_gather);
+  EXPECT_EQ(s.overlap.p2p, t.overlap.p2p);
+  EXPECT_EQ(s.fragmentation, t.fragmentation);
+  EXPECT_EQ(s.reserved_bytes, t.reserved_bytes);
+  EXPECT_EQ(s.sources, t.sources);
 }
 
 TEST(Cluster, YamlRoundTripKeepsEveryField) {
@@ -118,8 +139,32 @@ TEST(Cluster, MissingOptionalKeysTakeDefaults) {
   EXPECT_DOUBLE_EQ(c.inter.latency, 10e-6);
   EXPECT_EQ(c.calibration.gemm_efficiency, defaults.calibration.gemm_efficiency);
   EXPECT_EQ(c.calibration.gemm_half_dim, defaults.calibration.gemm_half_dim);
-  EXPECT_EQ(c.calibration.fragmentation, defaults.calibration.fragmentation);
+  EXPECT_EQ(c.software.fragmentation, defaults.software.fragmentation);
+  EXPECT_EQ(c.software.name, "default");
   EXPECT_TRUE(c.calibration.sources.empty());
+}
+
+// A cluster names its software profile (a named one, or a mapping over one), apart from the
+// device; presets carry the profile their device is most often planned with.
+TEST(Cluster, SoftwareProfileByNameOrMapping) {
+  Cluster named = parse_cluster(std::string(kMinimal) + "software: megatron-core-r0.8\n", "c.yaml");
+  EXPECT_EQ(named.software.name, "megatron-core-r0.8");
+  EXPECT_TRUE(named.software.overlap.tp_comm && named.software.overlap.grad_reduce);
+  Cluster over = parse_cluster(std::string(kMinimal) + "software:\n  name: megatron-core-r0.8\n  overlap: {tp_comm: false}\n",
+                               "c.yaml");
+  EXPECT_FALSE(over.software.overlap.tp_comm);
+  EXPECT_TRUE(over.software.overlap.grad_reduce);  // the rest from the named profile
+  EXPECT_EQ(over.software.sources, software_profile("megatron-core-r0.8").sources);
+  EXPECT_EQ(cluster_preset("dgx-a100-80g:8").software.name, "megatron-2021");
+  EXPECT_FALSE(cluster_preset("dgx-a100-80g:8").software.fused_attention);
+  EXPECT_EQ(cluster_preset("dgx-h100:8").software.name, "megatron-core-r0.8");
+  for (const std::string& n : software_profile_names()) {
+    const SoftwareProfile p = software_profile(n);
+    EXPECT_EQ(p.name, n);
+    EXPECT_FALSE(p.sources.empty()) << n;
+    EXPECT_TRUE(p.sources.count("overlap")) << n;
+  }
+  EXPECT_THROW(software_profile("nope"), InputError);
 }
 
 TEST(Cluster, NameDefaultsToOrigin) {
@@ -158,10 +203,16 @@ TEST(Cluster, BadInputThrowsNamingTheKey) {
        {"c.yaml:13:", "'calibration.gemm_efficiency' must be in (0, 1]", "1.2"}},
       {"efficiency zero", std::string(kMinimal) + "calibration:\n  link_efficiency: 0\n",
        {"'calibration.link_efficiency' must be in (0, 1]"}},
-      {"attention efficiency above two", std::string(kMinimal) + "calibration:\n  attention_efficiency: 2.5\n",
-       {"c.yaml:13:", "'calibration.attention_efficiency' must be in (0, 2]", "2.5"}},
-      {"fragmentation one", std::string(kMinimal) + "calibration:\n  fragmentation: 1\n",
-       {"'calibration.fragmentation' must be in [0, 1)"}},
+      {"attention efficiency above two", std::string(kMinimal) + "software:\n  attention_efficiency: 2.5\n",
+       {"c.yaml:13:", "'software.attention_efficiency' must be in (0, 2]", "2.5"}},
+      {"fragmentation one", std::string(kMinimal) + "software:\n  fragmentation: 1\n",
+       {"'software.fragmentation' must be in [0, 1)"}},
+      {"software key under calibration", std::string(kMinimal) + "calibration:\n  op_overhead: 5e-6\n",
+       {"c.yaml:13:", "'calibration.op_overhead' is the software's", "'software.op_overhead'"}},
+      {"unknown software profile", std::string(kMinimal) + "software: megatron-2030\n",
+       {"c.yaml:12:", "'software' megatron-2030 is not a profile", "megatron-core-r0.8"}},
+      {"unknown overlap key", std::string(kMinimal) + "software:\n  overlap: {dp: true}\n",
+       {"unknown key 'software.overlap.dp'"}},
       {"unknown gemm size", std::string(kMinimal) + "calibration:\n  gemm_size: mean\n",
        {"c.yaml:13:", "'calibration.gemm_size' must be smallest or harmonic", "'mean'"}},
       {"missing peak for dtype", edited("dtype: bf16", "dtype: f16"),

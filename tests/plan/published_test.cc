@@ -1,9 +1,10 @@
-// The planner against the published runs it was not calibrated on (issue 28, deliverable 3):
-// for every row of every table in plan/published.h, the published layout evaluated on its
-// cluster preset, predicted beside published, with each table's mean and max error. What is
-// asserted is what must hold today — the tables are what their sources print, each row plans,
-// fits and is simulated; the error bound of issue 28 (mean <= 10%, max <= 20% per table) is for
-// the planner v2 and is printed, not asserted.
+// The planner against the published runs (issue 28, deliverable 3): for every row of every table
+// in plan/published.h, the published layout evaluated on its cluster preset with the software
+// profile of the stack that ran it, predicted beside published, with each table's mean and max
+// error. Asserted: the tables are what their sources print, each row plans, fits and is
+// simulated, and issue 28's bar (mean <= 10%, max <= 20%) where a table meets it — Narayanan
+// et al. 2021 Table 1 both; the Megatron-Core r0.8 H100 table the mean (its max is 22.6%: the
+// 32B row); MT-NLG neither (about 29% mean: docs/plan.md says why), only held where it is.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,11 +27,7 @@ const PublishedTable& table(const std::string& name) {
   throw std::runtime_error("no published table " + name);
 }
 
-Cluster cluster_of(const PublishedRun& r) {
-  Cluster c = cluster_preset(r.cluster);
-  c.dtype = r.dtype;
-  return c;
-}
+Cluster cluster_of(const PublishedRun& r) { return published_cluster(r); }
 
 // The FLOPs of one step in the source's count: model FLOPs, or hardware FLOPs with the
 // layout's recomputation.
@@ -92,13 +89,9 @@ static std::string short_layout(const Layout& l) {
 // the predicted step: compute, exposed tensor-parallel, pipeline-send, data-parallel
 // communication, bubble, optimizer) and the table's mean and max absolute error.
 //
-// Memory: every row must fit, except that today's activation count (cost_model.cc,
-// layer_activation_bytes) charges the softmax scores and their dropout (a·s² per layer and
-// micro-batch) even where the cluster's software runs fused attention, which keeps none of
-// them. At the README's sequence of 4096 that is 5·a·s/h ≈ 160 bytes per token and hidden unit
-// against 34 for the rest of the layer, so its pipelined rows (70B to 462B) come out at
-// 100-240 GB. Such a row is printed as not fitting, and must fit once the scores are not
-// charged (the published layout with selective recompute, whose count drops exactly them).
+// Memory: every row must fit. (A row that does not is accepted only where the layout keeps no
+// attention scores to drop — recompute none with fused attention — and fits once selective
+// recompute drops them: the count of the scores is then what is wrong.)
 class PublishedTableTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(PublishedTableTest, EveryRowPlansAndIsCompared) {
@@ -120,7 +113,7 @@ TEST_P(PublishedTableTest, EveryRowPlansAndIsCompared) {
       Layout no_scores = r.layout;
       no_scores.recompute = "selective";
       const Estimate s = evaluate(m, c, no_scores, r.global_batch);
-      EXPECT_TRUE(r.layout.recompute == "none" && c.calibration.fused_attention && s.fits)
+      EXPECT_TRUE(r.layout.recompute == "none" && c.software.fused_attention && s.fits)
           << "needs " << e.memory.total() / 1e9 << " GB of " << c.device.memory_bytes / 1e9 << " ("
           << s.memory.total() / 1e9 << " GB without the attention scores)";
     }
@@ -140,6 +133,18 @@ TEST_P(PublishedTableTest, EveryRowPlansAndIsCompared) {
               "TFLOP/s imply); %d rows over the device memory\n",
               t.name.c_str(), 100 * mean, 100 * worst, t.rows.size(), t.rows.front().model_flops ? "model" : "hardware",
               unfit);
+  // Issue 28's bar where a table meets it, and today's figure as a ceiling where it does not yet.
+  struct Bar {
+    const char* table;
+    double mean, max;
+  };
+  const Bar bars[] = {{"narayanan2021-table1", 0.10, 0.20}, {"megatron-core-r0.8-h100", 0.10, 0.23},
+                      {"mt-nlg-530b", 0.29, 0.33}};
+  for (const Bar& b : bars) {
+    if (t.name != b.table) continue;
+    EXPECT_LE(mean, b.mean) << t.name;
+    EXPECT_LE(worst, b.max) << t.name;
+  }
   RecordProperty("mean_abs_error_pct", std::to_string(100 * mean));
   RecordProperty("max_abs_error_pct", std::to_string(100 * worst));
 }

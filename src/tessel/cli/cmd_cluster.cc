@@ -24,7 +24,7 @@ std::vector<Command> register_cluster(CLI::App& app) {
       "detect",
       "measure this machine (hwloc topology, sgemm peak, memcpy bandwidth, thread-backend all_reduce, op dispatch "
       "overhead; a few seconds) and print the `local` cluster YAML, with the hardware as comments and where each "
-      "figure comes from under calibration.sources");
+      "figure comes from under calibration.sources and software.sources");
   detect->add_option("--ranks", a->ranks,
                      "thread ranks the plan will use on this machine: the cluster's devices_per_node, each device "
                      "getting total memory / N and its share of the cores (default: one per physical core)")

@@ -18,6 +18,7 @@ namespace {
 std::string gb(double bytes) { return fmt::format("{:.3g}", bytes / 1e9); }
 
 void print_table(const std::vector<plan::Estimate>& plans, const plan::Cluster& c) {
+  std::printf("software profile: %s\n", c.software.name.c_str());
   std::printf("%-3s %-78s %9s %11s %8s %6s %8s\n", "#", "layout", "step s", "tokens/s", "TFLOP/s", "MFU", "mem GB");
   int i = 0;
   for (const plan::Estimate& e : plans) {
@@ -27,6 +28,10 @@ void print_table(const std::vector<plan::Estimate>& plans, const plan::Cluster& 
     std::printf("    time: compute %.3f s, tensor-parallel comm %.3f s, pipeline sends %.3f s, bubble %.3f s, "
                 "data-parallel comm %.3f s, optimizer %.3f s\n",
                 e.compute, e.tp_comm, e.pp_comm, e.bubble, e.dp_comm, e.optimizer);
+    if (e.tp_hidden > 0 || e.dp_hidden > 0)
+      std::printf("    overlapped by the software (%s), not in the step: tensor-parallel comm %.3f s, data-parallel "
+                  "comm %.3f s\n",
+                  c.software.name.c_str(), e.tp_hidden, e.dp_hidden);
     std::printf("    memory (GB of %s): params %s, grads %s, optimizer %s, activations %s, reserved+fragmentation %s\n",
                 gb(c.device.memory_bytes).c_str(), gb(e.memory.params).c_str(), gb(e.memory.grads).c_str(),
                 gb(e.memory.optimizer).c_str(), gb(e.memory.activations).c_str(), gb(e.memory.other).c_str());
@@ -97,14 +102,14 @@ int run_published(const std::string& format) {
   for (const plan::PublishedTable& t : plan::published_tables()) {
     const bool model_count = !t.rows.empty() && t.rows.front().model_flops;
     if (format == "table")
-      std::printf("%s\n  %s\n  %s TFLOP/s per GPU as published, as predicted for the published layout, and for the "
-                  "planner's best plan\n%-16s %6s %-36s %9s %9s %7s %8s %10s %-44s %9s\n",
-                  t.name.c_str(), t.source.c_str(), model_count ? "model" : "hardware", "model", "GPUs",
+      std::printf("%s\n  %s\n  software profile: %s\n  %s TFLOP/s per GPU as published, as predicted for the "
+                  "published layout, and for the planner's best plan\n%-16s %6s %-36s %9s %9s %7s %8s %10s %-44s %9s\n",
+                  t.name.c_str(), t.source.c_str(), t.rows.empty() ? "-" : t.rows.front().software.c_str(),
+                  model_count ? "model" : "hardware", "model", "GPUs",
                   "published layout", "published", "predicted", "error", "mem GB", "best", "best layout", "best mem");
     double sum = 0, worst = 0;
     for (const plan::PublishedRun& r : t.rows) {
-      plan::Cluster c = plan::cluster_preset(r.cluster);
-      c.dtype = r.dtype;
+      const plan::Cluster c = plan::published_cluster(r);
       const plan::ModelSpec m = plan::model_preset(r.model);
       const plan::Estimate e = plan::evaluate(m, c, r.layout, r.global_batch);
       // In the source's count: model FLOPs, or hardware FLOPs with the layout's recomputation.
@@ -138,6 +143,7 @@ int run_published(const std::string& format) {
       j["table"] = t.name;
       j["model"] = r.model;
       j["cluster"] = r.cluster;
+      j["software"] = r.software;
       j["published_tflops_per_device"] = r.tflops_per_device;
       j["predicted_tflops_per_device"] = predicted;
       j["tflops_count"] = r.model_flops ? "model" : "hardware";
@@ -157,7 +163,7 @@ int run_published(const std::string& format) {
 
 std::vector<Command> register_plan(CLI::App& app) {
   struct Args {
-    std::string model, cluster, format = "table", layout, svg;
+    std::string model, cluster, format = "table", layout, svg, software;
     int64_t global_batch = 0, seq_len = 0;
     int top = 5;
     bool published = false, quiet = false;
@@ -174,6 +180,10 @@ std::vector<Command> register_plan(CLI::App& app) {
       fmt::join(plan::model_preset_names(), ", "), fmt::join(plan::cluster_preset_names(), ", ")));
   cmd->add_option("--model", a->model, "a model preset or a training config (YAML)");
   cmd->add_option("--cluster", a->cluster, "PRESET:N, local[:N] or a cluster YAML file");
+  cmd->add_option("--software", a->software,
+                  fmt::format("the software profile the stack runs (default: the cluster's; {})",
+                              fmt::join(plan::software_profile_names(), ", ")))
+      ->check(CLI::IsMember(plan::software_profile_names()));
   cmd->add_option("--global-batch", a->global_batch, "sequences per step (default: the config's train.global_batch)")
       ->check(kPositiveCount);
   cmd->add_option("--seq-len", a->seq_len, "sequence length (default: the preset's or the config's)")
@@ -187,9 +197,10 @@ std::vector<Command> register_plan(CLI::App& app) {
                   "sp=false,recompute=full (schedule=1F1B|VPP|ZBH1|FThenB)");
   cmd->add_option("--svg", a->svg, "also draw the plans (time and memory bars) into this SVG file");
   CLI::Option* published = cmd->add_flag("--published", a->published,
-                                          "compare predictions with Narayanan et al. 2021 Table 1 (GPT 1.7B-1T on "
-                                          "A100s) and show the planner's best plan for each row");
-  for (const char* name : {"--model", "--cluster", "--global-batch", "--seq-len", "--layout", "--svg"})
+                                          "compare predictions with the published runs (Narayanan et al. 2021 Table 1, "
+                                          "Megatron-Core r0.8 on H100, MT-NLG 530B), each with its software profile, "
+                                          "and show the planner's best plan for each row");
+  for (const char* name : {"--model", "--cluster", "--global-batch", "--seq-len", "--layout", "--svg", "--software"})
     published->excludes(cmd->get_option(name));  // the Table 1 rows fix all of these
   cmd->add_flag("--quiet", a->quiet, "no progress lines while measuring this machine");
   return {{cmd, [a, layout] {
@@ -208,6 +219,7 @@ std::vector<Command> register_plan(CLI::App& app) {
              try {
                m = resolve_model(a->model, &config);
                c = resolve_cluster(a->cluster, !a->quiet && a->format == "table");
+               if (!a->software.empty()) c.software = plan::software_profile(a->software);
              } catch (const Error& e) {
                throw BadInput(e.what());
              }
@@ -265,6 +277,7 @@ std::vector<Command> register_plan(CLI::App& app) {
                j["model"] = m.name;
                j["parameters"] = m.parameters();
                j["cluster"] = c.name;
+               j["software"] = c.software.name;
                j["devices"] = c.devices();
                j["global_batch"] = batch;
                j["seq_len"] = m.seq;

@@ -175,6 +175,10 @@ Device read_device(Section s) {
 
 Calibration read_calibration(Section s) {
   Calibration c;
+  // What a software profile says now lives under `software:` (docs/plan.md).
+  for (const char* moved : {"op_overhead", "attention_efficiency", "fused_attention", "fragmentation", "reserved_bytes"})
+    TESSEL_CHECK(!s.has(moved), "{}: '{}' is the software's, not the device's: write it as 'software.{}' (a profile "
+                 "name or a mapping; see docs/plan.md)", s.at(moved), s.full(moved), moved);
   c.gemm_efficiency = s.efficiency("gemm_efficiency", c.gemm_efficiency);
   c.gemm_half_dim = s.non_negative("gemm_half_dim", c.gemm_half_dim);
   c.gemm_size = s.get<std::string>("gemm_size", c.gemm_size);
@@ -182,18 +186,52 @@ Calibration read_calibration(Section s) {
                s.at("gemm_size"), s.full("gemm_size"), c.gemm_size);
   c.memory_efficiency = s.efficiency("memory_efficiency", c.memory_efficiency);
   c.link_efficiency = s.efficiency("link_efficiency", c.link_efficiency);
-  c.op_overhead = s.non_negative("op_overhead", c.op_overhead);
-  // Up to 2: a causal kernel skips the masked half of the FLOPs that sdpa's cost counts.
-  c.attention_efficiency = s.efficiency("attention_efficiency", c.attention_efficiency, 2);
-  c.fused_attention = s.get<bool>("fused_attention", c.fused_attention);
-  c.fragmentation = s.non_negative("fragmentation", c.fragmentation);
-  TESSEL_CHECK(c.fragmentation < 1, "{}: '{}' must be in [0, 1), got {}", s.at("fragmentation"),
-               s.full("fragmentation"), c.fragmentation);
-  c.reserved_bytes = s.non_negative("reserved_bytes", c.reserved_bytes);
   c.sources = read_map<std::string>(s.sub("sources"),
                                     [](Section& p, const std::string& k) { return p.require<std::string>(k); });
   s.finish();
   return c;
+}
+
+// `software: NAME` (a named profile) or a mapping: `name` (a named profile to start from, or a
+// new name) and any of the profile's keys over it.
+SoftwareProfile read_software(Section& parent, const std::string& origin) {
+  const YAML::Node n = parent.node("software");
+  if (!n || n.IsNull()) return SoftwareProfile{};
+  if (n.IsScalar()) {
+    const std::string name = n.Scalar();
+    TESSEL_CHECK(is_software_profile(name), "{}: 'software' {} is not a profile (known: {}; or a mapping of the "
+                 "profile's keys)", where(n, origin), name, fmt::join(software_profile_names(), ", "));
+    return software_profile(name);
+  }
+  Section s(n, "software", origin);
+  const std::string name = s.get<std::string>("name", "custom");
+  SoftwareProfile p = is_software_profile(name) ? software_profile(name) : SoftwareProfile{};
+  p.name = name;
+  p.fused_attention = s.get<bool>("fused_attention", p.fused_attention);
+  // Up to 2: a causal kernel skips the masked half of the FLOPs that sdpa's cost counts.
+  p.attention_efficiency = s.efficiency("attention_efficiency", p.attention_efficiency, 2);
+  p.kernel_efficiency = s.efficiency("kernel_efficiency", p.kernel_efficiency);
+  p.op_overhead = s.non_negative("op_overhead", p.op_overhead);
+  p.loss_fwd_bytes = s.non_negative("loss_fwd_bytes", p.loss_fwd_bytes);
+  p.loss_bwd_bytes = s.non_negative("loss_bwd_bytes", p.loss_bwd_bytes);
+  p.step_overhead = s.non_negative("step_overhead", p.step_overhead);
+  Section o = s.sub("overlap");
+  p.overlap.tp_comm = o.get<bool>("tp_comm", p.overlap.tp_comm);
+  p.overlap.grad_reduce = o.get<bool>("grad_reduce", p.overlap.grad_reduce);
+  p.overlap.param_gather = o.get<bool>("param_gather", p.overlap.param_gather);
+  p.overlap.p2p = o.get<bool>("p2p", p.overlap.p2p);
+  o.finish();
+  p.fragmentation = s.non_negative("fragmentation", p.fragmentation);
+  TESSEL_CHECK(p.fragmentation < 1, "{}: '{}' must be in [0, 1), got {}", s.at("fragmentation"),
+               s.full("fragmentation"), p.fragmentation);
+  p.reserved_bytes = s.non_negative("reserved_bytes", p.reserved_bytes);
+  if (s.has("sources"))
+    p.sources = read_map<std::string>(s.sub("sources"),
+                                      [](Section& q, const std::string& k) { return q.require<std::string>(k); });
+  else
+    s.node("sources");
+  s.finish();
+  return p;
 }
 
 Cluster read_cluster(const YAML::Node& root, const std::string& origin) {
@@ -227,6 +265,7 @@ Cluster read_cluster(const YAML::Node& root, const std::string& origin) {
   }
   c.nics_per_node = s.count("nics_per_node", c.nics_per_node, 0, kMaxDevices);
   c.calibration = read_calibration(s.sub("calibration"));
+  c.software = read_software(s, origin);
   s.finish();
   return c;
 }
@@ -322,16 +361,32 @@ std::string Cluster::to_yaml() const {
   line(fmt::format("  gemm_size: {}", c.gemm_size));
   line(fmt::format("  memory_efficiency: {}", number_text(c.memory_efficiency)));
   line(fmt::format("  link_efficiency: {}", number_text(c.link_efficiency)));
-  line(fmt::format("  op_overhead: {}", number_text(c.op_overhead)));
-  line(fmt::format("  attention_efficiency: {}", number_text(c.attention_efficiency)));
-  line(fmt::format("  fused_attention: {}", c.fused_attention ? "true" : "false"));
-  line(fmt::format("  fragmentation: {}", number_text(c.fragmentation)));
-  line(fmt::format("  reserved_bytes: {}", number_text(c.reserved_bytes)));
   if (c.sources.empty()) {
     line("  sources: {}");
   } else {
     line("  sources:");
     for (const auto& [k, v] : c.sources) line(fmt::format("    {}: {}", string_text(k), string_text(v)));
+  }
+  const SoftwareProfile& p = software;
+  line("software:");
+  line(fmt::format("  name: {}", string_text(p.name)));
+  line(fmt::format("  fused_attention: {}", p.fused_attention ? "true" : "false"));
+  line(fmt::format("  attention_efficiency: {}", number_text(p.attention_efficiency)));
+  line(fmt::format("  kernel_efficiency: {}", number_text(p.kernel_efficiency)));
+  line(fmt::format("  op_overhead: {}", number_text(p.op_overhead)));
+  line(fmt::format("  loss_fwd_bytes: {}", number_text(p.loss_fwd_bytes)));
+  line(fmt::format("  loss_bwd_bytes: {}", number_text(p.loss_bwd_bytes)));
+  line(fmt::format("  step_overhead: {}", number_text(p.step_overhead)));
+  auto flag = [](bool b) { return b ? "true" : "false"; };
+  line(fmt::format("  overlap: {{tp_comm: {}, grad_reduce: {}, param_gather: {}, p2p: {}}}", flag(p.overlap.tp_comm),
+                   flag(p.overlap.grad_reduce), flag(p.overlap.param_gather), flag(p.overlap.p2p)));
+  line(fmt::format("  fragmentation: {}", number_text(p.fragmentation)));
+  line(fmt::format("  reserved_bytes: {}", number_text(p.reserved_bytes)));
+  if (p.sources.empty()) {
+    line("  sources: {}");
+  } else {
+    line("  sources:");
+    for (const auto& [k, v] : p.sources) line(fmt::format("    {}: {}", string_text(k), string_text(v)));
   }
   return y;
 }

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tessel/plan/software.h"
+
 namespace tessel::plan {
 
 // One level of interconnect. `bandwidth` is what one device can move through the level at once
@@ -30,8 +32,11 @@ struct Device {
   double memory_bandwidth = 0;               // bytes/s
 };
 
-// What the cost model assumes of a device beyond its datasheet. One set per device preset,
-// never per model; every value says where it comes from in `sources` (key -> text).
+// What a device and its vendor libraries reach in isolation, beyond the datasheet: a lone
+// GEMM's share of peak by size, a streaming kernel's share of memory bandwidth, a collective's
+// share of link bandwidth. One set per device preset, never per model or stack (what a stack
+// does on top is its SoftwareProfile, software.h); every value says where it comes from in
+// `sources` (key -> text).
 struct Calibration {
   double gemm_efficiency = 0.8;      // achieved share of peak of a large GEMM
   double gemm_half_dim = 64;         // a GEMM of size d reaches gemm_efficiency * d / (d + gemm_half_dim)
@@ -41,14 +46,6 @@ struct Calibration {
                                        // plan::gemm_size
   double memory_efficiency = 0.8;    // achieved share of memory bandwidth of streaming kernels
   double link_efficiency = 0.8;      // achieved share of link bandwidth by a collective's busbw
-  double op_overhead = 0;            // seconds per kernel (launch, dispatch)
-  double attention_efficiency = 1;  // a fused attention kernel's rate as a share of a GEMM's of
-                                     // its size (seq), FLOPs counted over the whole s x s: up to
-                                     // 2, since a causal kernel skips the masked half
-  bool fused_attention = true;       // attention in one kernel (FlashAttention; tessel's CPU
-                                     // sdpa); false: scores materialised (Megatron-LM 2021)
-  double fragmentation = 0.05;       // share of device memory the allocator cannot use
-  double reserved_bytes = 0;         // context, library workspaces, communication buffers
   std::map<std::string, std::string> sources;
 };
 
@@ -64,7 +61,8 @@ struct Cluster {
   Link inter;                  // between nodes (per device, all NICs shared)
   int nics_per_node = 0;
   std::string dtype = "bf16";  // the dtype training computes in (selects peak_flops)
-  Calibration calibration;
+  Calibration calibration;     // the device's
+  SoftwareProfile software;    // the stack's (YAML: `software: NAME` or a mapping of its keys)
 
   int devices() const { return total_devices > 0 ? total_devices : nodes * devices_per_node; }
   double peak() const;         // peak FLOP/s of one device in `dtype`
@@ -80,7 +78,9 @@ struct Cluster {
 Cluster parse_cluster(const std::string& yaml_text, const std::string& origin);
 
 // Presets: dgx-a100-80g, dgx-a100-40g, dgx-h100, h200 (each takes ":N" devices, 1 to
-// kMaxDevices; default one node); throws InputError on anything else. `local` is not here (it is measured: see the cli's cluster detect).
+// kMaxDevices; default one node); throws InputError on anything else. A preset carries the
+// software profile its device is most often planned with (A100: megatron-2021; H100/H200:
+// megatron-core-r0.8); `tessel plan --software` names another. `local` is not here (it is measured: see the cli's cluster detect).
 Cluster cluster_preset(std::string_view spec);
 std::vector<std::string> cluster_preset_names();
 bool is_cluster_preset(std::string_view spec);

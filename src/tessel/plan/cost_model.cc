@@ -86,12 +86,13 @@ struct Pass {
   // What selective recompute redoes in the backward: the probabilities (QK^T, softmax, dropout
   // on them), not P·V — the attention's output is kept for the projection after it.
   double attention_recompute = 0;
+  double linear_fwd = 0;  // the linears' forward (what tensor-parallel comm overlap hides behind)
 
   TensorMeta meta(std::vector<int64_t> shape) const { return TensorMeta{Shape(shape.begin(), shape.end()), dtype, {}}; }
 
   double gemm_eff(double dim) const {
     const Calibration& k = c.calibration;
-    return k.gemm_efficiency * dim / (dim + k.gemm_half_dim);
+    return k.gemm_efficiency * c.software.kernel_efficiency * dim / (dim + k.gemm_half_dim);
   }
   double stream(double bytes) const {
     return bytes / (c.device.memory_bandwidth * c.calibration.memory_efficiency * share);
@@ -110,7 +111,7 @@ struct Pass {
     } else {
       t = stream(k.bytes);
     }
-    t += c.calibration.op_overhead;
+    t += c.software.op_overhead;
     cost.fwd += t;
     cost.flops_fwd += k.flops;
     cost.kernels += 1;
@@ -150,7 +151,7 @@ void linear(Pass& p, int64_t tokens, int64_t in, int64_t out, bool bias) {
   if (bias) metas.push_back(p.meta({out}));
   const double d = gemm_size(p.c.calibration, static_cast<double>(tokens), static_cast<double>(in),
                              static_cast<double>(out));
-  p.op("linear", metas, linear_attrs(), d, true);
+  p.linear_fwd += p.op("linear", metas, linear_attrs(), d, true);
 }
 
 void streaming(Pass& p, const char* name, std::vector<int64_t> shape, int inputs = 1, const Attrs& attrs = {}) {
@@ -166,10 +167,10 @@ void streaming(Pass& p, const char* name, std::vector<int64_t> shape, int inputs
 // so selective recompute has nothing to add there.
 void attention(Pass& p, const ModelSpec& m, int64_t b, int64_t hq, int64_t hkv, double dropout) {
   const int64_t s = m.seq, d = m.head_dim();
-  if (p.c.calibration.fused_attention) {
+  if (p.c.software.fused_attention) {
     Attrs a{{"causal", true}, {"scale", 1.0 / std::sqrt(static_cast<double>(d))}};
     p.op("sdpa", {p.meta({b, hq, s, d}), p.meta({b, hkv, s, d}), p.meta({b, hkv, s, d})}, a, static_cast<double>(s),
-         false, true, p.c.calibration.attention_efficiency);
+         false, true, p.c.software.attention_efficiency);
     return;  // nothing for selective recompute to redo: the kernel keeps no scores
   }
   Attrs mm{{"trans_a", false}, {"trans_b", true}};
@@ -187,12 +188,26 @@ void attention(Pass& p, const ModelSpec& m, int64_t b, int64_t hq, int64_t hkv, 
 // Tensor-parallel collectives of one layer: without sequence parallelism an all_reduce after
 // the attention and after the MLP (forward) and two in the backward; with it an all_gather
 // before and a reduce_scatter after each block — the same bytes, half the latency-bound work.
-void tp_comm(LayerCost& lc, const Cluster& c, const LayerShape& s, double act_bytes) {
+//
+// With the software's tp_comm overlap (Megatron-Core --tp-comm-overlap, which needs sequence
+// parallelism) each all_gather runs in tp chunks under the column-parallel GEMM it feeds and
+// each reduce_scatter under the row-parallel GEMM it follows: what stays exposed is what the
+// layer's linears cannot cover, plus one chunk of each collective (the pipeline's fill: the
+// first chunk before any GEMM can start, the last one after the last GEMM). The backward
+// pairs the same collectives with the input-gradient GEMMs, as long as the forward ones.
+void tp_comm(LayerCost& lc, const Cluster& c, const LayerShape& s, double act_bytes, double linear_fwd) {
   if (s.tp <= 1) return;
   const double one = s.sp ? 2 * all_gather_time(c, act_bytes, s.tp_group) : all_reduce_time(c, act_bytes, s.tp_group);
   lc.tp_fwd = 2 * one;
   lc.tp_bwd = 2 * one;
   lc.tp_bytes = 4 * act_bytes;
+  if (c.software.overlap.tp_comm && s.sp) {
+    const double all = 2 * one;
+    const double exposed = std::min(all, std::max(0.0, all - linear_fwd) + all / s.tp);
+    lc.tp_hidden = 2 * (all - exposed);
+    lc.tp_fwd = exposed;
+    lc.tp_bwd = exposed;
+  }
 }
 
 }  // namespace
@@ -254,7 +269,7 @@ LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) 
   residual();
 
   LayerCost lc = p.cost;
-  tp_comm(lc, c, s, static_cast<double>(tokens * h) * prec.activation);
+  tp_comm(lc, c, s, static_cast<double>(tokens * h) * prec.activation, p.linear_fwd);
   if (s.recompute == "full") lc.recompute = lc.fwd + lc.tp_fwd;
   else if (s.recompute == "selective") lc.recompute = p.attention_recompute;
   return lc;
@@ -285,8 +300,17 @@ LayerCost head_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) {
   p.op(llama ? "rms_norm" : "layer_norm", in, Attrs{{"has_weight", true}, {"has_bias", !llama}, {"eps", 1e-5}}, 0,
        false);
   linear(p, tokens, m.hidden, v, false);
-  // Cross entropy over the (vocab-parallel) logits: a softmax pass and its gradient.
-  streaming(p, "softmax", {tokens, v}, 1, Attrs{{"dim", int64_t{-1}}});
+  // Cross entropy over the (vocab-parallel) logits: a softmax pass and its gradient, or the
+  // software's own passes over them (SoftwareProfile::loss_fwd_bytes).
+  const SoftwareProfile& sw = c.software;
+  if (sw.loss_fwd_bytes > 0 || sw.loss_bwd_bytes > 0) {
+    const double logits = static_cast<double>(tokens) * static_cast<double>(v);
+    p.cost.fwd += p.stream(logits * sw.loss_fwd_bytes) + 6 * sw.op_overhead;
+    p.cost.bwd_input += p.stream(logits * sw.loss_bwd_bytes) + 2 * sw.op_overhead;
+    p.cost.kernels += 6;
+  } else {
+    streaming(p, "softmax", {tokens, v}, 1, Attrs{{"dim", int64_t{-1}}});
+  }
   LayerCost lc = p.cost;
   if (s.tp > 1) {  // max and sum-exp across the vocabulary shards, and the input all_reduce
     const double row = static_cast<double>(tokens) * 4;

@@ -57,11 +57,13 @@ struct LayerCost {
   double fwd = 0;          // forward compute
   double bwd_input = 0;    // backward, input gradients
   double bwd_weight = 0;   // backward, weight gradients
-  double tp_fwd = 0;       // tensor-parallel collectives of the forward (exposed)
+  double tp_fwd = 0;       // tensor-parallel collectives of the forward (exposed: what the
+                           // software's overlap, if any, leaves)
   double tp_bwd = 0;       // ... of the backward
   double recompute = 0;    // forward work redone in the backward (full: the layer, incl. its comm;
                            // selective: QK^T and softmax of the attention)
   double flops_fwd = 0;    // FLOPs of the forward on this device
+  double tp_hidden = 0;    // tensor-parallel time hidden behind GEMMs (software overlap.tp_comm), fwd + bwd
   double tp_bytes = 0;     // bytes through tensor-parallel collectives per micro-batch, fwd + bwd
   int kernels = 0;         // forward kernels
 };

@@ -141,16 +141,22 @@ namespace {
 
 // The most communicating dim goes innermost (consecutive ranks: one node, the fastest links),
 // then the next; ties keep tp, dp, pp order.
+// When the software overlaps the gradient reduction with the backward (overlap.grad_reduce),
+// data-parallel bytes no longer outrank tensor-parallel ones: tp's collectives sit on every
+// layer's critical path, dp's run in bulk under compute — so tp goes first at equal or more
+// dp traffic (as Megatron orders its groups).
 RankMapping map_ranks(const Cluster& c, const Layout& l, double tp_bytes, double dp_bytes, double pp_bytes) {
+  const double dp_rank = c.software.overlap.grad_reduce && l.tp > 1 ? std::min(dp_bytes, tp_bytes) : dp_bytes;
   std::vector<std::tuple<double, int, std::string>> dims = {
-      {tp_bytes, 0, "tp"}, {dp_bytes, 1, "dp"}, {pp_bytes, 2, "pp"}};
+      {tp_bytes, 0, "tp"}, {dp_rank, 1, "dp"}, {pp_bytes, 2, "pp"}};
   std::sort(dims.begin(), dims.end(), [](const auto& a, const auto& b) {
     if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) > std::get<0>(b);
     return std::get<1>(a) < std::get<1>(b);
   });
   RankMapping r;
   for (const auto& d : dims) r.order.push_back(std::get<2>(d));
-  for (const auto& [bytes, index, name] : dims) {
+  for (const auto& [key, index, name] : dims) {
+    const double bytes = index == 0 ? tp_bytes : index == 1 ? dp_bytes : pp_bytes;
     GroupSpan g = r.span(name, l, c);
     std::string where;
     if (g.size == 1) where = "size 1, no traffic";
@@ -181,6 +187,7 @@ struct Prepared {
   RankMapping mapping;
   std::vector<double> f, b, w;           // per virtual stage, per micro-batch
   std::vector<double> tp_per_vstage;     // tensor-parallel collective time per micro-batch
+  double tp_hidden_per_rank = 0;         // tensor-parallel time hidden behind GEMMs per step (busiest rank)
   double p2p = 0;                        // one activation or gradient send between stages
   double capacity = 0;                   // stages that run at full speed at once when devices
                                          // share cores (simulate's capacity); 0: all of them
@@ -265,7 +272,7 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
   const int vs_count = l.pp * l.vpp;
   // Traffic per device per step, for the mapping.
   LayerShape shape{l.micro_batch, l.tp, l.sp, l.recompute, GroupSpan{l.tp, std::min(l.tp, c.devices_per_node)}};
-  shape.fused_attention = c.calibration.fused_attention;
+  shape.fused_attention = c.software.fused_attention;
   const double act_bytes = static_cast<double>(l.micro_batch * m.seq * m.hidden) * prec.activation;
   const double layers_per_rank = static_cast<double>(m.layers) / l.pp;
   const double layer_params = m.layer_parameters() / l.tp;
@@ -346,12 +353,21 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
       f += gather;
       b += gather;
     }
+    // Blocking sends (software overlap.p2p false): a stage waits for its own receive and send
+    // of each micro-batch's activation (forward) and gradient (backward).
+    if (!c.software.overlap.p2p && l.pp > 1) {
+      const double hops = (vs > 0 ? 1.0 : 0.0) + (vs < vs_count - 1 ? 1.0 : 0.0);
+      f += hops * p.p2p;
+      b += hops * p.p2p;
+    }
     p.f.push_back(f);
     p.b.push_back(b);
     p.w.push_back(w);
     p.tp_per_vstage.push_back(tp);
     p.params_per_rank[static_cast<size_t>(vs % l.pp)] += params;
   }
+  p.tp_hidden_per_rank = static_cast<double>(l.micro_batches) * std::ceil(layers_per_rank) * lc.tp_hidden *
+                         (l.recompute == "full" ? 1.5 : 1.0);
   p.act_per_layer = layer_activation_bytes(m, prec, shape);
   {
     const double tokens = static_cast<double>(l.micro_batch * m.seq), h = static_cast<double>(m.hidden);
@@ -431,15 +447,41 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
     for (int i = 0; i < ranks; ++i) flight[static_cast<size_t>(i)] = in_flight(l, i);
   }
 
-  // Data-parallel / ZeRO traffic after the backward, not overlapped (as the runtime does).
+  // Data-parallel / ZeRO traffic of the step: the gradients' reduction (all_reduce without
+  // ZeRO; reduce_scatter with it) and, for ZeRO 1 and 2, the updated parameters' all_gather.
+  // Exposed after the backward unless the software overlaps them (docs/plan.md, "Overlap"): the
+  // reduction bucket by bucket under the backward of the step's last micro-batch — which makes
+  // the gradients, the earlier micro-batches only accumulate — except the last bucket; the
+  // gather under the next step's first forward, except the first bucket, which that forward
+  // needs before it can start.
   const GroupSpan dp_span = p.mapping.span("dp", l, c);
   const double params_max = *std::max_element(p.params_per_rank.begin(), p.params_per_rank.end());
-  double dp_comm = 0;
+  double dp_comm = 0, dp_hidden = 0;
   if (l.dp > 1) {
-    if (l.sharding_stage == 0) dp_comm = all_reduce_time(c, params_max * prec.grad, dp_span);
+    double reduce = 0, gather = 0;
+    if (l.sharding_stage == 0) reduce = all_reduce_time(c, params_max * prec.grad, dp_span);
     else if (l.sharding_stage <= 2)
-      dp_comm = all_gather_time(c, params_max * prec.grad, dp_span) + all_gather_time(c, params_max * prec.param, dp_span);
-    else dp_comm = all_gather_time(c, params_max * prec.grad, dp_span);
+      reduce = all_gather_time(c, params_max * prec.grad, dp_span), gather = all_gather_time(c, params_max * prec.param, dp_span);
+    else reduce = all_gather_time(c, params_max * prec.grad, dp_span);
+    // One micro-batch's forward and backward on the busiest pipeline rank.
+    double fwd_one = 0, bwd_one = 0;
+    for (int r = 0; r < ranks; ++r) {
+      double fr = 0, br = 0;
+      for (size_t vs = static_cast<size_t>(r); vs < p.f.size(); vs += static_cast<size_t>(ranks)) {
+        fr += p.f[vs];
+        br += p.b[vs] + p.w[vs];
+      }
+      fwd_one = std::max(fwd_one, fr);
+      bwd_one = std::max(bwd_one, br);
+    }
+    const double bucket_share = std::min(1.0, bucket_bytes / std::max(1.0, params_max * prec.grad));
+    double reduce_exposed = reduce, gather_exposed = gather;
+    if (c.software.overlap.grad_reduce)
+      reduce_exposed = std::min(reduce, std::max(0.0, reduce - bwd_one) + bucket_share * reduce);
+    if (c.software.overlap.param_gather && gather > 0)
+      gather_exposed = std::min(gather, std::max(0.0, gather - fwd_one) + bucket_share * gather);
+    dp_comm = reduce_exposed + gather_exposed;
+    dp_hidden = reduce + gather - dp_comm;
   }
   // The optimizer streams its state, the gradient and the parameter once (read and write).
   const double opt_params = l.sharding_stage >= 1 ? params_max / l.dp : params_max;
@@ -447,7 +489,7 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
                           (c.device.memory_bandwidth * c.calibration.memory_efficiency *
                            c.compute_share(c.devices_per_node));
 
-  e.step_time = makespan + dp_comm + opt_time;
+  e.step_time = makespan + dp_comm + opt_time + c.software.step_overhead;
   const size_t busiest = static_cast<size_t>(std::max_element(busy.begin(), busy.end()) - busy.begin());
   e.tp_comm = tp_time[busiest];
   e.compute = busy[busiest] - tp_time[busiest];
@@ -455,6 +497,8 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
   e.pp_comm = std::min(idle, l.pp > 1 ? 2.0 * (l.pp - 1) * p.p2p : 0.0);
   e.bubble = idle - e.pp_comm;
   e.dp_comm = dp_comm;
+  e.dp_hidden = dp_hidden;
+  e.tp_hidden = p.tp_hidden_per_rank;
   e.optimizer = opt_time;
 
   const double tokens = static_cast<double>(global_batch) * static_cast<double>(m.seq);
@@ -487,7 +531,7 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
     mem.activations = flight[static_cast<size_t>(r)] * layers_per_chunk * p.act_per_layer + p.working +
                       w_pending[static_cast<size_t>(r)] * layers_per_chunk * p.w_pending_per_layer;
     if (r == ranks - 1) mem.activations += p.head_act;
-    mem.other = c.calibration.reserved_bytes + c.calibration.fragmentation * c.device.memory_bytes;
+    mem.other = c.software.reserved_bytes + c.software.fragmentation * c.device.memory_bytes;
     if (mem.total() > e.memory.total()) e.memory = mem;
   }
   e.fits = e.memory.total() <= c.device.memory_bytes;
@@ -526,6 +570,8 @@ Json Estimate::to_json() const {
   t["tp_comm_s"] = tp_comm;
   t["pp_comm_s"] = pp_comm;
   t["dp_comm_s"] = dp_comm;
+  t["tp_comm_overlapped_s"] = tp_hidden;
+  t["dp_comm_overlapped_s"] = dp_hidden;
   t["bubble_s"] = bubble;
   t["optimizer_s"] = optimizer;
   j["time"] = t;
@@ -586,7 +632,7 @@ std::vector<Layout> candidate_layouts(const ModelSpec& m, const Cluster& c, cons
   const int n = c.devices();
   // With fused attention selective recompute holds and costs what none does: not offered.
   std::vector<std::string> recomputes = {"none", "selective", "full"};
-  if (c.calibration.fused_attention) recomputes = {"none", "full"};
+  if (c.software.fused_attention) recomputes = {"none", "full"};
   if (!o.recompute.empty()) recomputes = o.recompute;
   std::vector<Layout> out;
   for (int tp : divisors(std::min(n, c.devices_per_node))) {

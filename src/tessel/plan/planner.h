@@ -65,6 +65,9 @@ struct Estimate {
   // hidden behind compute (tensor-parallel inside the stages, pipeline sends, data-parallel /
   // ZeRO gradient and parameter traffic), pipeline bubble, optimizer.
   double compute = 0, tp_comm = 0, pp_comm = 0, dp_comm = 0, bubble = 0, optimizer = 0;
+  // Communication the software profile hides behind compute (not in step_time): tensor-parallel
+  // collectives under the GEMMs, data-parallel reduction and gather under a micro-batch.
+  double tp_hidden = 0, dp_hidden = 0;
   MemoryBreakdown memory;        // per device, bytes (the busiest pipeline rank)
   bool fits = true;
   bool simulated = false;        // the schedule was played (false: closed-form estimate)

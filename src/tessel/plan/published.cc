@@ -28,6 +28,7 @@ PublishedRun row(const char* model, int gpus, int tp, int pp, int64_t batch, dou
   r.layout.schedule = vpp > 1 ? "VPP" : "1F1B";
   r.layout.micro_batches = batch / r.layout.dp;
   r.tflops_per_device = tflops;
+  r.software = "megatron-2021";
   r.source = "Narayanan et al. 2021, Table 1";
   return r;
 }
@@ -65,6 +66,7 @@ PublishedRun mcore_row(const char* model, int tp, int pp, int dp, int64_t batch,
   r.tflops_per_device = tflops;
   r.model_flops = true;
   r.mfu = mfu;
+  r.software = "megatron-core-r0.8";
   r.source = "Megatron-LM README (Megatron-Core r0.8), H100 weak scaling";
   return r;
 }
@@ -93,6 +95,7 @@ PublishedRun mtnlg_row(int nodes, double seconds, double tflops) {
   r.layout.schedule = "1F1B";
   r.tflops_per_device = tflops;
   r.iteration_time = seconds;
+  r.software = "deepspeed-megatron-2022";
   r.source = "Smith et al. 2022, section 2.4";
   return r;
 }
@@ -145,6 +148,13 @@ std::vector<PublishedRun> megatron_core_r08_weak_scaling() {
 // dp the rest (8, 10, 12), is as issue 28 and llm-analysis's run_train.sh give it.
 std::vector<PublishedRun> smith2022_mtnlg() {
   return {mtnlg_row(280, 60.1, 126), mtnlg_row(350, 50.2, 121), mtnlg_row(420, 44.4, 113)};
+}
+
+Cluster published_cluster(const PublishedRun& r) {
+  Cluster c = cluster_preset(r.cluster);
+  c.dtype = r.dtype;
+  c.software = software_profile(r.software);
+  return c;
 }
 
 std::vector<PublishedTable> published_tables() {

@@ -15,6 +15,7 @@ struct PublishedRun {
   std::string model;       // model preset
   std::string cluster;     // cluster preset with its device count
   std::string dtype = "bf16";  // the dtype the run computed in (selects the cluster's peak)
+  std::string software;        // the software profile of the stack it ran (software.h)
   int64_t global_batch = 0;
   Layout layout;           // as published (micro-batches follow from the batch)
   // Achieved TFLOP/s per GPU as reported. model_flops: the source counts model FLOPs (no
@@ -43,6 +44,9 @@ std::vector<PublishedRun> megatron_core_r08_weak_scaling();
 // iteration times of the 530B model at batch 1920 on 280, 350 and 420 DGX A100 nodes (2240,
 // 2800, 3360 GPUs; tp 8, pp 35), with the hardware TFLOP/s per GPU they correspond to.
 std::vector<PublishedRun> smith2022_mtnlg();
+
+// The cluster a row ran on: its preset with the row's dtype and software profile.
+Cluster published_cluster(const PublishedRun& r);
 
 // Every table above by name, in the order the docs list them.
 struct PublishedTable {
