@@ -476,6 +476,8 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   pc.dp = par.get("dp", pc.dp);
   pc.tp = par.get("tp", pc.tp);
   pc.pp = par.get("pp", pc.pp);
+  pc.cp = par.get("cp", pc.cp);
+  pc.cp_method = par.get("cp_method", pc.cp_method);
   pc.vpp = par.get("vpp", pc.vpp);
   pc.sharding_stage = par.get("sharding_stage", pc.sharding_stage);
   pc.sp = par.get("sp", pc.sp);
@@ -581,12 +583,18 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   }
   // The parallel section is checked for every run, not only when it asks for several ranks:
   // a degree of 0 or -1 would otherwise fall back to one rank without a word.
-  if (pc.dp > 0 && pc.tp > 0 && pc.pp > 0)
-    TESSEL_CHECK(checked_product({pc.dp, pc.tp, pc.pp}, kMaxDevices),
-                 "{}: config 'parallel.dp' x 'parallel.tp' x 'parallel.pp' = {} x {} x {} is more than {} ranks, the "
-                 "most tessel runs (2^20)", source, pc.dp, pc.tp, pc.pp, kMaxDevices);
+  if (pc.dp > 0 && pc.tp > 0 && pc.pp > 0 && pc.cp > 0)
+    TESSEL_CHECK(checked_product({pc.dp, pc.tp, pc.pp, pc.cp}, kMaxDevices),
+                 "{}: config 'parallel.dp' x 'parallel.tp' x 'parallel.pp' x 'parallel.cp' = {} x {} x {} x {} is more "
+                 "than {} ranks, the most tessel runs (2^20)", source, pc.dp, pc.tp, pc.pp, pc.cp, kMaxDevices);
   try {
     pc.validate(c.model.arch == "gpt2" ? c.model.gpt2.n_layer : c.model.llama.num_hidden_layers, t.global_batch);
+  } catch (const Error& e) {
+    TESSEL_THROW("{}: config {}", source, e.what());
+  }
+  try {
+    pc.validate_cp(t.seq_len, heads,
+                   c.model.arch == "gpt2" ? c.model.gpt2.n_head : c.model.llama.num_key_value_heads);
   } catch (const Error& e) {
     TESSEL_THROW("{}: config {}", source, e.what());
   }

@@ -13,20 +13,53 @@ int64_t ParallelConfig::degree(std::string_view dim) const {
   if (dim == "pp") return pp;
   if (dim == "dp") return dp;
   if (dim == "tp") return tp;
-  TESSEL_THROW("no mesh dim '{}' in a layout (have: pp, dp, tp)", dim);
+  if (dim == "cp") return cp;
+  TESSEL_THROW("no mesh dim '{}' in a layout (have: pp, dp, cp, tp)", dim);
+}
+
+std::vector<std::string> ParallelConfig::full_mesh() const {
+  std::vector<std::string> out = mesh;
+  if (std::find(out.begin(), out.end(), "cp") == out.end()) {
+    auto tp_at = std::find(out.begin(), out.end(), "tp");
+    out.insert(tp_at, "cp");
+  }
+  return out;
 }
 
 void ParallelConfig::check_mesh() const {
-  std::vector<std::string> sorted = mesh, known(std::begin(kMeshDims), std::end(kMeshDims));
+  std::vector<std::string> sorted = full_mesh(), known(std::begin(kMeshDims), std::end(kMeshDims));
   std::sort(sorted.begin(), sorted.end());
   std::sort(known.begin(), known.end());
-  TESSEL_CHECK(sorted == known, "parallel.mesh must name each of pp, dp and tp once (outermost first), got [{}]",
+  TESSEL_CHECK(sorted == known,
+               "parallel.mesh must name each of pp, dp and tp once (outermost first), got [{}]; cp may be named once "
+               "too (left out, it sits just outside tp)",
                fmt::join(mesh, ", "));
+}
+
+void ParallelConfig::validate_cp(int64_t seq_len, int64_t heads, int64_t kv_heads) const {
+  TESSEL_CHECK(cp >= 1, "parallel.cp must be at least 1, got {}", cp);
+  TESSEL_CHECK(cp_method == "ring" || cp_method == "all_to_all", "parallel.cp_method must be ring or all_to_all, got '{}'",
+               cp_method);
+  if (cp == 1) return;
+  if (cp_method == "ring") {
+    // Causal load balance: 2·cp chunks, rank r holding chunks r and 2·cp - 1 - r.
+    TESSEL_CHECK(seq_len % (2 * cp) == 0,
+                 "train.seq_len ({}) must be a multiple of 2 · parallel.cp = {} with parallel.cp_method ring: each cp "
+                 "rank holds one chunk from each end of the sequence (causal load balance)",
+                 seq_len, 2 * cp);
+  } else {
+    // Heads are what the all_to_all splits: every cp rank needs whole kv heads of its tp rank's.
+    TESSEL_CHECK(kv_heads % (tp * cp) == 0 && heads % (tp * cp) == 0,
+                 "parallel.cp_method all_to_all splits the attention heads over tp · cp = {} · {} ranks, so they must "
+                 "divide the key/value heads ({}) and the query heads ({}); use parallel.cp_method ring",
+                 tp, cp, kv_heads, heads);
+    TESSEL_CHECK(seq_len % cp == 0, "train.seq_len ({}) must be a multiple of parallel.cp ({})", seq_len, cp);
+  }
 }
 
 void ParallelConfig::validate(int64_t num_blocks, int64_t global_batch) const {
   check_mesh();
-  for (auto [key, v] : {std::pair{"dp", dp}, {"tp", tp}, {"pp", pp}, {"vpp", vpp}, {"micro_batches", micro_batches}})
+  for (auto [key, v] : {std::pair{"dp", dp}, {"tp", tp}, {"pp", pp}, {"cp", cp}, {"vpp", vpp}, {"micro_batches", micro_batches}})
     TESSEL_CHECK(v >= 1, "parallel.{} must be at least 1, got {}", key, v);
   TESSEL_CHECK(sharding_stage >= 0 && sharding_stage <= 3, "parallel.sharding_stage must be 0, 1, 2 or 3, got {}",
                sharding_stage);
@@ -68,9 +101,12 @@ void ParallelConfig::validate(int64_t num_blocks, int64_t global_batch) const {
 
 std::string ParallelConfig::str() const {
   // The mesh order only when it is not the default.
-  const std::string order = mesh == ParallelConfig{}.mesh ? "" : fmt::format("mesh [{}] ", fmt::join(mesh, ","));
-  return fmt::format("{}dp{}·tp{}·pp{} vpp{} stage{}{} {} m{} recompute {}", order, dp, tp, pp, vpp, sharding_stage,
-                     sp ? " sp" : "", schedule, micro_batches, recompute);
+  const std::string order =
+      full_mesh() == ParallelConfig{}.mesh ? "" : fmt::format("mesh [{}] ", fmt::join(full_mesh(), ","));
+  // cp only when it is used, so the layouts without it print as before.
+  const std::string context = cp > 1 ? fmt::format("·cp{} {}", cp, cp_method) : "";
+  return fmt::format("{}dp{}·tp{}·pp{}{} vpp{} stage{}{} {} m{} recompute {}", order, dp, tp, pp, context, vpp,
+                     sharding_stage, sp ? " sp" : "", schedule, micro_batches, recompute);
 }
 
 std::vector<std::pair<int64_t, int64_t>> stage_blocks(const ParallelConfig& c, int64_t num_blocks) {
@@ -100,8 +136,14 @@ int64_t dp_shard_dim(const Placement& tp, const Shape& shape, int64_t dp) {
 Layout::Layout(ParallelConfig config, int64_t world_rank) : rank(world_rank), config_(std::move(config)) {
   config_.check_mesh();
   Shape shape;
-  for (const std::string& dim : config_.mesh) shape.push_back(config_.degree(dim));
-  world_ = ProcessMesh::iota(shape, config_.mesh);
+  // cp joins the mesh only when it is used, so every layout without it keeps its meshes and
+  // placements (and the checkpoints they describe) as they were; asked for by name, an absent
+  // cp is a dim of one rank at coordinate 0.
+  std::vector<std::string> names;
+  for (const std::string& dim : config_.full_mesh())
+    if (dim != "cp" || config_.cp > 1) names.push_back(dim);
+  for (const std::string& dim : names) shape.push_back(config_.degree(dim));
+  world_ = ProcessMesh::iota(shape, names);
   TESSEL_CHECK(world_rank >= 0 && world_rank < world_.size(), "rank {} is outside a layout of {} ranks ({})", world_rank,
                world_.size(), config_.str());
   coord_ = world_.coord(world_rank);
@@ -109,7 +151,15 @@ Layout::Layout(ParallelConfig config, int64_t world_rank) : rank(world_rank), co
 
 ProcessMesh Layout::stage_mesh(int64_t pp) const { return world_.sub_mesh(world_.dim_index("pp"), pp); }
 
-int64_t Layout::coord(std::string_view dim) const { return coord_[static_cast<size_t>(world_.dim_index(dim))]; }
+bool Layout::has_dim(std::string_view dim) const {
+  const std::vector<std::string>& names = world_.dim_names();
+  return std::find(names.begin(), names.end(), dim) != names.end();
+}
+
+int64_t Layout::coord(std::string_view dim) const {
+  if (!has_dim(dim) && config_.degree(dim) == 1) return 0;
+  return coord_[static_cast<size_t>(world_.dim_index(dim))];
+}
 
 int64_t Layout::peer(std::string_view dim, int64_t index) const {
   std::vector<int64_t> c = coord_;
@@ -133,7 +183,8 @@ int64_t Layout::stage_dim(std::string_view dim) const {
 
 Placements Layout::placements(std::initializer_list<std::pair<std::string_view, Placement>> by_dim) const {
   Placements out(static_cast<size_t>(world_.ndim() - 1), Replicate());
-  for (const auto& [dim, placement] : by_dim) out[static_cast<size_t>(stage_dim(dim))] = placement;
+  for (const auto& [dim, placement] : by_dim)
+    if (has_dim(dim)) out[static_cast<size_t>(stage_dim(dim))] = placement;
   return out;
 }
 
@@ -145,9 +196,14 @@ std::shared_ptr<ProcessGroup> Layout::world_group_along(std::string_view dim) co
   return mesh_dim_group(world_, world_.dim_index(dim));
 }
 
+// The sequence is placed over cp only when cp > 1, so layouts without context parallelism keep
+// their placements (a Shard over a dim of one rank would differ from Replicate only in name).
 Placements Layout::activation_placements() const {
-  return placements({{"dp", Shard(0)}, {"tp", config_.sp ? Placement(Shard(1)) : Placement(Replicate())}});
+  const Placement seq_cp = config_.cp > 1 ? Placement(Shard(1)) : Placement(Replicate());
+  return placements({{"dp", Shard(0)}, {"cp", seq_cp}, {"tp", config_.sp ? Placement(Shard(1)) : Placement(Replicate())}});
 }
-Placements Layout::ids_placements() const { return placements({{"dp", Shard(0)}}); }
+Placements Layout::ids_placements() const {
+  return placements({{"dp", Shard(0)}, {"cp", config_.cp > 1 ? Placement(Shard(1)) : Placement(Replicate())}});
+}
 
 }  // namespace tessel::parallel

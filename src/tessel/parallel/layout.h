@@ -1,7 +1,8 @@
 // A hybrid parallel layout: the degrees of a training config's `parallel:` section and the
 // meshes they make. The world is a mesh of named dims in the order `parallel.mesh` gives,
-// outermost first (default [pp, dp, tp]: tensor parallel innermost, so its ranks are neighbours
-// — on one node); each pipeline rank's stage runs on the sub-mesh at its pp coordinate, which
+// outermost first (default [pp, dp, cp, tp]: tensor parallel innermost, so its ranks are
+// neighbours — on one node — and context parallel just outside it, so a sequence split over cp
+// and again over tp (sequence parallel) is split cp-major, as the ring needs); each pipeline rank's stage runs on the sub-mesh at its pp coordinate, which
 // keeps the other dims in the same order. Code asks for a dim by name (degree("dp"),
 // coord("tp"), group("dp"), placements({{"dp", Shard(0)}})), never by position, so a new
 // dimension is one more name.
@@ -24,6 +25,10 @@ namespace tessel::parallel {
 
 struct ParallelConfig {
   int64_t dp = 1, tp = 1, pp = 1;
+  // Context parallel (docs/attention.md): the sequence split over `cp` ranks, attention by a
+  // ring of key/value blocks ("ring") or by heads after an all_to_all ("all_to_all").
+  int64_t cp = 1;
+  std::string cp_method = "ring";
   int64_t vpp = 1;             // model chunks per pipeline rank (interleaved schedule)
   int64_t sharding_stage = 0;  // ZeRO: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters
   bool sp = false;             // sequence parallel (needs tp > 1 to matter)
@@ -32,12 +37,16 @@ struct ParallelConfig {
   std::string recompute = "none";  // none | selective (attention probabilities) | full (per block)
   double bucket_mb = 4;            // gradient bytes per data-parallel collective (MiB)
   std::vector<int64_t> stage_layers;  // blocks per virtual stage (empty: as even as possible)
-  // The mesh dims, outermost first: an order of every name in kMeshDims. World ranks are
-  // numbered row-major over them.
-  std::vector<std::string> mesh = {"pp", "dp", "tp"};
-  static constexpr std::string_view kMeshDims[] = {"pp", "dp", "tp"};
+  // The mesh dims, outermost first: an order of every name in kMeshDims (cp may be left out:
+  // it then sits just outside tp, see full_mesh). World ranks are numbered row-major over them.
+  std::vector<std::string> mesh = {"pp", "dp", "cp", "tp"};
+  static constexpr std::string_view kMeshDims[] = {"pp", "dp", "cp", "tp"};
 
-  int64_t world_size() const { return dp * tp * pp; }
+  int64_t world_size() const { return dp * cp * tp * pp; }
+  // `mesh` with cp put just before tp when it is not named (orders written before cp existed).
+  std::vector<std::string> full_mesh() const;
+  // Checks the context-parallel keys against the model and sequence; throws naming the key.
+  void validate_cp(int64_t seq_len, int64_t heads, int64_t kv_heads) const;
   // The degree of the mesh dim called `dim`; throws naming the known dims.
   int64_t degree(std::string_view dim) const;
   // Checks that `mesh` names every dim once; throws naming parallel.mesh.
@@ -65,7 +74,9 @@ class Layout {
   ProcessMesh stage_mesh(int64_t pp) const;
   ProcessMesh stage_mesh() const { return stage_mesh(coord("pp")); }
 
-  // This rank's coordinate along the mesh dim `dim`, and that dim's degree.
+  // Whether the world mesh has the dim `dim` (cp only when parallel.cp > 1).
+  bool has_dim(std::string_view dim) const;
+  // This rank's coordinate along the mesh dim `dim` (0 along an absent one), and its degree.
   int64_t coord(std::string_view dim) const;
   int64_t degree(std::string_view dim) const { return config_.degree(dim); }
   // The world rank at this rank's coordinates with `dim`'s changed to `index`.
@@ -75,7 +86,8 @@ class Layout {
   bool first_along_all_but(std::initializer_list<std::string_view> dims) const;
   // The index of `dim` on a stage mesh (a dim other than pp).
   int64_t stage_dim(std::string_view dim) const;
-  // Placements on a stage mesh: the given ones on the named dims, Replicate on the others.
+  // Placements on a stage mesh: the given ones on the named dims, Replicate on the others
+  // (a named dim the mesh lacks, of one rank, is left out).
   Placements placements(std::initializer_list<std::pair<std::string_view, Placement>> by_dim) const;
   // This rank's process group along the stage mesh dim `dim`.
   std::shared_ptr<ProcessGroup> group(std::string_view dim) const;
@@ -84,7 +96,8 @@ class Layout {
   std::shared_ptr<ProcessGroup> world_group_along(std::string_view dim) const;
 
   // Placements on a stage mesh: the activations between blocks ([B, T, C]: batch over dp; the
-  // sequence over tp with sequence parallel) and the token ids ([B, T]).
+  // sequence over cp, and over tp with sequence parallel) and the token ids ([B, T]: batch over
+  // dp, sequence over cp).
   Placements activation_placements() const;
   Placements ids_placements() const;
 

@@ -153,6 +153,8 @@ namespace {
 // `g` laid out as the optimizer reduces it: like `stored`, except a partial sum over dp when
 // `over_dp` (the data-parallel sum is still owed) and a partial sum over tp that the parameter
 // is replicated over, which is summed later with the others. Sets `tp_partial` for the latter.
+// A partial sum over cp (context parallel: every cp rank's tokens reach every parameter) is
+// summed here by the reshard to `stored`, whole on every cp rank.
 Tensor as_reduced(const Tensor& g, const Placements& stored, size_t dp_dim, size_t tp_dim, bool over_dp,
                   const ProcessMesh& mesh, bool& tp_partial) {
   Placements target = stored;
@@ -389,6 +391,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
     bool counts = !(s.tied && !count_tied_);
     if (!s.shard[dp_dim].is_shard()) counts = counts && me == 0;
     if (!s.stored[tp_dim].is_shard()) counts = counts && layout_.coord("tp") == 0;
+    counts = counts && layout_.coord("cp") == 0;  // parameters are whole on every cp rank
     if (!counts) continue;
     Tensor g = view::contiguous(local_piece(s.grad));
     sum_sq += optim::sum_squares(g.data<float>(), g.numel());
