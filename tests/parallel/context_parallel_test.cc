@@ -10,6 +10,7 @@
 #include "tessel/comm/thread_backend.h"
 #include "tessel/core/philox.h"
 #include "tessel/core/view.h"
+#include "tessel/data/loader.h"
 #include "tessel/dist/dtensor.h"
 #include "tessel/dist/mesh_comm.h"
 #include "tessel/nn/layers.h"
@@ -126,6 +127,16 @@ TEST(ContextParallel, LayersReshardTheAllToAllOutputBackToTheSequence) {
     EXPECT_EQ(c.count("all_gather"), 0u);
     nn::sequence_state() = nn::SequenceState{};
   });
+}
+
+
+// data.pack_documents: the end-of-text token ends its document; the next starts after it, its
+// positions from 0; the starts pad with S.
+TEST(ContextParallel, PackedDocumentsGiveStartsAndPositionsRestartingPerDocument) {
+  const Tensor ids = Tensor::from_doubles({5, 9, 0, 7, 0, 0, 3, 4, 1, 2, 3, 0}, {2, 6}, DType::i64);
+  const PackedDocuments p = pack_documents(ids, 0);
+  EXPECT_EQ(p.doc_starts.to_doubles(), (std::vector<double>{0, 3, 5, 6, 6, 6, 0, 6, 6, 6, 6, 6}));
+  EXPECT_EQ(p.positions.to_doubles(), (std::vector<double>{0, 1, 2, 0, 1, 0, 0, 1, 2, 3, 4, 5}));
 }
 
 }  // namespace

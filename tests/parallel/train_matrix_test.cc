@@ -254,6 +254,7 @@ struct CpRow {
   const char* method;
   bool mha = false;  // Llama with as many kv heads as heads (all_to_all over 4 ranks splits them)
   const char* recompute = "none";
+  bool pack = false;  // data.pack_documents, the space (32) ending each document
 };
 
 TEST(HybridParallel, ContextParallelLayoutsTrainLikeOneRank) {
@@ -279,15 +280,25 @@ TEST(HybridParallel, ContextParallelLayoutsTrainLikeOneRank) {
       {{1, 1, 2, 0, 0, 2, 1, 1, 0, 0}, 4, "ring"},
       {{2, 2, 2, 3, 1, 1, 1, 0, 0, 0}, 2, "ring", false, "full"},
       {{1, 2, 2, 0, 1, 2, 1, 1, 0, 0}, 2, "ring", false, "selective"},
+      // Packed documents: masks and positions restarting per document, across the shards.
+      {{1, 1, 1, 0, 0, 1, 0, 0, 0, 0}, 2, "ring", false, "none", true},
+      {{1, 1, 1, 0, 0, 1, 0, 1, 0, 0}, 4, "ring", false, "none", true},
+      {{2, 1, 1, 0, 0, 1, 1, 1, 0, 0}, 2, "all_to_all", false, "none", true},
+      {{1, 2, 2, 0, 1, 1, 1, 0, 0, 0}, 2, "ring", false, "none", true},
+      {{2, 2, 1, 1, 1, 1, 0, 1, 0, 0}, 1, "ring", false, "none", true},
   };
   for (const CpRow& row : rows) {
     const Layout& l = row.layout;
-    const std::string name = fmt::format("{} cp{} {}{} recompute {}", describe(l), row.cp, row.method,
-                                         row.mha ? " mha" : "", row.recompute);
+    const std::string name = fmt::format("{} cp{} {}{} recompute {}{}", describe(l), row.cp, row.method,
+                                         row.mha ? " mha" : "", row.recompute, row.pack ? " packed" : "");
     SCOPED_TRACE(name);
     RunConfig base = config_for(l);
     if (row.mha) base.model.llama.num_key_value_heads = base.model.llama.num_attention_heads;
     base.parallel.recompute = row.recompute;
+    if (row.pack) {
+      base.data.pack_documents = true;
+      base.data.eot_token = 32;
+    }
     const TrainResult one = reference_train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
     RunConfig cfg = with_layout(base, l);
     cfg.parallel.cp = row.cp;

@@ -421,6 +421,8 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   c.data.order = data.parsed("order", "random", parse_sample_order);
   c.data.val_path = resolve_path(data.get<std::string>("val_path", ""), base_dir);
   c.data.val_fraction = data.get("val_fraction", c.data.val_fraction);
+  c.data.pack_documents = data.get("pack_documents", c.data.pack_documents);
+  c.data.eot_token = data.get("eot_token", c.data.eot_token);
   data.finish();
 
   Section train(root["train"], "train", source, set);
@@ -560,6 +562,9 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   positive("train.eval_batches", static_cast<double>(t.eval_batches));
   TESSEL_CHECK(c.data.val_fraction >= 0 && c.data.val_fraction <= 0.5,
                "{}: config 'data.val_fraction' must be in [0, 0.5], got {}", source, c.data.val_fraction);
+  TESSEL_CHECK(!c.data.pack_documents || (c.data.eot_token >= 0 && c.data.eot_token < vocab),
+               "{}: config 'data.pack_documents' needs 'data.eot_token', the end-of-text token id that separates the "
+               "documents, in [0, model vocab {}); got {}", source, vocab, c.data.eot_token);
   TESSEL_CHECK(c.data.val_path.empty() || c.data.val_fraction == 0,
                "{}: config 'data.val_path' and 'data.val_fraction' are two sources of validation tokens; give one",
                source);

@@ -186,7 +186,8 @@ struct Engine::State {
     const nn::DropoutState ds{.seed = t.seed, .step = static_cast<uint64_t>(step), .global_rows = t.global_batch,
                               .row_offset = batch.first_row};
     nn::dropout_state() = ds;
-    nn::sequence_state() = nn::SequenceState{.positions = batch.positions, .cp_method = cfg.parallel.cp_method};
+    nn::sequence_state() = nn::SequenceState{
+        .positions = batch.positions, .doc_starts = batch.doc_starts, .cp_method = cfg.parallel.cp_method};
     Tensor y = run_chunk(chunk, batch.inputs, inputs.empty() ? Tensor() : inputs[0], ds);
     if (schedule.virtual_stage(pp_rank(), chunk) == V - 1) return {cross_entropy(y, batch.targets)};
     return {y};
@@ -467,6 +468,10 @@ Engine::Engine(RunConfig config, std::unique_ptr<nn::LanguageModel> model) : s_(
   if (s.data.validation)
     s.val_loader.emplace(s.data.validation, *s.data.validation_order, layout, t.global_batch, s.first_stage,
                          s.last_stage);
+  if (s.cfg.data.pack_documents) {
+    s.loader->set_pack_documents(s.cfg.data.eot_token);
+    if (s.val_loader) s.val_loader->set_pack_documents(s.cfg.data.eot_token);
+  }
   const int64_t mb = t.global_batch / pc.micro_batches;
   const int64_t width = s.cfg.model.arch == "gpt2" ? s.cfg.model.gpt2.n_embd : s.cfg.model.llama.hidden_size;
   // What crosses a stage boundary: the hidden states.

@@ -125,9 +125,12 @@ Tensor apply_rope(const Tensor& x, const Rope& rope, const Tensor& positions) {
 }
 
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool recompute_probs) {
-  if (!is_dist(q)) return scaled_dot_product_attention(q, k, v, /*causal=*/true, /*scale=*/0.0, recompute_probs);
   const SequenceState& s = sequence_state();
-  Tensor y = scaled_dot_product_attention(q, k, v, Tensor(), /*causal=*/true, /*scale=*/0.0, s.cp_method);
+  if (!is_dist(q)) {
+    if (s.doc_starts.defined()) return scaled_dot_product_attention(q, k, v, s.doc_starts, /*causal=*/true);
+    return scaled_dot_product_attention(q, k, v, /*causal=*/true, /*scale=*/0.0, recompute_probs);
+  }
+  Tensor y = scaled_dot_product_attention(q, k, v, s.doc_starts, /*causal=*/true, /*scale=*/0.0, s.cp_method);
   // all_to_all hands the output back split by heads where q's sequence was split: the
   // all_to_all back, so the projection after it sees the sequence split as before.
   const DistAttr& qa = dist_attr(q);

@@ -27,6 +27,9 @@ struct SequenceState {
   // [B, T] i64, like the token ids: the position of each token (context parallel's
   // load-balanced order holds the tokens out of order). Undefined: 0, 1, ..., T - 1.
   Tensor positions;
+  // [B, N] i64: where each row's documents start (packed documents; sdpa's document starts).
+  // Undefined: one document per row.
+  Tensor doc_starts;
   // How attention runs when the sequence is split over a mesh dim (parallel.cp_method).
   std::string cp_method = "ring";
 };

@@ -5,6 +5,7 @@
 
 #include "tessel/core/shape.h"
 #include "tessel/core/view.h"
+#include "tessel/data/loader.h"
 #include "tessel/dist/dtensor.h"
 
 namespace tessel::parallel {
@@ -72,8 +73,16 @@ std::vector<MicroBatch> ShardedLoader::batch(int64_t step) const {
     MicroBatch& b = out[static_cast<size_t>(m)];
     b.first_row = m * mb;
     b.positions = positions;
-    if (!want_inputs_ && !want_targets_) continue;
+    // Packed documents: every stage's attention needs the document starts (and Llama's blocks
+    // the positions), so every stage reads the tokens.
+    if (!want_inputs_ && !want_targets_ && eot_ < 0) continue;
     Batch local = make_batch(*data_, sampler_, step, m * mb + offset, rows);
+    if (eot_ >= 0) {
+      PackedDocuments packed = pack_documents(local.inputs, eot_);
+      b.doc_starts = dtensor_from_local(packed.doc_starts, mesh, layout_.placements({{"dp", Shard(0)}}), global);
+      if (cp > 1) packed.positions = take_columns(packed.positions, cols);
+      b.positions = dtensor_from_local(packed.positions, mesh, layout_.ids_placements(), global);
+    }
     if (cp > 1) {
       local.inputs = take_columns(local.inputs, cols);
       local.targets = take_columns(local.targets, cols);

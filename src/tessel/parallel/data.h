@@ -18,6 +18,8 @@ namespace tessel::parallel {
 struct MicroBatch {
   Tensor inputs, targets;  // distributed [mb, S] on the stage mesh, or undefined when not needed
   Tensor positions;        // distributed [mb, S] i64 like inputs when the tokens are out of order
+                           // or documents are packed (positions restart per document)
+  Tensor doc_starts;       // distributed [mb, S] i64, batch over dp, with packed documents
   int64_t first_row = 0;   // the micro-batch's first row in the global batch
 };
 
@@ -35,6 +37,9 @@ class ShardedLoader {
   ShardedLoader(std::shared_ptr<const TokenDataset> data, Sampler sampler, const Layout& layout, int64_t global_batch,
                 bool want_inputs, bool want_targets);
   std::vector<MicroBatch> batch(int64_t step) const;
+  // Packs documents separated by the end-of-text token `eot` (data.pack_documents): every
+  // micro-batch then carries its document starts and positions, on every stage.
+  void set_pack_documents(int64_t eot) { eot_ = eot; }
 
  private:
   std::shared_ptr<const TokenDataset> data_;
@@ -42,6 +47,7 @@ class ShardedLoader {
   const Layout& layout_;
   int64_t global_batch_;
   bool want_inputs_, want_targets_;
+  int64_t eot_ = -1;  // -1: no packing
 };
 
 }  // namespace tessel::parallel
