@@ -99,7 +99,9 @@ TEST(MoeRouter, MatchesTheFormulasDroplessAndWithACapacity) {
       for (int64_t e = 0; e < kE; ++e)
         for (int64_t i = 0; i < r.counts[e]; ++i, ++at) {
           EXPECT_EQ(static_cast<int64_t>(ex[static_cast<size_t>(r.order[at])]), e);
-          if (i > 0) EXPECT_LT(r.order[at - 1], r.order[at]);
+          if (i > 0) {
+            EXPECT_LT(r.order[at - 1], r.order[at]);
+          }
         }
       EXPECT_EQ(at, 12 - want.dropped);
     }

@@ -65,5 +65,53 @@ TEST(Layout, RefusesAMeshThatDoesNotNameEachDimOnce) {
   }
 }
 
+
+// parallel.cp joins the mesh just outside tp (or where parallel.mesh names it) only when above
+// one; the sequence of the ids and activations is sharded over it.
+TEST(Layout, ContextParallelDimSitsOutsideTpAndShardsTheSequence) {
+  ParallelConfig c;
+  c.dp = 2;
+  c.cp = 2;
+  c.tp = 2;
+  c.sp = true;
+  c.mesh = {"pp", "dp", "tp"};  // an order written before cp: cp goes just outside tp
+  const Layout l(c, 5);         // row-major over [pp 1, dp 2, cp 2, tp 2]: dp 1, cp 0, tp 1
+  EXPECT_EQ(l.world_mesh().dim_names(), (std::vector<std::string>{"pp", "dp", "cp", "tp"}));
+  EXPECT_EQ(l.coord("dp"), 1);
+  EXPECT_EQ(l.coord("cp"), 0);
+  EXPECT_EQ(l.coord("tp"), 1);
+  EXPECT_EQ(placements_str(l.ids_placements()), "[S(0),S(1),R]");
+  EXPECT_EQ(placements_str(l.activation_placements()), "[S(0),S(1),S(1)]");
+  // Without cp the meshes are those of before: no dim of one rank.
+  ParallelConfig plain;
+  plain.dp = 2;
+  const Layout p(plain, 1);
+  EXPECT_FALSE(p.has_dim("cp"));
+  EXPECT_EQ(p.coord("cp"), 0);
+  EXPECT_EQ(placements_str(p.ids_placements()), "[S(0),R]");
+}
+
+TEST(Layout, ContextParallelKeysAreCheckedNamingTheKey) {
+  auto error_of = [](ParallelConfig c, int64_t seq, int64_t heads, int64_t kv) {
+    try {
+      c.validate_cp(seq, heads, kv);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  ParallelConfig c;
+  c.cp = 2;
+  EXPECT_EQ(error_of(c, 16, 4, 2), "");
+  EXPECT_NE(error_of(c, 6, 4, 2).find("train.seq_len (6) must be a multiple of 2 · parallel.cp = 4"), std::string::npos);
+  c.cp_method = "all_to_all";
+  EXPECT_EQ(error_of(c, 6, 4, 2), "");
+  c.tp = 2;
+  EXPECT_NE(error_of(c, 16, 4, 2).find("key/value heads (2)"), std::string::npos);
+  c.cp_method = "ulysses";
+  EXPECT_NE(error_of(c, 16, 4, 2).find("parallel.cp_method must be ring or all_to_all, got 'ulysses'"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace tessel::parallel

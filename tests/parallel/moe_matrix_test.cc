@@ -101,7 +101,9 @@ TEST(MixtureOfExperts, EveryExpertParallelLayoutTrainsLikeOneRank) {
                   want.at("layers").as_array()[layer].at("tokens_per_expert").dump())
             << "step " << s << " layer " << layer;
     }
-    if (l.capacity) EXPECT_GT(dropped, 0) << "the capacity should drop tokens in this test";
+    if (l.capacity) {
+      EXPECT_GT(dropped, 0) << "the capacity should drop tokens in this test";
+    }
     std::string worst_name;
     ASSERT_EQ(r.final_params.size(), one.final_params.size());
     for (const auto& [name, full] : one.final_params) {

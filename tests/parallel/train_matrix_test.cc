@@ -244,6 +244,88 @@ TEST(HybridParallel, MeshDimsInAnyOrderTrainAlike) {
   }
 }
 
+// Context parallel (docs/attention.md): the sequence split over cp ranks, attention by ring
+// (key/value blocks around the ring, each rank holding a chunk from each end of the sequence)
+// or by all_to_all (heads split over cp for the attention), cp 2 and 4, alone and with dp, tp
+// with sequence parallel, pp and ZeRO, GPT-2 and Llama: the matrix's bounds against one rank.
+struct CpRow {
+  Layout layout;
+  int cp;
+  const char* method;
+  bool mha = false;  // Llama with as many kv heads as heads (all_to_all over 4 ranks splits them)
+  const char* recompute = "none";
+  bool pack = false;  // data.pack_documents, the space (32) ending each document
+};
+
+TEST(HybridParallel, ContextParallelLayoutsTrainLikeOneRank) {
+  // Layout fields: dp, tp, pp, stage, sp, schedule (1: 1F1B, 2: VPP), mb4, llama, dropout, sgd.
+  const std::vector<CpRow> rows = {
+      {{1, 1, 1, 0, 0, 1, 0, 0, 0, 0}, 2, "ring"},
+      {{1, 1, 1, 0, 0, 1, 0, 0, 0, 1}, 4, "ring"},
+      {{1, 1, 1, 0, 0, 1, 0, 0, 1, 0}, 2, "all_to_all"},
+      {{1, 1, 1, 0, 0, 1, 0, 0, 0, 0}, 4, "all_to_all"},
+      {{1, 1, 1, 0, 0, 1, 0, 1, 0, 0}, 2, "ring"},
+      {{1, 1, 1, 0, 0, 1, 0, 1, 0, 0}, 4, "ring"},
+      {{1, 1, 1, 0, 0, 1, 0, 1, 0, 1}, 2, "all_to_all"},
+      {{1, 1, 1, 0, 0, 1, 0, 1, 0, 0}, 4, "all_to_all", true},
+      {{2, 1, 1, 1, 0, 1, 1, 0, 0, 0}, 2, "ring"},
+      {{2, 1, 1, 2, 0, 1, 1, 1, 0, 0}, 2, "all_to_all"},
+      {{2, 1, 1, 0, 0, 1, 0, 0, 0, 0}, 4, "ring"},
+      {{1, 2, 1, 0, 1, 1, 0, 0, 0, 0}, 2, "ring"},
+      {{1, 2, 1, 0, 1, 1, 0, 1, 0, 0}, 2, "ring"},
+      {{1, 2, 1, 0, 1, 1, 0, 0, 1, 0}, 2, "all_to_all"},
+      {{1, 2, 1, 0, 1, 1, 0, 0, 0, 0}, 4, "ring"},
+      {{1, 1, 2, 0, 0, 1, 1, 0, 0, 0}, 2, "ring"},
+      {{1, 1, 2, 0, 0, 1, 1, 1, 0, 0}, 2, "all_to_all"},
+      {{1, 1, 2, 0, 0, 2, 1, 1, 0, 0}, 4, "ring"},
+      {{2, 2, 2, 3, 1, 1, 1, 0, 0, 0}, 2, "ring", false, "full"},
+      {{1, 2, 2, 0, 1, 2, 1, 1, 0, 0}, 2, "ring", false, "selective"},
+      // Packed documents: masks and positions restarting per document, across the shards.
+      {{1, 1, 1, 0, 0, 1, 0, 0, 0, 0}, 2, "ring", false, "none", true},
+      {{1, 1, 1, 0, 0, 1, 0, 1, 0, 0}, 4, "ring", false, "none", true},
+      {{2, 1, 1, 0, 0, 1, 1, 1, 0, 0}, 2, "all_to_all", false, "none", true},
+      {{1, 2, 2, 0, 1, 1, 1, 0, 0, 0}, 2, "ring", false, "none", true},
+      {{2, 2, 1, 1, 1, 1, 0, 1, 0, 0}, 1, "ring", false, "none", true},
+  };
+  for (const CpRow& row : rows) {
+    const Layout& l = row.layout;
+    const std::string name = fmt::format("{} cp{} {}{} recompute {}{}", describe(l), row.cp, row.method,
+                                         row.mha ? " mha" : "", row.recompute, row.pack ? " packed" : "");
+    SCOPED_TRACE(name);
+    RunConfig base = config_for(l);
+    if (row.mha) base.model.llama.num_key_value_heads = base.model.llama.num_attention_heads;
+    base.parallel.recompute = row.recompute;
+    if (row.pack) {
+      base.data.pack_documents = true;
+      base.data.eot_token = 32;
+    }
+    const TrainResult one = reference_train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
+    RunConfig cfg = with_layout(base, l);
+    cfg.parallel.cp = row.cp;
+    cfg.parallel.cp_method = row.method;
+    ParallelTrainResult r = train_parallel_threads(
+        cfg, static_cast<int>(cfg.parallel.world_size()),
+        ParallelTrainOptions{.base = TrainOptions{.progress = false, .quiet = true, .collect_params = true}});
+    ASSERT_EQ(r.train.steps.size(), one.steps.size());
+    double worst_loss = 0, worst_param = 0;
+    for (size_t i = 0; i < one.steps.size(); ++i) {
+      const double d = loss_diff(r.train.steps[i].loss, one.steps[i].loss);
+      worst_loss = std::max(worst_loss, d);
+      EXPECT_LE(d, kLossRel) << "step " << i << ": loss " << r.train.steps[i].loss << " vs one rank " << one.steps[i].loss;
+    }
+    ASSERT_EQ(r.train.validation.size(), one.validation.size());
+    for (size_t i = 0; i < one.validation.size(); ++i)
+      EXPECT_LE(loss_diff(r.train.validation[i].second, one.validation[i].second), kLossRel) << "validation " << i;
+    for (const auto& [pname, full] : one.final_params) {
+      ASSERT_TRUE(r.final_params.count(pname)) << pname;
+      const double d = rel_diff(r.final_params.at(pname), full);
+      worst_param = std::max(worst_param, d);
+      EXPECT_LE(d, kParamRel) << "parameter " << pname;
+    }
+    std::printf("  %-72s loss rel diff %.1e, parameters %.1e\n", name.c_str(), worst_loss, worst_param);
+  }
+}
+
 }  // namespace
 }  // namespace tessel
 

@@ -46,7 +46,15 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const RunConfig& c, std::vector
 
 // The mean loss over the validation batches, in micro-batches as training runs them: no
 // gradients, no dropout; the model is back in training mode afterwards, also on an error.
-double validation_loss(nn::LanguageModel& model, const TrainingData& data, int64_t micro_batch) {
+// The sequence state of a micro-batch with packed documents (eot >= 0): its document starts and
+// positions; the defaults otherwise.
+nn::SequenceState sequence_of(const Tensor& inputs, int64_t eot) {
+  if (eot < 0) return nn::SequenceState{};
+  PackedDocuments packed = pack_documents(inputs, eot);
+  return nn::SequenceState{.positions = packed.positions, .doc_starts = packed.doc_starts};
+}
+
+double validation_loss(nn::LanguageModel& model, const TrainingData& data, int64_t micro_batch, int64_t eot) {
   nn::EvalModeGuard eval_mode(model);
   NoGradGuard no_grad;
   ProfileScope scope("(validation)");
@@ -57,6 +65,7 @@ double validation_loss(nn::LanguageModel& model, const TrainingData& data, int64
     Batch batch = make_batch(*data.validation, *data.validation_order, b, 0, rows);
     for (int64_t r = 0; r < rows; r += micro_batch) {
       const int64_t end = std::min(rows, r + micro_batch);
+      nn::sequence_state() = sequence_of(view::slice(batch.inputs, 0, r, end), eot);
       sum += nn::lm_loss(model, view::slice(batch.inputs, 0, r, end), view::slice(batch.targets, 0, r, end)).item();
       ++count;
     }
@@ -114,6 +123,7 @@ TrainResult reference_train(const RunConfig& cfg, const TrainOptions& options,
   TESSEL_CHECK(start <= t.steps, "the checkpoint is at step {}, past train.steps = {}", start, t.steps);
 
   Sampler sampler(data->size(), t.seq_len, t.global_batch, cfg.data.order, t.seed);
+  const int64_t eot = cfg.data.pack_documents ? cfg.data.eot_token : -1;
   DataLoader loader(data, sampler, LoaderOptions{.start_step = start});
   const int64_t M = cfg.micro_batches(), mb = t.micro_batch;
   const double tokens_per_step = static_cast<double>(t.global_batch * t.seq_len);
@@ -150,7 +160,7 @@ TrainResult reference_train(const RunConfig& cfg, const TrainOptions& options,
                              options.save_dir));
 
   if (td.validation && start == 0) {
-    const double v = validation_loss(*model, td, t.micro_batch);
+    const double v = validation_loss(*model, td, t.micro_batch, eot);
     result.validation.emplace_back(0, v);
     say(initial_validation_line(v, cfg));
   }
@@ -171,6 +181,7 @@ TrainResult reference_train(const RunConfig& cfg, const TrainOptions& options,
     for (int64_t m = 0; m < M; ++m) {
       Tensor in = view::slice(batch.inputs, 0, m * mb, (m + 1) * mb);
       Tensor tg = view::slice(batch.targets, 0, m * mb, (m + 1) * mb);
+      nn::sequence_state() = sequence_of(in, eot);
       nn::dropout_state() = nn::DropoutState{.seed = t.seed, .step = static_cast<uint64_t>(step),
                                              .global_rows = t.global_batch, .row_offset = m * mb};
       Tensor loss;
@@ -195,7 +206,7 @@ TrainResult reference_train(const RunConfig& cfg, const TrainOptions& options,
 
     StepRecord rec{step, loss, lr, norm, tokens_per_step / secs, secs};
     if (td.validation && t.evaluates_after(step)) {
-      rec.val_loss = validation_loss(*model, td, t.micro_batch);
+      rec.val_loss = validation_loss(*model, td, t.micro_batch, eot);
       result.validation.emplace_back(step + 1, *rec.val_loss);
     }
     result.steps.push_back(rec);

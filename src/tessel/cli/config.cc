@@ -460,6 +460,8 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   c.data.order = data.parsed("order", "random", parse_sample_order);
   c.data.val_path = resolve_path(data.get<std::string>("val_path", ""), base_dir);
   c.data.val_fraction = data.get("val_fraction", c.data.val_fraction);
+  c.data.pack_documents = data.get("pack_documents", c.data.pack_documents);
+  c.data.eot_token = data.get("eot_token", c.data.eot_token);
   data.finish();
 
   Section train(root["train"], "train", source, set);
@@ -516,6 +518,8 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   pc.tp = par.get("tp", pc.tp);
   pc.pp = par.get("pp", pc.pp);
   pc.ep = par.get("ep", pc.ep);
+  pc.cp = par.get("cp", pc.cp);
+  pc.cp_method = par.get("cp_method", pc.cp_method);
   pc.vpp = par.get("vpp", pc.vpp);
   pc.sharding_stage = par.get("sharding_stage", pc.sharding_stage);
   pc.sp = par.get("sp", pc.sp);
@@ -598,12 +602,20 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   positive("train.eval_batches", static_cast<double>(t.eval_batches));
   TESSEL_CHECK(c.data.val_fraction >= 0 && c.data.val_fraction <= 0.5,
                "{}: config 'data.val_fraction' must be in [0, 0.5], got {}", source, c.data.val_fraction);
+  TESSEL_CHECK(!c.data.pack_documents || (c.data.eot_token >= 0 && c.data.eot_token < vocab),
+               "{}: config 'data.pack_documents' needs 'data.eot_token', the end-of-text token id that separates the "
+               "documents, in [0, model vocab {}); got {}", source, vocab, c.data.eot_token);
   TESSEL_CHECK(c.data.val_path.empty() || c.data.val_fraction == 0,
                "{}: config 'data.val_path' and 'data.val_fraction' are two sources of validation tokens; give one",
                source);
   for (const char* key : {"eval_every", "eval_batches"})
     TESSEL_CHECK(c.data.has_validation() || !train.has(key),
                  "{}: config 'train.{}' needs validation tokens: 'data.val_path' or 'data.val_fraction'", source, key);
+  // A mixture-of-experts block routes whole sequences (docs/moe.md); splitting them over cp
+  // would need the routing itself split, which tessel does not do yet.
+  TESSEL_CHECK(c.model.arch != "mixtral" || pc.cp == 1,
+               "{}: config 'parallel.cp' is {}, but mixtral's experts route whole sequences: context parallel is not "
+               "supported for mixture-of-experts models yet (use dp, ep, tp+sp or pp)", source, pc.cp);
   if (pc.ep > 1) {
     TESSEL_CHECK(c.model.arch == "mixtral", "{}: config 'parallel.ep' is {}, but a {} model has no experts to split",
                  source, pc.ep, c.model.arch);
@@ -628,12 +640,18 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   }
   // The parallel section is checked for every run, not only when it asks for several ranks:
   // a degree of 0 or -1 would otherwise fall back to one rank without a word.
-  if (pc.dp > 0 && pc.tp > 0 && pc.pp > 0)
-    TESSEL_CHECK(checked_product({pc.dp, pc.tp, pc.pp}, kMaxDevices),
-                 "{}: config 'parallel.dp' x 'parallel.tp' x 'parallel.pp' = {} x {} x {} is more than {} ranks, the "
-                 "most tessel runs (2^20)", source, pc.dp, pc.tp, pc.pp, kMaxDevices);
+  if (pc.dp > 0 && pc.tp > 0 && pc.pp > 0 && pc.cp > 0)
+    TESSEL_CHECK(checked_product({pc.dp, pc.tp, pc.pp, pc.cp}, kMaxDevices),
+                 "{}: config 'parallel.dp' x 'parallel.tp' x 'parallel.pp' x 'parallel.cp' = {} x {} x {} x {} is more "
+                 "than {} ranks, the most tessel runs (2^20)", source, pc.dp, pc.tp, pc.pp, pc.cp, kMaxDevices);
   try {
     pc.validate(c.model.arch == "gpt2" ? c.model.gpt2.n_layer : c.model.llama.num_hidden_layers, t.global_batch);
+  } catch (const Error& e) {
+    TESSEL_THROW("{}: config {}", source, e.what());
+  }
+  try {
+    pc.validate_cp(t.seq_len, heads,
+                   c.model.arch == "gpt2" ? c.model.gpt2.n_head : c.model.llama.num_key_value_heads);
   } catch (const Error& e) {
     TESSEL_THROW("{}: config {}", source, e.what());
   }

@@ -1,9 +1,36 @@
 // Background batch assembly.
 #include "tessel/data/loader.h"
 
+#include <algorithm>
+
 #include "tessel/core/error.h"
+#include "tessel/core/view.h"
 
 namespace tessel {
+
+PackedDocuments pack_documents(const Tensor& inputs, int64_t eot) {
+  TESSEL_CHECK(inputs.dim() == 2 && inputs.dtype() == DType::i64, "pack_documents: token ids must be i64 [rows, S], "
+               "got {}", inputs.str());
+  const Tensor in = view::contiguous(inputs);
+  const int64_t rows = in.size(0), S = in.size(1);
+  PackedDocuments out{Tensor::empty({rows, S}, DType::i64), Tensor::empty({rows, S}, DType::i64)};
+  const int64_t* x = in.data<int64_t>();
+  int64_t* starts = out.doc_starts.data<int64_t>();
+  int64_t* pos = out.positions.data<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t n = 0, start = 0;
+    starts[r * S + n++] = 0;
+    for (int64_t i = 0; i < S; ++i) {
+      pos[r * S + i] = i - start;
+      if (x[r * S + i] == eot && i + 1 < S) {
+        start = i + 1;
+        starts[r * S + n++] = start;
+      }
+    }
+    std::fill(starts + r * S + n, starts + (r + 1) * S, S);
+  }
+  return out;
+}
 
 Batch make_batch(const TokenDataset& data, const Sampler& sampler, int64_t step, int64_t first_row, int64_t rows) {
   const int64_t S = sampler.seq_len();

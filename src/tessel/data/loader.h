@@ -30,6 +30,16 @@ struct LoaderOptions {
   int prefetch = 2;        // batches built ahead
 };
 
+// Packed documents (data.pack_documents): a row holds several documents, each ended by the
+// end-of-text token `eot` (which belongs to the document it ends), and attends within them.
+// doc_starts [rows, S]: per row the positions where its documents start, ascending from 0,
+// padded with S (sdpa's document starts); positions [rows, S]: each token's place in its
+// document, restarting at 0 after every end-of-text token.
+struct PackedDocuments {
+  Tensor doc_starts, positions;  // i64
+};
+PackedDocuments pack_documents(const Tensor& inputs, int64_t eot);
+
 // The batch of `step` (rows [first_row, first_row+rows)) built directly, without a thread.
 Batch make_batch(const TokenDataset& data, const Sampler& sampler, int64_t step, int64_t first_row, int64_t rows);
 

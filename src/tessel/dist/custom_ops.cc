@@ -34,6 +34,7 @@
 #include "tessel/dist/dispatch.h"
 #include "tessel/dist/dtensor.h"
 #include "tessel/dist/mesh_comm.h"
+#include "tessel/dist/ring_attention.h"
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/fast_math.h"
 #include "tessel/ops/kernel_util.h"
@@ -545,6 +546,7 @@ void register_custom_ops() {
   register_dist_impl("cross_entropy", &dist_cross_entropy);
   register_dist_impl("max", &dist_max);
   register_dist_impl("min", &dist_max);
+  register_ring_attention();
 }
 
 }  // namespace tessel

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cmath>
@@ -26,6 +27,7 @@
 #include "tessel/core/log.h"
 #include "tessel/core/storage.h"
 #include "tessel/core/thread_pool.h"
+#include "tessel/core/view.h"
 #include "tessel/dist/dtensor.h"
 #include "tessel/ops/ops.h"
 #include "tessel/parallel/data.h"
@@ -159,12 +161,16 @@ struct Engine::State {
       return [g, chunk, u, fn](const Tensor& h) { return g ? g->run(chunk, u, h, fn) : fn(h); };
     };
     nn::LanguageModel* lm = model.get();
+    const nn::SequenceState ss = nn::sequence_state();  // restored with ds for a recompute
     size_t unit = 0;  // the next unit of this chunk
     if (vs == 0) x = in_unit(unit++, [lm, &ids](const Tensor&) { return lm->embed(ids); })(Tensor());
     for (int64_t b = blocks[static_cast<size_t>(vs)].first; b < blocks[static_cast<size_t>(vs)].second; ++b, ++unit) {
       auto block = in_unit(unit, [lm, b](const Tensor& h) { return lm->block(b, h); });
       if (cfg.parallel.recompute == "full" && grad_enabled())
-        x = recompute(block, x, [ds] { nn::dropout_state() = ds; });
+        x = recompute(block, x, [ds, ss] {
+          nn::dropout_state() = ds;
+          nn::sequence_state() = ss;
+        });
       else
         x = block(x);
     }
@@ -181,6 +187,8 @@ struct Engine::State {
     const nn::DropoutState ds{.seed = t.seed, .step = static_cast<uint64_t>(step), .global_rows = t.global_batch,
                               .row_offset = batch.first_row};
     nn::dropout_state() = ds;
+    nn::sequence_state() = nn::SequenceState{
+        .positions = batch.positions, .doc_starts = batch.doc_starts, .cp_method = cfg.parallel.cp_method};
     Tensor y = run_chunk(chunk, batch.inputs, inputs.empty() ? Tensor() : inputs[0], ds);
     if (schedule.virtual_stage(pp_rank(), chunk) == V - 1) return {cross_entropy(y, batch.targets)};
     return {y};
@@ -371,8 +379,8 @@ Engine::Engine(RunConfig config, std::unique_ptr<nn::LanguageModel> model) : s_(
   const ParallelConfig& pc = s.cfg.parallel;
   s.world = world_group();
   TESSEL_CHECK(s.world->size() == pc.world_size(),
-               "the config's parallel section needs dp·ep·tp·pp = {}·{}·{}·{} = {} ranks, but {} were started", pc.dp,
-               pc.ep, pc.tp, pc.pp, pc.world_size(), s.world->size());
+               "the config's parallel section needs dp·ep·cp·tp·pp = {}·{}·{}·{}·{} = {} ranks, but {} were started",
+               pc.dp, pc.ep, pc.cp, pc.tp, pc.pp, pc.world_size(), s.world->size());
   // Thread ranks get their intra-op threads from spawn; a process rank sets its own.
   if (t.threads > 0 && s.world->backend() != "thread") set_default_num_threads(static_cast<int>(t.threads));
   s.model = model ? std::move(model) : build_model(s.cfg);
@@ -384,6 +392,19 @@ Engine::Engine(RunConfig config, std::unique_ptr<nn::LanguageModel> model) : s_(
     TESSEL_CHECK(gpt2->config().n_head % pc.tp == 0,
                  "model.n_head {} is not a multiple of parallel.tp {}: tensor parallelism gives each tp rank whole "
                  "attention heads", gpt2->config().n_head, pc.tp);
+  {
+    const auto* gpt2 = dynamic_cast<const nn::Gpt2*>(s.model.get());
+    const auto* llama = dynamic_cast<const nn::Llama*>(s.model.get());
+    const int64_t heads = gpt2 ? gpt2->config().n_head : llama ? llama->config().num_attention_heads : 1;
+    const int64_t kv_heads = gpt2 ? heads : llama ? llama->config().num_key_value_heads : 1;
+    pc.validate_cp(t.seq_len, heads, kv_heads);
+    // Dropout masks are keyed by each element's place in the global tensor, a box of it per
+    // rank; the ring's load-balanced order puts two far-apart chunks on one rank.
+    TESSEL_CHECK(!(gpt2 && gpt2->config().dropout > 0 && pc.cp > 1 && pc.cp_method == "ring"),
+                 "train.dropout {} with parallel.cp_method ring is not supported (its masks would not match the "
+                 "single-rank run's); use parallel.cp_method all_to_all or no dropout",
+                 gpt2 ? gpt2->config().dropout : 0.0);
+  }
   s.layout = std::make_unique<Layout>(pc, s.world->rank());
   const Layout& layout = *s.layout;
   const ProcessMesh mesh = layout.stage_mesh();
@@ -448,6 +469,10 @@ Engine::Engine(RunConfig config, std::unique_ptr<nn::LanguageModel> model) : s_(
   if (s.data.validation)
     s.val_loader.emplace(s.data.validation, *s.data.validation_order, layout, t.global_batch, s.first_stage,
                          s.last_stage);
+  if (s.cfg.data.pack_documents) {
+    s.loader->set_pack_documents(s.cfg.data.eot_token);
+    if (s.val_loader) s.val_loader->set_pack_documents(s.cfg.data.eot_token);
+  }
   const int64_t mb = t.global_batch / pc.micro_batches;
   const int64_t width = s.cfg.model.arch == "gpt2" ? s.cfg.model.gpt2.n_embd : s.cfg.model.llama.hidden_size;
   // What crosses a stage boundary: the hidden states.
@@ -480,11 +505,31 @@ Tensor Engine::predict(const Tensor& ids) {
   nn::EvalModeGuard eval_mode(*s.model);
   NoGradGuard no_grad;
   const Layout& layout = *s.layout;
-  // The batch over dp, as training reads it; the logits come back whole.
-  const Tensor x = shard_tensor(ids, layout.stage_mesh(), layout.ids_placements());
+  // The batch over dp (and the sequence over cp, in the order its attention holds it), as
+  // training reads it; the logits come back whole, in order.
+  const ParallelConfig& pc = s.cfg.parallel;
+  const std::vector<int64_t> order = cp_order(ids.size(1), pc.cp, pc.cp_method);
+  const bool reordered = !std::is_sorted(order.begin(), order.end());
+  nn::SequenceState ss{.cp_method = pc.cp_method};
+  Tensor in = ids;
+  if (reordered) {
+    in = take_columns(ids, order);
+    Tensor pos = Tensor::empty(in.shape(), DType::i64);
+    for (int64_t r = 0; r < in.size(0); ++r)
+      std::copy(order.begin(), order.end(), pos.data<int64_t>() + r * in.size(1));
+    ss.positions = shard_tensor(pos, layout.stage_mesh(), layout.ids_placements());
+  }
+  nn::sequence_state() = ss;
+  const Tensor x = shard_tensor(in, layout.stage_mesh(), layout.ids_placements());
   const Tensor logits = s.run_chunk(0, x, Tensor(), nn::dropout_state());  // one stage: the whole model
   if (s.gather) s.gather->finish_step();
-  return full_tensor(logits);
+  nn::sequence_state() = nn::SequenceState{};
+  Tensor whole = full_tensor(logits);
+  if (!reordered) return whole;
+  Tensor back = Tensor::empty(whole.shape(), whole.dtype());
+  for (size_t i = 0; i < order.size(); ++i)
+    view::copy(view::select(back, 1, order[i]), view::select(whole, 1, static_cast<int64_t>(i)));
+  return back;
 }
 
 ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {

@@ -30,6 +30,10 @@ struct DataSection {
   // out (training then reads only the part before it). Neither: no evaluation.
   std::string val_path;
   double val_fraction = 0;
+  // Packed documents: documents separated by the end-of-text token eot_token attend only
+  // within themselves, their positions restarting at each (data/loader.h, pack_documents).
+  bool pack_documents = false;
+  int64_t eot_token = -1;
   bool has_validation() const { return !val_path.empty() || val_fraction > 0; }
 };
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "tessel/core/context.h"
+#include "tessel/dist/dtensor.h"
 #include "tessel/ops/ops.h"
 
 namespace tessel::nn {
@@ -13,6 +14,16 @@ DropoutState& dropout_state() {
   auto s = ctx.get_ext<DropoutState>();
   if (!s) {
     s = std::make_shared<DropoutState>();
+    ctx.set_ext(s);
+  }
+  return *s;
+}
+
+SequenceState& sequence_state() {
+  RankContext& ctx = rank_context();
+  auto s = ctx.get_ext<SequenceState>();
+  if (!s) {
+    s = std::make_shared<SequenceState>();
     ctx.set_ext(s);
   }
   return *s;
@@ -98,12 +109,35 @@ Rope Rope::make(int64_t seq_len, int64_t head_dim, double theta, DType dtype) {
   return Rope{Tensor::from_doubles(c, {seq_len, head_dim}, dtype), Tensor::from_doubles(s, {seq_len, head_dim}, dtype)};
 }
 
-Tensor apply_rope(const Tensor& x, const Rope& rope) {
+Tensor apply_rope(const Tensor& x, const Rope& rope, const Tensor& positions) {
   int64_t D = x.size(-1), T = x.size(-2);
-  Tensor cos = slice(rope.cos, 0, 0, T), sin = slice(rope.sin, 0, 0, T);
+  Tensor cos, sin;
+  if (positions.defined()) {  // [B, T] -> [B, 1, T, D], broadcast over heads
+    cos = unsqueeze(embedding(rope.cos, positions), 1);
+    sin = unsqueeze(embedding(rope.sin, positions), 1);
+  } else {
+    cos = slice(rope.cos, 0, 0, T);
+    sin = slice(rope.sin, 0, 0, T);
+  }
   std::vector<Tensor> halves = split(x, {D / 2, D / 2}, -1);
   Tensor rotated = cat({neg(halves[1]), halves[0]}, -1);
   return add(mul(x, cos), mul(rotated, sin));
+}
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool recompute_probs) {
+  const SequenceState& s = sequence_state();
+  if (!is_dist(q)) {
+    if (s.doc_starts.defined()) return scaled_dot_product_attention(q, k, v, s.doc_starts, /*causal=*/true);
+    return scaled_dot_product_attention(q, k, v, /*causal=*/true, /*scale=*/0.0, recompute_probs);
+  }
+  Tensor y = scaled_dot_product_attention(q, k, v, s.doc_starts, /*causal=*/true, /*scale=*/0.0, s.cp_method);
+  // all_to_all hands the output back split by heads where q's sequence was split: the
+  // all_to_all back, so the projection after it sees the sequence split as before.
+  const DistAttr& qa = dist_attr(q);
+  const Placements& yp = dist_attr(y).placements;
+  for (size_t m = 0; m < yp.size(); ++m)
+    if (qa.placements[m].is_shard(2) && !yp[m].is_shard(2)) return reshard(y, qa.mesh, qa.placements);
+  return y;
 }
 
 Gpt2Attention::Gpt2Attention(int64_t dim, int64_t heads, double init_std, double proj_std) : heads_(heads) {
@@ -119,8 +153,7 @@ Tensor Gpt2Attention::forward(const Tensor& x) const {
   Tensor qkv = reshape(c_attn_->forward(x), {B, T, 3, H, D});
   std::vector<Tensor> parts = split(qkv, {1, 1, 1}, 2);
   auto heads = [&](const Tensor& t) { return permute(squeeze(t, 2), {0, 2, 1, 3}); };  // [B, H, T, D]
-  Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), /*causal=*/true,
-                                            /*scale=*/0.0, recompute_probs_);
+  Tensor y = causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), recompute_probs_);
   return c_proj_->forward(reshape(permute(y, {0, 2, 1, 3}), {B, T, C}));
 }
 
@@ -138,10 +171,11 @@ LlamaAttention::LlamaAttention(int64_t dim, int64_t heads, int64_t kv_heads, dou
 Tensor LlamaAttention::forward(const Tensor& x, const Rope& rope) const {
   const int64_t B = x.size(0), T = x.size(1), D = head_dim_;
   auto heads = [&](const Tensor& t, int64_t h) { return permute(reshape(t, {B, T, h, D}), {0, 2, 1, 3}); };
-  Tensor q = apply_rope(heads(q_->forward(x), heads_), rope);
-  Tensor k = apply_rope(heads(k_->forward(x), kv_heads_), rope);
+  const Tensor& positions = sequence_state().positions;
+  Tensor q = apply_rope(heads(q_->forward(x), heads_), rope, positions);
+  Tensor k = apply_rope(heads(k_->forward(x), kv_heads_), rope, positions);
   Tensor v = heads(v_->forward(x), kv_heads_);
-  Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true, /*scale=*/0.0, recompute_probs_);
+  Tensor y = causal_attention(q, k, v, recompute_probs_);
   return o_->forward(reshape(permute(y, {0, 2, 1, 3}), {B, T, heads_ * D}));
 }
 

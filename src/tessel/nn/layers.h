@@ -20,6 +20,21 @@ struct DropoutState {
 };
 DropoutState& dropout_state();
 
+// How the calling rank's current micro-batch lays out its sequence, for the layers that need
+// positions (GPT-2's learned positions, Llama's RoPE) and attention. Set by the engine beside
+// the dropout state; the defaults are one ordinary sequence per row.
+struct SequenceState {
+  // [B, T] i64, like the token ids: the position of each token (context parallel's
+  // load-balanced order holds the tokens out of order). Undefined: 0, 1, ..., T - 1.
+  Tensor positions;
+  // [B, N] i64: where each row's documents start (packed documents; sdpa's document starts).
+  // Undefined: one document per row.
+  Tensor doc_starts;
+  // How attention runs when the sequence is split over a mesh dim (parallel.cp_method).
+  std::string cp_method = "ring";
+};
+SequenceState& sequence_state();
+
 // y = x @ W + b with W stored [out, in] (PyTorch/Llama) or [in, out] (GPT-2's Conv1D).
 class Linear : public Module {
  public:
@@ -109,8 +124,14 @@ struct Rope {
   Tensor cos, sin;  // [T, D]
   static Rope make(int64_t seq_len, int64_t head_dim, double theta, DType dtype);
 };
-// x[B, H, T, D] -> x·cos + rotate_half(x)·sin, rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]).
-Tensor apply_rope(const Tensor& x, const Rope& rope);
+// x[B, H, T, D] -> x·cos + rotate_half(x)·sin, rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]),
+// the tables' rows at `positions` [B, T] (undefined: rows 0 .. T-1).
+Tensor apply_rope(const Tensor& x, const Rope& rope, const Tensor& positions = Tensor());
+
+// Causal attention of q [B, H, T, D] with k, v [B, Hkv, T, D] as the sequence state says: with
+// the sequence split over a mesh dim (context parallel), by ring attention or by heads after an
+// all_to_all, the output resharded back to q's sequence split.
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool recompute_probs);
 
 // GPT-2 attention: fused qkv projection (c_attn), causal multi-head attention, c_proj.
 // c_attn's weight is [C, 3, C] (bias [3, C]): Hugging Face's [C, 3C] with q, k, v on their own

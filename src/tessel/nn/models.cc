@@ -56,7 +56,10 @@ Tensor Gpt2::embed(const Tensor& ids) {
   TESSEL_CHECK(ids.dim() == 2, "gpt2: token ids must be [B, T], got {}", ids.str());
   const int64_t T = ids.size(1);
   TESSEL_CHECK(T <= config_.n_positions, "gpt2: sequence length {} exceeds n_positions {}", T, config_.n_positions);
-  Tensor pos = slice(wpe_->weight().use(), 0, 0, T);  // [T, C], broadcast over B
+  // [T, C] broadcast over B; or, when the tokens are not in order (context parallel's
+  // load-balanced layout), the rows at their positions [B, T, C].
+  const Tensor& positions = sequence_state().positions;
+  Tensor pos = positions.defined() ? embedding(wpe_->weight().use(), positions) : slice(wpe_->weight().use(), 0, 0, T);
   return drop_->forward(add(wte_->forward(ids), pos));
 }
 

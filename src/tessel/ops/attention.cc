@@ -52,12 +52,18 @@ using kernels::small_gemm;
 
 namespace {
 
+// q0 and k0: the global positions of query 0 and key 0 (the op: S - T and 0, aligned at the
+// bottom right; ring attention's blocks: where their chunks sit in the whole sequence), and
+// `total` the positions the document starts index (the op: S).
 struct Dims {
   int64_t B, H, Hkv, T, S, D;
+  int64_t q0 = 0, k0 = 0, total = 0;
   int64_t group() const { return H / Hkv; }
 };
 
-Dims dims_of(const Shape& q, const Shape& k) { return Dims{q[0], q[1], k[1], q[2], k[2], q[3]}; }
+Dims dims_of(const Shape& q, const Shape& k) {
+  return Dims{q[0], q[1], k[1], q[2], k[2], q[3], k[2] - q[2], 0, k[2]};
+}
 
 double scale_of(const Attrs& attrs, int64_t D) {
   double s = attrs.f("scale");
@@ -112,21 +118,23 @@ Visible visible_keys(const Dims& d, bool causal, const int64_t* docs, int64_t N,
   if (docs != nullptr) {
     TESSEL_CHECK(docs[0] == 0, "sdpa: document starts of batch row {} must begin at 0, got {}", b, docs[0]);
     for (int64_t i = 1; i < N; ++i)
-      TESSEL_CHECK(docs[i] >= docs[i - 1] && docs[i] <= d.S,
+      TESSEL_CHECK(docs[i] >= docs[i - 1] && docs[i] <= d.total,
                    "sdpa: document starts of batch row {} must be ascending within [0, S={}]; start {} is {} after {}",
-                   b, d.S, i, docs[i], docs[i - 1]);
+                   b, d.total, i, docs[i], docs[i - 1]);
   }
+  // Positions are global (query t at q0 + t, key j at k0 + j); the interval is in local keys.
+  auto local_key = [&](int64_t pos) { return std::clamp<int64_t>(pos - d.k0, 0, d.S); };
   Visible v{std::vector<int64_t>(static_cast<size_t>(d.T)), std::vector<int64_t>(static_cast<size_t>(d.T))};
   for (int64_t t = 0; t < d.T; ++t) {
-    const int64_t p = t + d.S - d.T;
-    int64_t lo = 0, hi = causal ? std::clamp<int64_t>(p + 1, 0, d.S) : d.S;
+    const int64_t p = d.q0 + t;
+    int64_t lo = 0, hi = causal ? local_key(p + 1) : d.S;
     if (docs != nullptr) {
       if (p < 0) {
         hi = 0;
       } else {
         const int64_t* next = std::upper_bound(docs, docs + N, p);  // the first start after p
-        lo = *(next - 1);
-        hi = std::min(hi, next == docs + N ? d.S : *next);
+        lo = local_key(*(next - 1));
+        hi = std::min(hi, next == docs + N ? d.S : local_key(*next));
       }
     }
     v.lo[static_cast<size_t>(t)] = lo;
@@ -515,13 +523,9 @@ bool heads_keep_groups(const SpmdCall& c, const SpmdDecision& d) {
   return true;
 }
 
-SpmdDecision sdpa_spmd(const SpmdCall& c) {
-  const Placements all_r = spmd::replicated(c);
+// Batch and heads as above, for a call whose sequence is whole.
+SpmdDecision sdpa_batch_heads(const SpmdCall& c) {
   const bool docs = c.inputs.size() == 4;
-  bool well_formed = c.inputs.size() == 3 || (docs && c.inputs[3].shape.size() == 2);
-  for (size_t i = 0; i < 3 && i < c.inputs.size(); ++i) well_formed = well_formed && c.inputs[i].shape.size() == 4;
-  if (!well_formed)  // infer rejects it
-    return SpmdDecision{std::vector<Placements>(c.inputs.size(), all_r), {all_r}};
   auto labels = [docs](std::string qkv) {
     std::vector<std::string> in(3, qkv);
     if (docs) in.push_back(qkv.substr(0, 1) + ".");
@@ -532,6 +536,57 @@ SpmdDecision sdpa_spmd(const SpmdCall& c) {
   if (heads_keep_groups(c, d)) return d;
   r = spmd::LabelRule{labels("b..."), "b...", spmd::Linearity::none};
   return spmd::label_rule(c, r);
+}
+
+// Context parallel: with the attribute "cp" (set by the model's layers under parallel.cp), a
+// mesh dim splitting q's sequence (T, dim 2) keeps it split, by the method it names
+// (docs/attention.md); without it the sequence is gathered, as before:
+//   ring                q, k, v "bhT." over that dim, out alike — the dist layer's ring
+//                       attention (custom: key/value blocks pass around the dim's ranks). The
+//                       attribute also says how the sequence is held: in the load-balanced
+//                       order (rank r of n holds chunks r and 2n-1-r of 2n), as the data loader
+//                       lays the tokens out for it; on one rank that is the natural order;
+//   all_to_all          q, k, v and out "bH..": the reshard S(2) -> S(1) (an all_to_all over the
+//                       dim) before the local kernel, which then sees whole sequences of fewer
+//                       heads; the caller reshards the output back.
+// The other mesh dims are decided as if the sequence were whole; the document starts are
+// replicated over the sequence dims.
+SpmdDecision sdpa_spmd(const SpmdCall& c) {
+  const Placements all_r = spmd::replicated(c);
+  const bool docs = c.inputs.size() == 4;
+  bool well_formed = c.inputs.size() == 3 || (docs && c.inputs[3].shape.size() == 2);
+  for (size_t i = 0; i < 3 && i < c.inputs.size(); ++i) well_formed = well_formed && c.inputs[i].shape.size() == 4;
+  if (!well_formed)  // infer rejects it
+    return SpmdDecision{std::vector<Placements>(c.inputs.size(), all_r), {all_r}};
+  std::vector<size_t> seq_dims;
+  const Placements& qp = c.input_attrs[0].placements;
+  for (size_t m = 0; m < qp.size() && c.attrs.has("cp"); ++m)
+    if (qp[m].is_shard(2) && c.mesh().dim_size(static_cast<int64_t>(m)) > 1) seq_dims.push_back(m);
+  if (seq_dims.empty()) return sdpa_batch_heads(c);
+  std::vector<DistAttr> whole(c.input_attrs.begin(), c.input_attrs.end());
+  for (DistAttr& a : whole)
+    for (size_t m : seq_dims) a.placements[m] = Replicate();
+  const SpmdCall rest{c.op, c.inputs, whole, c.attrs, c.rank};
+  SpmdDecision d = sdpa_batch_heads(rest);
+  const std::string& method = c.attrs.s("cp");
+  TESSEL_CHECK(method == "ring" || method == "all_to_all",
+               "sdpa: context-parallel method (attribute cp) must be ring or all_to_all, got '{}'", method);
+  const int64_t split = method == "ring" ? 2 : 1;
+  for (size_t m : seq_dims) {
+    for (size_t i = 0; i < 3; ++i) d.inputs[i][m] = Shard(split);
+    d.outputs[0][m] = Shard(split);
+  }
+  if (method == "all_to_all") {
+    TESSEL_CHECK(heads_keep_groups(c, d),
+                 "sdpa: context parallel all_to_all splits the heads of q {} and k {} over the sequence's mesh dims "
+                 "too, and their pieces do not keep whole query groups (H / Hkv) with a kv head each; use ring",
+                 shape_str(c.inputs[0].shape), shape_str(c.inputs[1].shape));
+    return d;
+  }
+  TESSEL_CHECK(seq_dims.size() == 1, "sdpa: ring attention splits the sequence over one mesh dim, got {} ({})",
+               seq_dims.size(), placements_str(qp));
+  d.custom = true;
+  return d;
 }
 
 }  // namespace
@@ -547,9 +602,64 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& doc_starts,
-                                    bool causal, double scale) {
-  if (!doc_starts.defined()) return scaled_dot_product_attention(q, k, v, causal, scale);
-  return call_op1(op_sdpa, {q, k, v, doc_starts}, Attrs{{"causal", causal}, {"scale", scale}});
+                                    bool causal, double scale, std::string_view cp_method) {
+  Attrs attrs{{"causal", causal}, {"scale", scale}};
+  if (!cp_method.empty()) attrs.set("cp", std::string(cp_method));
+  if (!doc_starts.defined()) return call_op1(op_sdpa, {q, k, v}, attrs);
+  return call_op1(op_sdpa, {q, k, v, doc_starts}, attrs);
+}
+
+namespace {
+Dims block_dims(const Tensor& q, const Tensor& k, const SdpaBlockPlace& at) {
+  TESSEL_CHECK(q.dim() == 4 && k.dim() == 4 && q.size(0) == k.size(0) && q.size(3) == k.size(3) && k.size(1) > 0 &&
+                   q.size(1) % k.size(1) == 0,
+               "sdpa block: q {} and k {} must be [B, H, T, D] and [B, Hkv, S, D] with H a multiple of Hkv", q.str(),
+               k.str());
+  Dims d = dims_of(q.shape(), k.shape());
+  d.q0 = at.q0;
+  d.k0 = at.k0;
+  d.total = at.total;
+  return d;
+}
+}  // namespace
+
+std::array<Tensor, 2> sdpa_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& doc_starts,
+                                         bool causal, double scale, const SdpaBlockPlace& at) {
+  const Dims d = block_dims(q, k, at);
+  const double s = scale != 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(d.D, 1)));
+  Tensor out = heads_major(d.B, d.H, d.T, d.D, q.dtype());
+  Tensor lse = Tensor::empty({d.B, d.H, d.T}, q.dtype());
+  const std::vector<Visible> vis =
+      all_visible(d, causal, doc_starts.defined() ? kernels::contig(doc_starts) : Tensor());
+  TESSEL_DISPATCH_FLOAT(q.dtype(), "sdpa", [&]<typename T>() {
+    Tensor kq, kk, kv, ko;
+    Heads<T> hq = heads_of<T>(q, kq), hk = heads_of<T>(k, kk), hv = heads_of<T>(v, kv);
+    sdpa_forward_t<T>(d, static_cast<T>(s), vis, hq, hk, hv, heads_of<T>(out, ko), lse.data<T>());
+  });
+  return {out, lse};
+}
+
+std::array<Tensor, 3> sdpa_block_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                          const Tensor& lse, const Tensor& dout, const Tensor& doc_starts, bool causal,
+                                          double scale, const SdpaBlockPlace& at) {
+  const Dims d = block_dims(q, k, at);
+  const double s = scale != 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(d.D, 1)));
+  const DType dt = q.dtype();
+  Tensor dq = heads_major(d.B, d.H, d.T, d.D, dt), dk = heads_major(d.B, d.Hkv, d.S, d.D, dt),
+         dv = heads_major(d.B, d.Hkv, d.S, d.D, dt);
+  const std::vector<Visible> vis =
+      all_visible(d, causal, doc_starts.defined() ? kernels::contig(doc_starts) : Tensor());
+  Tensor l = kernels::contig(lse);
+  Tensor delta = Tensor::empty({d.B, d.H, d.T}, dt);
+  TESSEL_DISPATCH_FLOAT(dt, "sdpa", [&]<typename T>() {
+    Tensor keep[8];
+    Heads<T> hq = heads_of<T>(q, keep[0]), hk = heads_of<T>(k, keep[1]), hv = heads_of<T>(v, keep[2]),
+             hdo = heads_of<T>(dout, keep[3]), ho = heads_of<T>(out, keep[4]);
+    Heads<T> gq = heads_of<T>(dq, keep[5]), gk = heads_of<T>(dk, keep[6]), gv = heads_of<T>(dv, keep[7]);
+    sdpa_backward_t<T>(d, static_cast<T>(s), vis, hq, hk, hv, ho, l.data<T>(), hdo, delta.data<T>(), gq, gk, gv,
+                       BackwardArgs{true, true, true});
+  });
+  return {dq, dk, dv};
 }
 
 }  // namespace tessel

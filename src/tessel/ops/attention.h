@@ -2,6 +2,9 @@
 // docs/attention.md).
 #pragma once
 
+#include <array>
+#include <string_view>
+
 #include "tessel/core/tensor.h"
 
 namespace tessel {
@@ -22,8 +25,27 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // [0, S]; a row with fewer documents pads with S (empty documents). Query i (at key position
 // i + S - T) sees only keys of its own document (and, when causal, none after it). One list
 // for the whole batch is an expand of a [1, N] tensor. An undefined doc_starts is one
-// document per row.
+// document per row. cp_method (ring | all_to_all, empty: ring) says how a call whose sequence
+// is split over a mesh dim runs (context parallel; docs/attention.md); one rank ignores it.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& doc_starts,
-                                    bool causal = false, double scale = 0.0);
+                                    bool causal = false, double scale = 0.0, std::string_view cp_method = {});
+
+// ---- blocks of a longer sequence (ring attention, dist/ring_attention.cc) ----
+// Where a block pair sits: query t at global position q0 + t, key j at k0 + j; the document
+// starts (global, [B, N]) index a sequence of `total` positions.
+struct SdpaBlockPlace {
+  int64_t q0 = 0, k0 = 0, total = 0;
+};
+// {out [B, H, T, D], LSE [B, H, T]} of q [B, H, T, D] against the key/value block k, v
+// [B, Hkv, S, D] alone (plain tensors, not recorded): partial results that merge by their LSE.
+// A query that sees no key of the block gets out 0 and LSE -inf.
+std::array<Tensor, 2> sdpa_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& doc_starts,
+                                         bool causal, double scale, const SdpaBlockPlace& at);
+// {dq, dk, dv} of the block pair given the merged out and LSE of the whole key range and dout:
+// the probabilities rebuilt as e^(s - LSE) are the pair's share of the whole softmax, so the
+// sums of these over every key block are the gradients of the whole attention.
+std::array<Tensor, 3> sdpa_block_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                          const Tensor& lse, const Tensor& dout, const Tensor& doc_starts, bool causal,
+                                          double scale, const SdpaBlockPlace& at);
 
 }  // namespace tessel

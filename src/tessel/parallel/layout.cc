@@ -14,14 +14,17 @@ int64_t ParallelConfig::degree(std::string_view dim) const {
   if (dim == "dp") return dp;
   if (dim == "tp") return tp;
   if (dim == "ep") return ep;
+  if (dim == "cp") return cp;
   TESSEL_THROW("no mesh dim '{}' in a layout (have: {})", dim, fmt::join(kMeshDims, ", "));
 }
 
 void ParallelConfig::check_mesh() const {
-  // pp, dp and tp are named always; ep may be left out (it then goes just inside dp).
+  // pp, dp and tp are named always; ep and cp may be left out (full_mesh places them).
   for (const char* dim : {"pp", "dp", "tp"})
     TESSEL_CHECK(std::count(mesh.begin(), mesh.end(), dim) == 1,
-                 "parallel.mesh must name each of pp, dp and tp once (outermost first), got [{}]", fmt::join(mesh, ", "));
+                 "parallel.mesh must name each of pp, dp and tp once (outermost first), got [{}]; ep and cp may be "
+                 "named once too (left out, ep sits just inside dp and cp just outside tp)",
+                 fmt::join(mesh, ", "));
   const std::vector<std::string> known(std::begin(kMeshDims), std::end(kMeshDims));
   for (const std::string& dim : mesh) {
     TESSEL_CHECK(std::find(known.begin(), known.end(), dim) != known.end(),
@@ -32,18 +35,43 @@ void ParallelConfig::check_mesh() const {
 }
 
 std::vector<std::string> ParallelConfig::full_mesh() const {
-  std::vector<std::string> out = mesh;
+  std::vector<std::string> out;
+  for (const std::string& dim : mesh)
+    if ((dim != "ep" || ep > 1) && (dim != "cp" || cp > 1)) out.push_back(dim);
   auto absent = [&](std::string_view dim) { return std::find(out.begin(), out.end(), dim) == out.end(); };
   if (ep > 1 && absent("ep")) {
     auto at = std::find(out.begin(), out.end(), "dp");
     out.insert(at == out.end() ? out.end() : at + 1, "ep");
   }
+  if (cp > 1 && absent("cp")) out.insert(std::find(out.begin(), out.end(), "tp"), "cp");
   return out;
+}
+
+void ParallelConfig::validate_cp(int64_t seq_len, int64_t heads, int64_t kv_heads) const {
+  TESSEL_CHECK(cp >= 1, "parallel.cp must be at least 1, got {}", cp);
+  TESSEL_CHECK(cp_method == "ring" || cp_method == "all_to_all", "parallel.cp_method must be ring or all_to_all, got '{}'",
+               cp_method);
+  if (cp == 1) return;
+  if (cp_method == "ring") {
+    // Causal load balance: 2·cp chunks, rank r holding chunks r and 2·cp - 1 - r.
+    TESSEL_CHECK(seq_len % (2 * cp) == 0,
+                 "train.seq_len ({}) must be a multiple of 2 · parallel.cp = {} with parallel.cp_method ring: each cp "
+                 "rank holds one chunk from each end of the sequence (causal load balance)",
+                 seq_len, 2 * cp);
+  } else {
+    // Heads are what the all_to_all splits: every cp rank needs whole kv heads of its tp rank's.
+    TESSEL_CHECK(kv_heads % (tp * cp) == 0 && heads % (tp * cp) == 0,
+                 "parallel.cp_method all_to_all splits the attention heads over tp · cp = {} · {} ranks, so they must "
+                 "divide the key/value heads ({}) and the query heads ({}); use parallel.cp_method ring",
+                 tp, cp, kv_heads, heads);
+    TESSEL_CHECK(seq_len % cp == 0, "train.seq_len ({}) must be a multiple of parallel.cp ({})", seq_len, cp);
+  }
 }
 
 void ParallelConfig::validate(int64_t num_blocks, int64_t global_batch) const {
   check_mesh();
-  for (auto [key, v] : {std::pair{"dp", dp}, {"ep", ep}, {"tp", tp}, {"pp", pp}, {"vpp", vpp}, {"micro_batches", micro_batches}})
+  for (auto [key, v] : {std::pair{"dp", dp}, {"ep", ep}, {"cp", cp}, {"tp", tp}, {"pp", pp}, {"vpp", vpp},
+                        {"micro_batches", micro_batches}})
     TESSEL_CHECK(v >= 1, "parallel.{} must be at least 1, got {}", key, v);
   TESSEL_CHECK(sharding_stage >= 0 && sharding_stage <= 3, "parallel.sharding_stage must be 0, 1, 2 or 3, got {}",
                sharding_stage);
@@ -86,9 +114,11 @@ void ParallelConfig::validate(int64_t num_blocks, int64_t global_batch) const {
 std::string ParallelConfig::str() const {
   // The mesh order only when it is not the default.
   const std::string order = mesh == ParallelConfig{}.mesh ? "" : fmt::format("mesh [{}] ", fmt::join(mesh, ","));
+  // ep and cp only when used, so the layouts without them print as before.
   const std::string experts = ep > 1 ? fmt::format("·ep{}", ep) : "";
-  return fmt::format("{}dp{}{}·tp{}·pp{} vpp{} stage{}{} {} m{} recompute {}", order, dp, experts, tp, pp, vpp, sharding_stage,
-                     sp ? " sp" : "", schedule, micro_batches, recompute);
+  const std::string context = cp > 1 ? fmt::format("·cp{} {}", cp, cp_method) : "";
+  return fmt::format("{}dp{}{}·tp{}·pp{}{} vpp{} stage{}{} {} m{} recompute {}", order, dp, experts, tp, pp, context, vpp,
+                     sharding_stage, sp ? " sp" : "", schedule, micro_batches, recompute);
 }
 
 std::vector<std::pair<int64_t, int64_t>> stage_blocks(const ParallelConfig& c, int64_t num_blocks) {
@@ -130,9 +160,9 @@ int64_t dp_shard_dim(const Placements& stored, size_t dp_dim, const Shape& shape
 Layout::Layout(ParallelConfig config, int64_t world_rank) : rank(world_rank), config_(std::move(config)) {
   config_.check_mesh();
   Shape shape;
-  const std::vector<std::string> dims = config_.full_mesh();
-  for (const std::string& dim : dims) shape.push_back(config_.degree(dim));
-  world_ = ProcessMesh::iota(shape, dims);
+  const std::vector<std::string> names = config_.full_mesh();
+  for (const std::string& dim : names) shape.push_back(config_.degree(dim));
+  world_ = ProcessMesh::iota(shape, names);
   TESSEL_CHECK(world_rank >= 0 && world_rank < world_.size(), "rank {} is outside a layout of {} ranks ({})", world_rank,
                world_.size(), config_.str());
   coord_ = world_.coord(world_rank);
@@ -140,13 +170,13 @@ Layout::Layout(ParallelConfig config, int64_t world_rank) : rank(world_rank), co
 
 ProcessMesh Layout::stage_mesh(int64_t pp) const { return world_.sub_mesh(world_.dim_index("pp"), pp); }
 
-bool Layout::has(std::string_view dim) const {
+bool Layout::has_dim(std::string_view dim) const {
   const std::vector<std::string>& names = world_.dim_names();
   return std::find(names.begin(), names.end(), dim) != names.end();
 }
 
 int64_t Layout::coord(std::string_view dim) const {
-  return has(dim) ? coord_[static_cast<size_t>(world_.dim_index(dim))] : 0;
+  return has_dim(dim) ? coord_[static_cast<size_t>(world_.dim_index(dim))] : 0;
 }
 
 int64_t Layout::peer(std::string_view dim, int64_t index) const {
@@ -172,7 +202,7 @@ int64_t Layout::stage_dim(std::string_view dim) const {
 Placements Layout::placements(std::initializer_list<std::pair<std::string_view, Placement>> by_dim) const {
   Placements out(static_cast<size_t>(world_.ndim() - 1), Replicate());
   for (const auto& [dim, placement] : by_dim)
-    if (has(dim)) out[static_cast<size_t>(stage_dim(dim))] = placement;
+    if (has_dim(dim)) out[static_cast<size_t>(stage_dim(dim))] = placement;
   return out;
 }
 
@@ -184,10 +214,15 @@ std::shared_ptr<ProcessGroup> Layout::world_group_along(std::string_view dim) co
   return mesh_dim_group(world_, world_.dim_index(dim));
 }
 
+// The sequence is placed over cp only when cp > 1, so layouts without context parallelism keep
+// their placements (a Shard over a dim of one rank would differ from Replicate only in name).
 Placements Layout::activation_placements() const {
-  return placements(
-      {{"dp", Shard(0)}, {"ep", Shard(0)}, {"tp", config_.sp ? Placement(Shard(1)) : Placement(Replicate())}});
+  const Placement seq_cp = config_.cp > 1 ? Placement(Shard(1)) : Placement(Replicate());
+  return placements({{"dp", Shard(0)}, {"ep", Shard(0)}, {"cp", seq_cp},
+                     {"tp", config_.sp ? Placement(Shard(1)) : Placement(Replicate())}});
 }
-Placements Layout::ids_placements() const { return placements({{"dp", Shard(0)}, {"ep", Shard(0)}}); }
+Placements Layout::ids_placements() const {
+  return placements({{"dp", Shard(0)}, {"ep", Shard(0)}, {"cp", config_.cp > 1 ? Placement(Shard(1)) : Placement(Replicate())}});
+}
 
 }  // namespace tessel::parallel

@@ -1,7 +1,8 @@
 // A hybrid parallel layout: the degrees of a training config's `parallel:` section and the
 // meshes they make. The world is a mesh of named dims in the order `parallel.mesh` gives,
-// outermost first (default [pp, dp, tp]: tensor parallel innermost, so its ranks are neighbours
-// — on one node); each pipeline rank's stage runs on the sub-mesh at its pp coordinate, which
+// outermost first (default [pp, dp, cp, tp]: tensor parallel innermost, so its ranks are
+// neighbours — on one node — and context parallel just outside it, so a sequence split over cp
+// and again over tp (sequence parallel) is split cp-major, as the ring needs); each pipeline rank's stage runs on the sub-mesh at its pp coordinate, which
 // keeps the other dims in the same order. Code asks for a dim by name (degree("dp"),
 // coord("tp"), group("dp"), placements({{"dp", Shard(0)}})), never by position, so a new
 // dimension is one more name.
@@ -28,6 +29,10 @@ struct ParallelConfig {
   // batch (inside data parallel, as Megatron-Core and DeepSpeed place it): dense parameters are
   // replicated over dp · ep ranks, experts over dp.
   int64_t ep = 1;
+  // Context parallel (docs/attention.md): the sequence split over `cp` ranks, attention by a
+  // ring of key/value blocks ("ring") or by heads after an all_to_all ("all_to_all").
+  int64_t cp = 1;
+  std::string cp_method = "ring";
   int64_t vpp = 1;             // model chunks per pipeline rank (interleaved schedule)
   int64_t sharding_stage = 0;  // ZeRO: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters
   bool sp = false;             // sequence parallel (needs tp > 1 to matter)
@@ -37,15 +42,18 @@ struct ParallelConfig {
   double bucket_mb = 4;            // gradient bytes per data-parallel collective (MiB)
   std::vector<int64_t> stage_layers;  // blocks per virtual stage (empty: as even as possible)
   // The mesh dims, outermost first: an order of names in kMeshDims. World ranks are numbered
-  // row-major over them. A dim of degree 1 may be left out.
+  // row-major over them. pp, dp and tp are always named; ep and cp may be left out.
   std::vector<std::string> mesh = {"pp", "dp", "tp"};
-  static constexpr std::string_view kMeshDims[] = {"pp", "dp", "ep", "tp"};
+  static constexpr std::string_view kMeshDims[] = {"pp", "dp", "ep", "cp", "tp"};
 
-  int64_t world_size() const { return dp * ep * tp * pp; }
-  // The dims the world mesh has: `mesh`, with ep (when more than one rank and left out) just
-  // inside dp, where the peers put it, and pp, dp and tp always (innermost when left out). A dim
-  // such as ep of degree 1 that `mesh` leaves out is not there at all.
+  int64_t world_size() const { return dp * ep * cp * tp * pp; }
+  // The dims the world mesh has: `mesh`, with ep (left out) just inside dp, where the peers put
+  // it, and cp (left out) just outside tp — each only when it has more than one rank: a dim of
+  // one rank is not in the mesh at all, so layouts without it keep their meshes, placements and
+  // the checkpoints they describe.
   std::vector<std::string> full_mesh() const;
+  // Checks the context-parallel keys against the model and sequence; throws naming the key.
+  void validate_cp(int64_t seq_len, int64_t heads, int64_t kv_heads) const;
   // The degree of the mesh dim called `dim`; throws naming the known dims.
   int64_t degree(std::string_view dim) const;
   // Checks that `mesh` names known dims once and every dim of degree > 1; throws naming parallel.mesh.
@@ -77,10 +85,9 @@ class Layout {
   ProcessMesh stage_mesh(int64_t pp) const;
   ProcessMesh stage_mesh() const { return stage_mesh(coord("pp")); }
 
-  // Whether the mesh has the dim `dim` (pp, dp and tp always; others when full_mesh has them).
-  bool has(std::string_view dim) const;
-  // This rank's coordinate along the mesh dim `dim` (0 along a dim the mesh does not have), and
-  // that dim's degree.
+  // Whether the world mesh has the dim `dim` (pp, dp and tp always; ep and cp when used).
+  bool has_dim(std::string_view dim) const;
+  // This rank's coordinate along the mesh dim `dim` (0 along an absent one), and its degree.
   int64_t coord(std::string_view dim) const;
   int64_t degree(std::string_view dim) const { return config_.degree(dim); }
   // The world rank at this rank's coordinates with `dim`'s changed to `index`.
@@ -90,8 +97,8 @@ class Layout {
   bool first_along_all_but(std::initializer_list<std::string_view> dims) const;
   // The index of `dim` on a stage mesh (a dim other than pp).
   int64_t stage_dim(std::string_view dim) const;
-  // Placements on a stage mesh: the given ones on the named dims, Replicate on the others (a
-  // named dim the mesh does not have, of degree 1, is skipped).
+  // Placements on a stage mesh: the given ones on the named dims, Replicate on the others
+  // (a named dim the mesh lacks, of one rank, is left out).
   Placements placements(std::initializer_list<std::pair<std::string_view, Placement>> by_dim) const;
   // This rank's process group along the stage mesh dim `dim`.
   std::shared_ptr<ProcessGroup> group(std::string_view dim) const;
@@ -100,7 +107,8 @@ class Layout {
   std::shared_ptr<ProcessGroup> world_group_along(std::string_view dim) const;
 
   // Placements on a stage mesh: the activations between blocks ([B, T, C]: batch over dp and
-  // ep; the sequence over tp with sequence parallel) and the token ids ([B, T]).
+  // ep; the sequence over cp, and over tp with sequence parallel) and the token ids ([B, T]:
+  // batch over dp and ep, sequence over cp).
   Placements activation_placements() const;
   Placements ids_placements() const;
 

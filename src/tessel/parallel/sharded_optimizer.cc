@@ -157,6 +157,8 @@ namespace {
 // `g` laid out as the optimizer reduces it: like `stored`, except a partial sum over dp when
 // `over_dp` (the data-parallel sum is still owed) and a partial sum over tp that the parameter
 // is replicated over, which is summed later with the others. Sets `tp_partial` for the latter.
+// A partial sum over cp (context parallel: every cp rank's tokens reach every parameter) is
+// summed here by the reshard to `stored`, whole on every cp rank.
 Tensor as_reduced(const Tensor& g, const Placements& stored, size_t dp_dim, size_t tp_dim, bool over_dp,
                   const ProcessMesh& mesh, bool& tp_partial) {
   Placements target = stored;
@@ -392,7 +394,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
   for (const Slot& s : slots_) {
     bool counts = !(s.tied && !count_tied_);
     if (!s.shard[dp_dim].is_shard()) counts = counts && me == 0;
-    // Likewise over every other mesh dim (tp, ep): a piece replicated there counts on its rank 0.
+    // Likewise over every other mesh dim (tp, ep, cp): a piece replicated there counts on its rank 0.
     for (size_t m = 0; m < s.stored.size(); ++m)
       if (m != dp_dim && !s.stored[m].is_shard() && layout_.stage_mesh().coord(layout_.rank)[m] != 0) counts = false;
     if (!counts) continue;
