@@ -21,6 +21,7 @@
 #include "tessel/core/philox.h"
 #include "tessel/core/view.h"
 #include "tessel/autograd/engine.h"
+#include "tessel/nn/moe.h"
 #include "tessel/ops/attention.h"
 #include "tessel/ops/ops.h"
 
@@ -159,6 +160,25 @@ void BM_grouped_matmul(benchmark::State& state) {
 BENCHMARK(BM_grouped_matmul)->Name("grouped_vs_dense_fwd_bwd_NxKxF_E8")->Args({4096, 512, 1024})
     ->Args({8192, 768, 2048})->UseManualTime();
 
+// ---- a whole MoE layer (nn::MoeBlock: router, top-2 of 8 experts, dispatch, grouped SwiGLU
+// experts, combine) against the same expert FLOPs as dense products: the three matrices of a
+// SwiGLU MLP on N·k token rows, forward and backward through autograd. Issue 29's goal: the
+// MoE layer at >= 70% of the dense rate (its routing, gathers and combine count against it).
+void BM_moe_layer(benchmark::State& state) {
+  const int64_t N = state.range(0), C = state.range(1), F = state.range(2), E = 8, k = 2;
+  nn::MoeConfig cfg{.num_experts = E, .top_k = k, .expert_hidden = F, .aux_loss_coef = 0.01, .z_loss_coef = 0.001};
+  nn::MoeBlock moe(C, cfg, 0.02, 0);
+  moe.finalize_names("moe");
+  moe.materialize(1);
+  Tensor x = random({1, N, C}), gy = random({1, N, C});
+  Tensor xd = random({N * k, C}), w1 = random({C, F}), w3 = random({C, F}), w2 = random({F, C}), gd = random({N * k, C});
+  for (const Tensor* t : {&x, &xd, &w1, &w3, &w2}) t->set_requires_grad(true);
+  paired(state, 18.0 * static_cast<double>(N * k * C * F) / 1e9, "GFLOP/s", [&] { backward(moe.forward(x), gy); },
+         [&] { backward(matmul(mul(silu(matmul(xd, w1)), matmul(xd, w3)), w2), gd); });
+}
+BENCHMARK(BM_moe_layer)->Name("moe_layer_vs_dense_fwd_bwd_NxCxF_E8k2")->Args({2048, 512, 1024})
+    ->Args({4096, 768, 2048})->UseManualTime();
+
 // ---- memory-bound kernels against memcpy of the same bytes ----
 const Shape kRows{4096, 1024};
 constexpr double kBytes = 4096.0 * 1024.0 * 4.0;
@@ -249,6 +269,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                   100.0 * ours / ref,
                   !flops                             ? "memcpy, same bytes"
                   : name.rfind("grouped", 0) == 0 ? "one dense tessel matmul, same FLOPs"
+                  : name.rfind("moe", 0) == 0 ? "dense SwiGLU matmuls on N·k rows, same FLOPs"
                                                      : "cblas_sgemm, same shape",
                   flops && peak > 0 ? fmt::format(" ({:.0f}% of peak)", 100.0 * ours / peak).c_str() : "");
     }

@@ -9,6 +9,7 @@
 
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/ckpt/safetensors.h"
+#include "tessel/nn/models.h"
 #include "tessel/core/view.h"
 #include "tessel/ops/inplace.h"
 
@@ -78,6 +79,40 @@ TEST(LoadModel, NamesMissingExtraAndMisshapenTensors) {
   std::string msg = error_with(shaped);
   EXPECT_NE(msg.find("[11, 8]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[10, 8]"), std::string::npos) << msg;
+}
+
+// Mixtral's experts: one tensor per expert in Hugging Face's files
+// ("model.layers.N.block_sparse_moe.experts.E.w1.weight" [F, C]), one stacked [E, F, C]
+// parameter here. Saved and loaded through those names; a missing or misshapen expert named.
+TEST(LoadModel, MixtralExpertsAreOneTensorPerExpertInTheFiles) {
+  nn::LlamaConfig c{.num_hidden_layers = 2, .hidden_size = 8, .num_attention_heads = 2, .num_key_value_heads = 1,
+                    .intermediate_size = 6, .vocab_size = 10, .max_position_embeddings = 8};
+  c.moe = {.num_experts = 3, .top_k = 2, .expert_hidden = 6};
+  nn::Llama src(c);
+  src.materialize(1);
+  std::map<std::string, Tensor> state = model_state(src);
+  EXPECT_FALSE(state.count("model.layers.0.block_sparse_moe.experts.w1.weight"));
+  ASSERT_TRUE(state.count("model.layers.1.block_sparse_moe.experts.2.w2.weight"));
+  EXPECT_EQ(state.at("model.layers.1.block_sparse_moe.experts.2.w2.weight").shape(), (Shape{8, 6}));
+  EXPECT_EQ(state.at("model.layers.1.block_sparse_moe.experts.2.w2.weight").to_doubles(),
+            view::select(src.parameter("model.layers.1.block_sparse_moe.experts.w2.weight").value, 0, 2).to_doubles());
+  const std::string path = temp("mixtral.safetensors");
+  save_safetensors(path, state, {{"format", "pt"}});
+  nn::Llama dst(c);
+  dst.materialize(2);
+  load_model(path, dst);
+  for (nn::Parameter* p : dst.parameters())
+    EXPECT_EQ(p->value.to_doubles(), src.parameter(p->name).value.to_doubles()) << p->name;
+  auto missing = state;
+  missing.erase("model.layers.0.block_sparse_moe.experts.1.w3.weight");
+  save_safetensors(path, missing);
+  try {
+    load_model(path, dst);
+    ADD_FAILURE() << "a missing expert was accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("experts.1.w3.weight"), std::string::npos) << e.what();
+  }
+  fs::remove(path);
 }
 
 TEST(LoadModel, ConvertsDtypes) {
