@@ -8,7 +8,7 @@
 // long each save held training (planning, and the next update waiting for the writer) beside
 // the time of a synchronous save of the same state. Medians of --repeats.
 //
-//   build/release/bench/ckpt_bench [--ranks 2] [--layers 12] [--width 768] [--repeats 3] [--bg-seq 128] [--dir DIR]
+//   build/release/bench/ckpt_bench [--ranks 2] [--layers 12] [--width 768] [--repeats 3] [--bg-seq 128] [--bg-every 2] [--dir DIR]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -79,7 +79,7 @@ int64_t folder_bytes(const fs::path& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int ranks = 2, layers = 12, width = 768, repeats = 3, bg_seq = 128;
+  int ranks = 2, layers = 12, width = 768, repeats = 3, bg_seq = 128, bg_every = 2;
   std::string dir = (fs::temp_directory_path() / "tessel-ckpt-bench").string();
   for (int i = 1; i < argc; ++i) {
     auto next = [&] { return i + 1 < argc ? argv[++i] : (std::exit(2), ""); };
@@ -89,8 +89,9 @@ int main(int argc, char** argv) {
     else if (std::strcmp(argv[i], "--repeats") == 0) repeats = std::atoi(next());
     else if (std::strcmp(argv[i], "--dir") == 0) dir = next();
     else if (std::strcmp(argv[i], "--bg-seq") == 0) bg_seq = std::atoi(next());
+    else if (std::strcmp(argv[i], "--bg-every") == 0) bg_every = std::atoi(next());
     else {
-      std::printf("usage: ckpt_bench [--ranks R] [--layers L] [--width W] [--repeats N] [--bg-seq T] [--dir DIR]\n"
+      std::printf("usage: ckpt_bench [--ranks R] [--layers L] [--width W] [--repeats N] [--bg-seq T] [--bg-every K] [--dir DIR]\n"
                   "Checkpoint save/load throughput per process beside the disk's, and background-save blocking.\n");
       return std::strcmp(argv[i], "--help") == 0 ? 0 : 2;
     }
@@ -162,20 +163,22 @@ int main(int argc, char** argv) {
               static_cast<double>(ranks) * static_cast<double>(read) / median(load_s) / (1 << 20),
               median(disk_r) / (1 << 20), 100 * median(load_ratio), 100 * ranks * median(load_ratio));
 
-  // Background saves, every step of a run whose steps have real work (--bg-seq tokens per row,
-  // 2 rows per rank): training is held for the plan and for whatever the writer has not
-  // written when the next update begins.
+  // Background saves every --bg-every steps of a run whose steps have real work (--bg-seq tokens
+  // per row, 2 rows per rank): training is held for the plan, for whatever the writer has not
+  // copied off the live tensors when the next update begins, and — when saves come faster than
+  // the disk takes them — for the previous save to finish.
   RunConfig bg = cfg;
-  bg.train.save_every = 1;
-  bg.train.steps = 2 + repeats;
+  bg.train.save_every = bg_every;
+  bg.train.steps = 2 + bg_every * repeats;
   bg.train.seq_len = bg_seq;
   fs::remove_all(dir + "/bg");
   const ParallelTrainResult r = train_parallel_threads(
       bg, ranks, ParallelTrainOptions{.base = TrainOptions{.save_dir = dir + "/bg", .progress = false, .quiet = true}});
   std::vector<double> step_s;
   for (const StepRecord& st : r.train.steps) step_s.push_back(st.seconds);
-  std::printf("  background save (steps of %d x %d tokens per rank, median %.2f s): training held %.3f s (median of "
-              "%zu) vs a synchronous save %.3f s: %.1f%%\n", 2, bg_seq, median(step_s), median(r.save_block_seconds),
+  std::printf("  background save every %d steps (steps of %d x %d tokens per rank, median %.2f s): training held %.3f s "
+              "(median of %zu) vs a synchronous save %.3f s: %.1f%%\n", bg_every, 2, bg_seq, median(step_s),
+              median(r.save_block_seconds),
               r.save_block_seconds.size(), median(save_s), 100 * median(r.save_block_seconds) / median(save_s));
   fs::remove_all(dir);
   return 0;

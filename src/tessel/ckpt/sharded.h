@@ -68,7 +68,10 @@ class PendingCheckpoint {
   PendingCheckpoint& operator=(PendingCheckpoint&&) noexcept;
 
   int64_t step() const;
-  void write();            // a write error is kept and reported by publish() on every rank
+  // A write error is kept and reported by publish() on every rank. With `stage_first` (a write on
+  // a background thread while training goes on) every piece is first copied off the live tensors
+  // into the writer's memory, so release_tensors() finds almost nothing left to copy or wait for.
+  void write(bool stage_first = false);
   void release_tensors();
   std::string publish();   // writes first if write() was not called
 

@@ -191,8 +191,11 @@ struct PendingCheckpoint::Impl {
   std::string write_error;
   Json trainer;
   bool written = false, published = false;
-  // A background write and release_tensors(): which pieces the writer has claimed.
-  static constexpr int kWaiting = 0, kWriting = 1, kWritten = 2;
+  // A background write and release_tensors(): whether each piece still reads the live tensor
+  // (waiting), is being copied off it by the writer (copying), or no longer needs it (private: a
+  // staged copy, or a clone release_tensors made).
+  static constexpr int kWaiting = 0, kCopying = 1, kPrivate = 2;
+  std::vector<std::vector<char>> staged;  // the writer's copies (plain memory, off the rank's allocator)
   std::mutex claim_mu;
   std::condition_variable claim_cv;
   std::vector<int> job_state;
@@ -289,7 +292,7 @@ PendingCheckpoint& PendingCheckpoint::operator=(PendingCheckpoint&&) noexcept = 
 
 int64_t PendingCheckpoint::step() const { return impl_->step; }
 
-void PendingCheckpoint::write() {
+void PendingCheckpoint::write(bool stage_first) {
   Impl& m = *impl_;
   if (m.written) return;
   m.written = true;
@@ -310,12 +313,16 @@ void PendingCheckpoint::write() {
                       "checkpoint: cannot size '{}' to {} bytes: {}", path, files[f].size, sys_error());
       pwrite_all(fd, files[f].header.data(), files[f].header.size(), 0, path);
     }
-    run_parallel(jobs.size(), options.threads, [&](size_t j) {
-      // Claim the piece: from here release_tensors() waits for it instead of copying it.
+    // In the background, first stage every piece still read from the live tensors into the
+    // writer's own memory — a memcpy per piece, done long before the next update — so
+    // release_tensors() rarely has anything left to copy or wait for; then write from the copies.
+    m.staged.resize(jobs.size());
+    if (stage_first) run_parallel(jobs.size(), options.threads, [&](size_t j) {
       Tensor source;
       {
         std::lock_guard<std::mutex> lock(m.claim_mu);
-        m.job_state[j] = Impl::kWriting;
+        if (m.job_state[j] != Impl::kWaiting) return;  // already private (cloned by release_tensors)
+        m.job_state[j] = Impl::kCopying;
         source = m.sources[j];
       }
       struct Done {
@@ -324,14 +331,44 @@ void PendingCheckpoint::write() {
         ~Done() {
           {
             std::lock_guard<std::mutex> lock(m.claim_mu);
-            m.job_state[j] = Impl::kWritten;
+            m.job_state[j] = Impl::kPrivate;
           }
           m.claim_cv.notify_all();
         }
       } done{m, j};
+      const char* src = static_cast<const char*>(source.raw_data());
+      m.staged[j].assign(src, src + source.nbytes());
+    });
+    run_parallel(jobs.size(), options.threads, [&](size_t j) {
+      const char* src;
+      uint64_t bytes;
+      {
+        std::lock_guard<std::mutex> lock(m.claim_mu);
+        if (m.job_state[j] == Impl::kPrivate && !m.staged[j].empty()) {
+          src = m.staged[j].data();
+          bytes = m.staged[j].size();
+        } else {
+          // Not staged: the live tensor (a synchronous save, which holds training anyway), or a
+          // clone release_tensors made. Claimed, so release_tensors waits for it.
+          if (m.job_state[j] == Impl::kWaiting) m.job_state[j] = Impl::kCopying;
+          src = static_cast<const char*>(m.sources[j].raw_data());
+          bytes = static_cast<uint64_t>(m.sources[j].nbytes());
+        }
+      }
+      struct Written {  // also when the write throws: release_tensors() must never wait in vain
+        Impl& m;
+        size_t j;
+        ~Written() {
+          {
+            std::lock_guard<std::mutex> lock(m.claim_mu);
+            if (m.job_state[j] == Impl::kCopying) m.job_state[j] = Impl::kPrivate;
+            std::vector<char>().swap(m.staged[j]);  // its copy is freed
+          }
+          m.claim_cv.notify_all();
+        }
+      } written{m, j};
       const TensorPlan& p = plans[jobs[j].plan];
       const PieceRef& piece_ref = p.pieces[jobs[j].piece];
-      const char* src = static_cast<const char*>(source.raw_data());
       const FilePlan& file = files[p.file];
       const std::string path = (tmp / file.name).string();
       const int fd = fds.get(path);
@@ -340,7 +377,7 @@ void PendingCheckpoint::write() {
         pwrite_all(fd, src + static_cast<uint64_t>(from) * es, static_cast<uint64_t>(count) * es,
                    base + static_cast<uint64_t>(at) * es, path);
       });
-      sums[j] = checkpoint_checksum(src, source.nbytes());
+      sums[j] = checkpoint_checksum(src, bytes);
     });
     fds.finish(/*sync=*/true);
   } catch (const std::exception& e) {
@@ -353,12 +390,15 @@ void PendingCheckpoint::release_tensors() {
   Impl& m = *impl_;
   std::unique_lock<std::mutex> lock(m.claim_mu);
   if (m.released) return;
-  // Pieces the writer has not reached yet become private copies (made on this thread, the
-  // rank's); pieces it is writing now are waited for.
+  // Pieces the writer has not staged yet become private copies (made on this thread, the
+  // rank's); pieces it is copying now are waited for.
   for (size_t j = 0; j < m.sources.size(); ++j)
-    if (m.job_state[j] == Impl::kWaiting && !m.failed) m.sources[j] = view::clone(m.sources[j]);
+    if (m.job_state[j] == Impl::kWaiting && !m.failed) {
+      m.sources[j] = view::clone(m.sources[j]);
+      m.job_state[j] = Impl::kPrivate;
+    }
   m.claim_cv.wait(lock, [&] {
-    return std::none_of(m.job_state.begin(), m.job_state.end(), [](int st) { return st == Impl::kWriting; });
+    return std::none_of(m.job_state.begin(), m.job_state.end(), [](int st) { return st == Impl::kCopying; });
   });
   m.released = true;
 }

@@ -232,7 +232,7 @@ struct Engine::State {
     written = false;
     released = false;
     writer = std::thread([this] {
-      pending->write();
+      pending->write(/*stage_first=*/true);
       written = true;
     });
   }
