@@ -36,13 +36,13 @@ void write_pid(const std::string& dir, const std::string& name, pid_t pid) {
   std::rename(tmp.c_str(), (dir + "/" + name).c_str());
 }
 
-// Waits (at most 10 s) until every rank of the job has written its pid file.
-void wait_for_pids(const std::string& dir, int world) {
+// Waits (at most 10 s) until every rank of the job has written its file `<prefix><rank><suffix>`.
+void wait_for_pids(const std::string& dir, int world, const std::string& prefix = "", const std::string& suffix = ".pid") {
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (std::chrono::steady_clock::now() < until) {
     int have = 0;
     for (int r = 0; r < world; ++r)
-      if (access((dir + "/" + std::to_string(r) + ".pid").c_str(), F_OK) == 0) ++have;
+      if (access((dir + "/" + prefix + std::to_string(r) + suffix).c_str(), F_OK) == 0) ++have;
     if (have == world) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -104,9 +104,13 @@ int main(int argc, char** argv) {
   if (partial) std::printf("partial-%d", rank);
   std::fflush(stdout);
   std::fflush(stderr);
+  // Printed: a rank that exits or kills itself waits for every rank of this (elastic) round to
+  // have printed, so the launcher's teardown cannot cut another rank's lines short.
+  const std::string printed = ".printed" + env("TESSEL_ELASTIC_ROUND");
+  if (!pid_dir.empty()) write_pid(pid_dir, "." + std::to_string(rank) + printed, getpid());  // hidden: not a worker's pid
 
   if (rank == exit_rank || rank == kill_rank) {
-    if (!pid_dir.empty()) wait_for_pids(pid_dir, world);
+    if (!pid_dir.empty()) wait_for_pids(pid_dir, world, ".", printed);
     if (rank == exit_rank) return exit_code;
     signal(sig, SIG_DFL);
     raise(sig);

@@ -414,9 +414,10 @@ TEST(Launch, ElasticJobStartsWithTheNodesThereAreAfterTheLastCall) {
 
 // Each failed round counts against --max-restarts; the next round runs with the nodes alive.
 TEST(Launch, ElasticFailedRoundsCountAgainstMaxRestarts) {
+  PidDir pids;  // the failing rank exits once every rank of its round has printed
   Result r = run_tessel(elastic_args(0, free_port(), "1:2") +
-                        std::vector<std::string>{"--max-restarts", "1", "--", kFixture, "--print-env", "--exit-rank",
-                                                 "1", "--exit-code", "5"});
+                        std::vector<std::string>{"--max-restarts", "1", "--", kFixture, "--print-env", "--pid-dir", pids.path(),
+                                                 "--exit-rank", "1", "--exit-code", "5"});
   EXPECT_EQ(r.code, 1) << show(r);
   EXPECT_TRUE(contains(r.err, "round 0 failed; restart 1 of at most 1: round 1 gathers the nodes still alive")) << show(r);
   EXPECT_TRUE(contains(r.err, "round 1: 1 node")) << show(r);
