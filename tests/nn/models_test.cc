@@ -182,6 +182,22 @@ TEST(Llama, WholeModelGradientsMatchFiniteDifferences) {
   check_model_gradients(m, 13);
 }
 
+// Mixtral: one dense block and one mixture-of-experts block (the MoE losses off here: lm_loss does
+// not count them; tests/nn/moe_test.cc checks their gradients).
+TEST(Mixtral, WholeModelGradientsMatchFiniteDifferences) {
+  LlamaConfig c = tiny_llama();
+  c.num_hidden_layers = 2;
+  c.moe = {.num_experts = 3, .top_k = 2, .expert_hidden = c.intermediate_size, .aux_loss_coef = 0, .z_loss_coef = 0};
+  c.moe_every = 2;  // block 1 sparse, block 0 dense
+  Llama m(c);
+  EXPECT_EQ(m.arch(), "mixtral");
+  m.parameter("model.layers.0.mlp.gate_proj.weight");
+  Parameter& w1 = m.parameter("model.layers.1.block_sparse_moe.experts.w1.weight");
+  EXPECT_TRUE(w1.file_stack);
+  EXPECT_EQ(stacked_file_name(w1.name, 2), "model.layers.1.block_sparse_moe.experts.2.w1.weight");
+  check_model_gradients(m, 13);
+}
+
 TEST(Llama, RopeMatchesTheRotateHalfFormula) {
   Rope r = Rope::make(4, 4, 10000.0, DType::f64);
   Tensor x = Tensor::from_doubles({1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4}, {1, 1, 4, 4}, DType::f64);
