@@ -435,6 +435,44 @@ TEST(Config, ReadsAHuggingFaceConfigJson) {
   EXPECT_EQ(c.model.llama.rope_theta, 500000.0);
 }
 
+// Mistral AI's Mixtral-8x7B-v0.1 config.json as Hugging Face publishes it: the MoE keys read as
+// they are; what tessel does not build (router jitter, a sliding window) refused by key.
+TEST(Config, ReadsMixtralsConfigJson) {
+  const std::string mixtral = R"({"architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0,
+    "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+    "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "num_local_experts": 8, "output_router_logits": false, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.02, "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "transformers_version": "4.36.0.dev0", "use_cache": true, "vocab_size": 32000)";
+  auto parse = [](const std::string& json) {
+    TempDir dir;
+    std::ofstream(dir.path() / "config.json") << json << "}";
+    return parse_run_config("model: {hf_config: config.json}\ndata: {path: " + corpus() + "}\ntrain: {seq_len: 32}\n",
+                            {}, dir.str(), "t.yaml");
+  };
+  RunConfig c = parse(mixtral);
+  EXPECT_EQ(c.model.arch, "mixtral");
+  EXPECT_EQ(c.model.llama.moe.num_experts, 8);
+  EXPECT_EQ(c.model.llama.moe.top_k, 2);
+  EXPECT_EQ(c.model.llama.moe.expert_hidden, 14336);
+  EXPECT_EQ(c.model.llama.moe.aux_loss_coef, 0.02);
+  EXPECT_EQ(c.model.llama.moe_every, 1);
+  std::string windowed = mixtral;
+  windowed.replace(windowed.find("\"sliding_window\": null"), 22, "\"sliding_window\": 4096");
+  for (const auto& [json, want] : std::vector<std::pair<std::string, std::string>>{
+           {mixtral + R"(, "router_jitter_noise": 0.01)", "\"router_jitter_noise\" is 0.01"},
+           {windowed, "\"sliding_window\" is 4096"}}) {
+    try {
+      parse(json);
+      ADD_FAILURE() << want << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(parse(mixtral + R"(, "router_jitter_noise": 0.0)").model.arch, "mixtral");
+}
+
 // A config.json whose architecture tessel does not build (another activation, untied or tied
 // head against the family's rule, biases, scaled RoPE, other widths) is refused by key, not
 // trained as something else under the same Hugging Face names; the family's own values pass.

@@ -369,6 +369,7 @@ const std::vector<HfFixed> kHfFixed = {
     {"mixtral", "tie_word_embeddings", {"false"}, "the LM head is a matrix of its own"},
     {"mixtral", "rope_scaling", {}, "RoPE is unscaled"},
     {"mixtral", "sliding_window", {}, "attention is not windowed"},
+    {"mixtral", "router_jitter_noise", {"0", "0.0"}, "the router adds no jitter noise"},
 };
 
 void check_hf_architecture(const YAML::Node& hf, const std::string& arch, const std::string& where) {
