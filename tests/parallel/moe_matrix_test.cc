@@ -10,6 +10,8 @@
 
 #include <cmath>
 
+#include <fmt/ranges.h>
+
 #include "support/compare.h"
 #include "support/reference_trainer.h"
 #include "tessel/cli/config.h"
@@ -114,6 +116,32 @@ TEST(MixtureOfExperts, EveryExpertParallelLayoutTrainsLikeOneRank) {
     }
     std::printf("  %-48s loss rel diff %.1e, parameters %.1e (%s), mean dropped %.2f%%\n", describe(l).c_str(),
                 worst_loss, worst_param, worst_name.c_str(), 100 * dropped / static_cast<double>(one.steps.size()));
+  }
+}
+
+}  // namespace
+}  // namespace tessel
+
+namespace tessel {
+namespace {
+
+// The ep dim is found by name like the others: dp2·ep2·tp2 with ep declared at other places in
+// the mesh (so the expert groups are made of other world ranks) trains like one rank.
+TEST(MixtureOfExperts, EpAnywhereInTheMeshTrainsAlike) {
+  RunConfig base = moe_config(true, 2);
+  base.train.steps = 4;
+  const TrainResult one = reference_train(base, TrainOptions{.progress = false, .quiet = true, .collect_params = true});
+  for (std::vector<std::string> order :
+       {std::vector<std::string>{"pp", "dp", "tp"}, {"ep", "pp", "tp", "dp"}, {"tp", "dp", "pp", "ep"}}) {
+    SCOPED_TRACE(fmt::format("mesh [{}]", fmt::join(order, ", ")));
+    RunConfig cfg = with_layout(base, {2, 2, 2, 1, 1, true, true, "1F1B", 2});
+    cfg.parallel.mesh = order;
+    const ParallelTrainResult r = train_parallel_threads(
+        cfg, 8, ParallelTrainOptions{.base = TrainOptions{.progress = false, .quiet = true, .collect_params = true}});
+    ASSERT_EQ(r.train.steps.size(), one.steps.size());
+    for (size_t i = 0; i < one.steps.size(); ++i)
+      EXPECT_LE(rel(r.train.steps[i].loss, one.steps[i].loss), kLossRel) << "step " << i;
+    for (const auto& [name, full] : one.final_params) EXPECT_LE(rel_diff(r.final_params.at(name), full), kParamRel) << name;
   }
 }
 
