@@ -55,7 +55,7 @@ TEST(PublishedTables, RowsAreConsistentWithTheirSources) {
       SCOPED_TRACE(r.model + " on " + r.cluster);
       const Cluster c = cluster_of(r);
       EXPECT_EQ(r.layout.devices(), c.devices());
-      EXPECT_EQ(r.layout.dp * r.layout.micro_batch * r.layout.micro_batches, r.global_batch);
+      EXPECT_EQ(r.layout.batch_shards() * r.layout.micro_batch * r.layout.micro_batches, r.global_batch);
       if (r.mfu > 0) {
         EXPECT_NEAR(r.tflops_per_device * 1e12 / c.peak(), r.mfu, 0.005);
       }
