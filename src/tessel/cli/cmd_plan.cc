@@ -208,8 +208,8 @@ std::vector<Command> register_plan(CLI::App& app) {
   cmd->add_option("--svg", a->svg, "also draw the plans (time and memory bars) into this SVG file");
   CLI::Option* published = cmd->add_flag("--published", a->published,
                                           "compare predictions with the published runs (Narayanan et al. 2021 Table 1, "
-                                          "Megatron-Core r0.8 on H100, MT-NLG 530B), each with its software profile, "
-                                          "and show the planner's best plan for each row");
+                                          "Megatron-Core r0.8 on H100, MT-NLG 530B, Megatron-Core's Mixtral 8x7B), each "
+                                          "with its software profile, and show the planner's best plan for each row");
   for (const char* name : {"--model", "--cluster", "--global-batch", "--seq-len", "--layout", "--svg", "--software"})
     published->excludes(cmd->get_option(name));  // the Table 1 rows fix all of these
   cmd->add_flag("--quiet", a->quiet, "no progress lines while measuring this machine");
