@@ -30,7 +30,7 @@ void print_table(const std::vector<plan::Estimate>& plans, const plan::Cluster& 
                 "data-parallel comm %.3f s, optimizer %.3f s\n",
                 e.compute, e.tp_comm, e.pp_comm, e.bubble, e.dp_comm, e.optimizer);
     if (e.layout.ep > 1 || e.layout.cp > 1)
-      std::printf("    of which: expert-parallel all_to_all %.3f s (busiest rank's expert load %.3fx the mean), "
+      std::printf("          expert-parallel all_to_all %.3f s (the busiest rank's expert load %.3fx the mean), "
                   "context-parallel comm %.3f s\n",
                   e.ep_comm, e.expert_imbalance, e.cp_comm);
     if (e.cp_hidden > 0)
@@ -65,14 +65,14 @@ void write_svg(const std::string& path, const std::vector<plan::Estimate>& plans
                      "{:.0f})</text>\n",
                      left, left + width + 40, c.device.memory_bytes / 1e9);
   const char* time_colors[] = {"#4878d0", "#ee854a", "#6acc64", "#d65f5f", "#956cb4", "#8c613c"};
-  const char* time_names[] = {"compute", "tp comm", "pp sends", "bubble", "dp comm", "optimizer"};
+  const char* time_names[] = {"compute", "tp/ep/cp comm", "pp sends", "bubble", "dp comm", "optimizer"};
   const char* mem_names[] = {"params", "grads", "optimizer", "activations", "other"};
   for (size_t i = 0; i < plans.size(); ++i) {
     const plan::Estimate& e = plans[i];
     const int y = top + row * static_cast<int>(i);
     out << fmt::format("<text x=\"{}\" y=\"{}\">#{} {} — {:.3g} s, {:.0f} tokens/s, MFU {:.1f}%</text>\n", left, y + 12,
                        i + 1, e.layout.str(), e.step_time, e.tokens_per_s, 100 * e.mfu);
-    const double parts[] = {e.compute, e.tp_comm, e.pp_comm, e.bubble, e.dp_comm, e.optimizer};
+    const double parts[] = {e.compute, e.tp_comm + e.ep_comm + e.cp_comm, e.pp_comm, e.bubble, e.dp_comm, e.optimizer};
     double x = left;
     for (int k = 0; k < 6; ++k) {
       const double w = max_time > 0 ? parts[k] / max_time * width : 0;

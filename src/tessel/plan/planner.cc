@@ -772,54 +772,63 @@ std::vector<Layout> candidate_layouts(const ModelSpec& m, const Cluster& c, cons
         for (const char* method : {"ring", "all_to_all"})
           if (cp_refusal(m, tp, cp, method).empty()) contexts.push_back({cp, method});
       }
-    for (const auto& [cp, cp_method] : contexts)
     // Expert parallel: degrees dividing the experts (the runtime's rule), for sparse models.
-    for (int ep : divisors(n / (tp * cp))) {
-      if (ep > 1 && (!o.allow_ep || !m.is_moe() || m.experts % ep != 0)) continue;
-    for (int pp : divisors(n / (tp * cp * ep))) {
-      if (pp > m.layers) continue;
-      const int dp = n / (tp * cp * ep * pp);
-      const int64_t shards = static_cast<int64_t>(dp) * ep;
-      for (int64_t mbs = 1; mbs <= o.max_micro_batch; mbs *= 2) {
-        if (o.global_batch % (shards * mbs) != 0) continue;
-        const int64_t micro = o.global_batch / (shards * mbs);
-        std::vector<std::pair<std::string, int>> schedules;
-        if (pp == 1) {
-          schedules.push_back({"1F1B", 1});
-        } else {
-          for (const std::string& s : o.schedules) {
-            if (s != "VPP") {
-              schedules.push_back({s, 1});
-              continue;
-            }
-            if (micro % pp != 0) continue;
-            for (int v = 2; v <= o.max_vpp; ++v)
-              if (static_cast<int64_t>(pp) * v <= m.layers && m.layers % (static_cast<int64_t>(pp) * v) == 0)
-                schedules.push_back({"VPP", v});
-          }
-        }
-        for (const auto& [schedule, vpp] : schedules)
-          for (const std::string& rc : recomputes)
-            for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp)
-              for (int stage = 0; stage <= (dp > 1 && o.allow_sharding ? 3 : 0); ++stage) {
-                Layout l;
-                l.dp = dp;
-                l.tp = tp;
-                l.pp = pp;
-                l.vpp = vpp;
-                l.micro_batch = mbs;
-                l.micro_batches = micro;
-                l.schedule = schedule;
-                l.recompute = rc;
-                l.sp = sp == 1;
-                l.sharding_stage = stage;
-                l.ep = ep;
-                l.cp = cp;
-                l.cp_method = cp_method;
-                out.push_back(std::move(l));
+    struct Extra {
+      int cp;
+      std::string cp_method;
+      int ep;
+    };
+    std::vector<Extra> extras;
+    for (const auto& [cp, method] : contexts)
+      for (int ep : divisors(n / (tp * cp)))
+        if (ep == 1 || (o.allow_ep && m.is_moe() && m.experts % ep == 0)) extras.push_back({cp, method, ep});
+    for (const Extra& x : extras) {
+      const int cp = x.cp, ep = x.ep;
+      const std::string& cp_method = x.cp_method;
+      for (int pp : divisors(n / (tp * cp * ep))) {
+        if (pp > m.layers) continue;
+        const int dp = n / (tp * cp * ep * pp);
+        const int64_t shards = static_cast<int64_t>(dp) * ep;
+        for (int64_t mbs = 1; mbs <= o.max_micro_batch; mbs *= 2) {
+          if (o.global_batch % (shards * mbs) != 0) continue;
+          const int64_t micro = o.global_batch / (shards * mbs);
+          std::vector<std::pair<std::string, int>> schedules;
+          if (pp == 1) {
+            schedules.push_back({"1F1B", 1});
+          } else {
+            for (const std::string& s : o.schedules) {
+              if (s != "VPP") {
+                schedules.push_back({s, 1});
+                continue;
               }
+              if (micro % pp != 0) continue;
+              for (int v = 2; v <= o.max_vpp; ++v)
+                if (static_cast<int64_t>(pp) * v <= m.layers && m.layers % (static_cast<int64_t>(pp) * v) == 0)
+                  schedules.push_back({"VPP", v});
+            }
+          }
+          for (const auto& [schedule, vpp] : schedules)
+            for (const std::string& rc : recomputes)
+              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp)
+                for (int stage = 0; stage <= (dp > 1 && o.allow_sharding ? 3 : 0); ++stage) {
+                  Layout l;
+                  l.dp = dp;
+                  l.tp = tp;
+                  l.pp = pp;
+                  l.vpp = vpp;
+                  l.micro_batch = mbs;
+                  l.micro_batches = micro;
+                  l.schedule = schedule;
+                  l.recompute = rc;
+                  l.sp = sp == 1;
+                  l.sharding_stage = stage;
+                  l.ep = ep;
+                  l.cp = cp;
+                  l.cp_method = cp_method;
+                  out.push_back(std::move(l));
+                }
+        }
       }
-    }
     }
   }
   return out;
