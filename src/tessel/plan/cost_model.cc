@@ -336,7 +336,8 @@ LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) 
     for (int64_t e = 0; e < local; ++e) counts[static_cast<size_t>(e)] = rows / local + (e < rows % local ? 1 : 0);
     streaming(p, "contiguous", {tokens * k, h});  // permute into expert order
     // The experts: SwiGLU by grouped GEMMs over each expert's rows (tensor parallel splits
-    // their width as a dense MLP's).
+    // their width as a dense MLP's), each group at the rate of one GEMM of its size — as
+    // bench/gpu_grouped_gemm.py measured on an H100 (docs/plan.md, "Mixture of experts").
     const double per_expert = static_cast<double>(rows) / static_cast<double>(local);
     auto grouped = [&](int64_t in, int64_t out) {
       const double dim = gemm_size(c.calibration, per_expert, static_cast<double>(in), static_cast<double>(out));
