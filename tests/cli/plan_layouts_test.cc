@@ -47,6 +47,9 @@ void expect_degrees(const parallel::ParallelConfig& p, const plan::Layout& l) {
   EXPECT_EQ(p.schedule, l.schedule);
   EXPECT_EQ(p.recompute, l.recompute);
   EXPECT_EQ(p.bucket_mb, l.bucket_mb);
+  EXPECT_EQ(p.ep, l.ep);
+  EXPECT_EQ(p.cp, l.cp);
+  if (l.cp > 1) EXPECT_EQ(p.cp_method, l.cp_method);
 }
 
 TEST(PlanLayouts, EveryLayoutThePlannerCanEmitTrains) {
@@ -65,7 +68,8 @@ TEST(PlanLayouts, EveryLayoutThePlannerCanEmitTrains) {
     plan::PlanOptions o;
     o.global_batch = batch;
     o.schedules = {"FThenB", "1F1B", "VPP", "ZBH1"};  // search's defaults and the one --layout adds
-    std::set<std::tuple<int, int, int, int, std::string>> shapes;  // (dp, tp, pp, vpp, schedule) trained
+    // (dp, tp, pp, vpp, schedule, cp, cp_method) trained
+    std::set<std::tuple<int, int, int, int, std::string, int, std::string>> shapes;
     const std::vector<plan::Layout> layouts = plan::candidate_layouts(model, cluster, o);
     // 5 and 7 ranks: no degrees fit (the global batch 16 and the 4 heads; 4 layers < 5 stages).
     EXPECT_EQ(layouts.empty(), ranks == 5 || ranks == 7) << ranks << " ranks";
@@ -75,7 +79,8 @@ TEST(PlanLayouts, EveryLayoutThePlannerCanEmitTrains) {
       recomputes_seen.insert(l.recompute);
       // `tessel plan --format yaml`, pasted into the config (here as --set overrides).
       std::vector<std::string> sets = yaml_as_sets(plan::parallel_yaml(l));
-      ASSERT_EQ(sets.size(), 10u) << plan::parallel_yaml(l);
+      // ep, and cp with its method, only where used.
+      ASSERT_EQ(sets.size(), 10u + (l.ep > 1 ? 1 : 0) + (l.cp > 1 ? 2 : 0)) << plan::parallel_yaml(l);
       RunConfig from_yaml;
       ASSERT_NO_THROW(from_yaml = load_run_config(kConfig, sets));
       expect_degrees(from_yaml.parallel, l);
@@ -92,7 +97,10 @@ TEST(PlanLayouts, EveryLayoutThePlannerCanEmitTrains) {
       ++checked;
 
       // One training step of the first layout of each shape, its other fields cycled.
-      if (!shapes.insert({l.dp, l.tp, l.pp, l.vpp, l.schedule}).second) continue;
+      // Context parallel: one of each degree and method, the rest as without it.
+      const auto shape = l.cp > 1 ? std::tuple{0, 0, 0, 0, std::string(), l.cp, l.cp_method}
+                                  : std::tuple{l.dp, l.tp, l.pp, l.vpp, l.schedule, 1, std::string()};
+      if (!shapes.insert(shape).second) continue;
       const size_t k = shapes.size();
       plan::Layout run = l;
       run.recompute = std::array{"none", "selective", "full"}[k % 3];

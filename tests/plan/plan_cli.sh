@@ -26,7 +26,7 @@ grep -q "<svg" "$tmp/p.svg"
 
 # --published: every table of plan/published.h, predicted against published, with its errors.
 "$tessel" plan --published > "$tmp/published.txt"
-for table in narayanan2021-table1 megatron-core-r0.8-h100 mt-nlg-530b; do
+for table in narayanan2021-table1 megatron-core-r0.8-h100 mt-nlg-530b megatron-core-mixtral-h100; do
   grep -q "^$table: mean absolute error" "$tmp/published.txt" || { cat "$tmp/published.txt"; echo "no $table"; exit 1; }
 done
 
@@ -58,6 +58,28 @@ grep -q "^parallel:" "$tmp/parallel.yaml"
 sed -i "s|path: ../data/kjv.txt|path: $src/data/kjv.txt|" "$tmp/cfg.yaml"
 "$tessel" train "$tmp/cfg.yaml" --set train.steps=1 --set train.warmup=0 --set train.save_every=0 > "$tmp/train.log" 2>&1 ||
   { cat "$tmp/train.log"; exit 1; }
+
+# Expert parallel: the search puts Mixtral 8x7B's experts on ep ranks (its YAML says so).
+"$tessel" plan --model mixtral-8x7b --cluster dgx-h100:64 --global-batch 256 --format yaml > "$tmp/mixtral.yaml"
+grep -Eq "^  ep: [2-8]$" "$tmp/mixtral.yaml" || { cat "$tmp/mixtral.yaml"; echo "no ep in the Mixtral plan"; exit 1; }
+
+# A plan with ep (and one with cp) as `tessel plan --format yaml` writes it, for the tiny
+# configs on 4 local thread ranks, trains: the section pasted into the config, a few steps.
+export XDG_CACHE_HOME="$tmp/cache"
+plan_and_train() {  # CONFIG LAYOUT WANT
+  local name
+  name=$(basename "$1" .yaml)
+  "$tessel" plan --model "$src/configs/$1" --cluster local:4 --layout "$2" --format yaml > "$tmp/$name.plan.yaml" 2>/dev/null
+  grep -q "$3" "$tmp/$name.plan.yaml" || { cat "$tmp/$name.plan.yaml"; echo "no '$3' in the plan"; exit 1; }
+  { sed '/^parallel:/,$d' "$src/configs/$1"; grep -v '^#' "$tmp/$name.plan.yaml"; } > "$tmp/$name.cfg.yaml"
+  sed -i "s|path: ../data/kjv.txt|path: $src/data/kjv.txt|" "$tmp/$name.cfg.yaml"
+  "$tessel" train "$tmp/$name.cfg.yaml" --set train.steps=3 --set train.warmup=0 --set train.save_every=0 \
+    --set log.every=1 > "$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; exit 1; }
+  grep -q "step 3/3" "$tmp/$name.log" && grep -q "\[rank 3\]" "$tmp/$name.log" ||
+    { cat "$tmp/$name.log"; echo "$1 did not train 3 steps on 4 ranks"; exit 1; }
+}
+plan_and_train mixtral-tiny.yaml dp=2,tp=1,pp=1,ep=2,mbs=4 "^  ep: 2$"
+plan_and_train llama-tiny.yaml dp=2,tp=1,pp=1,cp=2,cp_method=ring,mbs=4 "^  cp_method: ring$"
 
 # This machine as `tessel cluster detect` measures it: a cluster file that reads back, whose
 # figures are in range and say where they come from, and that plans a layout.

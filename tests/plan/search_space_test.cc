@@ -3,7 +3,9 @@
 // writes it (plan::parallel_yaml) into the model's training config, must pass `tessel train`'s
 // config validation (cli/config.cc, parallel::ParallelConfig::validate), build the pipeline
 // schedule the engine builds from it, and give the same parallel section as `tessel train
-// --plan auto` copies from a plan (apply_layout) — so the two can never disagree.
+// --plan auto` copies from a plan (apply_layout) — so the two can never disagree. That holds
+// for expert parallel on a tiny Mixtral (ep dividing its 8 experts, the batch over dp x ep) and
+// for context parallel by ring and all_to_all on the dense models (issues 29 and 30).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -41,8 +43,9 @@ TEST(SearchSpace, EveryCandidateIsAcceptedByTesselTrain) {
       {"gpt2-tiny.yaml", 16, {1, 2, 3, 4, 6, 8, 12, 16}},
       {"llama-tiny.yaml", 16, {1, 2, 4, 8, 16}},
       {"gpt2-tiny.yaml", 12, {2, 3, 4, 6, 12}},
+      {"mixtral-tiny.yaml", 16, {1, 2, 4, 8, 16}},
   };
-  int64_t checked = 0;
+  int64_t checked = 0, with_ep = 0, with_cp_ring = 0, with_cp_a2a = 0;
   for (const Case& k : cases) {
     const std::string base = read_text(configs / k.config);
     ASSERT_FALSE(base.empty()) << k.config;
@@ -69,6 +72,13 @@ TEST(SearchSpace, EveryCandidateIsAcceptedByTesselTrain) {
               << plan::parallel_yaml(l);
           const parallel::ParallelConfig& pc = parsed.parallel;
           EXPECT_EQ(pc.world_size(), n);
+          EXPECT_EQ(pc.ep, l.ep);
+          EXPECT_EQ(pc.cp, l.cp);
+          if (l.cp > 1) EXPECT_EQ(pc.cp_method, l.cp_method);
+          EXPECT_EQ(parsed.train.micro_batch, static_cast<int64_t>(l.dp) * l.ep * l.micro_batch);
+          with_ep += l.ep > 1;
+          with_cp_ring += l.cp > 1 && l.cp_method == "ring";
+          with_cp_a2a += l.cp > 1 && l.cp_method == "all_to_all";
           EXPECT_NO_THROW(parallel::make_schedule(pc.pp == 1 && pc.schedule == "VPP" ? "1F1B" : pc.schedule,
                                                   static_cast<int>(pc.pp), static_cast<int>(pc.micro_batches),
                                                   static_cast<int>(pc.vpp)));
@@ -84,6 +94,11 @@ TEST(SearchSpace, EveryCandidateIsAcceptedByTesselTrain) {
       }
     }
   }
-  std::printf("%lld candidate layouts accepted\n", static_cast<long long>(checked));
+  std::printf("%lld candidate layouts accepted (%lld with ep > 1, %lld with ring cp, %lld with all_to_all cp)\n",
+              static_cast<long long>(checked), static_cast<long long>(with_ep), static_cast<long long>(with_cp_ring),
+              static_cast<long long>(with_cp_a2a));
   EXPECT_GT(checked, 1000);
+  EXPECT_GT(with_ep, 100);
+  EXPECT_GT(with_cp_ring, 100);
+  EXPECT_GT(with_cp_a2a, 100);
 }

@@ -1,6 +1,7 @@
 // `tessel plan`: the best layouts of a model on a cluster, or one layout's estimate, with the
 // breakdown of each; `--published` checks the cost model against the published runs of
-// plan/published.h (Narayanan et al. 2021 Table 1, Megatron-Core r0.8 on H100, MT-NLG 530B).
+// plan/published.h (Narayanan et al. 2021 Table 1, Megatron-Core r0.8 on H100, MT-NLG 530B,
+// Megatron-Core's Mixtral 8x7B).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -28,6 +29,12 @@ void print_table(const std::vector<plan::Estimate>& plans, const plan::Cluster& 
     std::printf("    time: compute %.3f s, tensor-parallel comm %.3f s, pipeline sends %.3f s, bubble %.3f s, "
                 "data-parallel comm %.3f s, optimizer %.3f s\n",
                 e.compute, e.tp_comm, e.pp_comm, e.bubble, e.dp_comm, e.optimizer);
+    if (e.layout.ep > 1 || e.layout.cp > 1)
+      std::printf("          expert-parallel all_to_all %.3f s (the busiest rank's expert load %.3fx the mean), "
+                  "context-parallel comm %.3f s\n",
+                  e.ep_comm, e.expert_imbalance, e.cp_comm);
+    if (e.cp_hidden > 0)
+      std::printf("    ring transfers hidden behind the attention (not in the step): %.3f s\n", e.cp_hidden);
     if (e.tp_hidden > 0 || e.dp_hidden > 0)
       std::printf("    overlapped by the software (%s), not in the step: tensor-parallel comm %.3f s, data-parallel "
                   "comm %.3f s\n",
@@ -58,14 +65,14 @@ void write_svg(const std::string& path, const std::vector<plan::Estimate>& plans
                      "{:.0f})</text>\n",
                      left, left + width + 40, c.device.memory_bytes / 1e9);
   const char* time_colors[] = {"#4878d0", "#ee854a", "#6acc64", "#d65f5f", "#956cb4", "#8c613c"};
-  const char* time_names[] = {"compute", "tp comm", "pp sends", "bubble", "dp comm", "optimizer"};
+  const char* time_names[] = {"compute", "tp/ep/cp comm", "pp sends", "bubble", "dp comm", "optimizer"};
   const char* mem_names[] = {"params", "grads", "optimizer", "activations", "other"};
   for (size_t i = 0; i < plans.size(); ++i) {
     const plan::Estimate& e = plans[i];
     const int y = top + row * static_cast<int>(i);
     out << fmt::format("<text x=\"{}\" y=\"{}\">#{} {} — {:.3g} s, {:.0f} tokens/s, MFU {:.1f}%</text>\n", left, y + 12,
                        i + 1, e.layout.str(), e.step_time, e.tokens_per_s, 100 * e.mfu);
-    const double parts[] = {e.compute, e.tp_comm, e.pp_comm, e.bubble, e.dp_comm, e.optimizer};
+    const double parts[] = {e.compute, e.tp_comm + e.ep_comm + e.cp_comm, e.pp_comm, e.bubble, e.dp_comm, e.optimizer};
     double x = left;
     for (int k = 0; k < 6; ++k) {
       const double w = max_time > 0 ? parts[k] / max_time * width : 0;
@@ -129,12 +136,15 @@ int run_published(const std::string& format) {
                                       : 0.0;
       if (format == "table") {
         std::printf("%-16s %6d %-36s %9.1f %9.1f %+6.1f%% %8s %10.1f %-44s %9s\n", r.model.c_str(), c.devices(),
-                    fmt::format("dp={},tp={},pp={},vpp={}", r.layout.dp, r.layout.tp, r.layout.pp, r.layout.vpp).c_str(),
+                    fmt::format("dp={},tp={},pp={},vpp={}{}", r.layout.dp, r.layout.tp, r.layout.pp, r.layout.vpp,
+                                r.layout.ep > 1 ? fmt::format(",ep={}", r.layout.ep) : "")
+                        .c_str(),
                     r.tflops_per_device, predicted, 100 * err, gb(e.memory.total()).c_str(), best_tflops,
-                    best ? fmt::format("dp={},tp={},pp={},vpp={},mbs={},z{},{}{}", best->layout.dp, best->layout.tp,
+                    best ? fmt::format("dp={},tp={},pp={},vpp={},mbs={},z{},{}{}{}", best->layout.dp, best->layout.tp,
                                        best->layout.pp, best->layout.vpp, best->layout.micro_batch,
                                        best->layout.sharding_stage, best->layout.recompute,
-                                       best->layout.sp ? ",sp" : "")
+                                       best->layout.sp ? ",sp" : "",
+                                       best->layout.ep > 1 ? fmt::format(",ep={}", best->layout.ep) : "")
                                    .c_str()
                          : "none fits",
                     best ? gb(best->memory.total()).c_str() : "-");
@@ -198,8 +208,8 @@ std::vector<Command> register_plan(CLI::App& app) {
   cmd->add_option("--svg", a->svg, "also draw the plans (time and memory bars) into this SVG file");
   CLI::Option* published = cmd->add_flag("--published", a->published,
                                           "compare predictions with the published runs (Narayanan et al. 2021 Table 1, "
-                                          "Megatron-Core r0.8 on H100, MT-NLG 530B), each with its software profile, "
-                                          "and show the planner's best plan for each row");
+                                          "Megatron-Core r0.8 on H100, MT-NLG 530B, Megatron-Core's Mixtral 8x7B), each "
+                                          "with its software profile, and show the planner's best plan for each row");
   for (const char* name : {"--model", "--cluster", "--global-batch", "--seq-len", "--layout", "--svg", "--software"})
     published->excludes(cmd->get_option(name));  // the Table 1 rows fix all of these
   cmd->add_flag("--quiet", a->quiet, "no progress lines while measuring this machine");

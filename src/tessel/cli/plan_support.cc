@@ -19,10 +19,20 @@ namespace tessel {
 plan::ModelSpec model_spec_of(const RunConfig& config) {
   const int64_t seq = config.train.seq_len;
   plan::ModelSpec m;
-  if (config.model.arch == "llama") {
+  if (config.model.arch == "llama" || config.model.arch == "mixtral") {
     const nn::LlamaConfig& l = config.model.llama;
     m = plan::llama_spec(config.model.arch, l.num_hidden_layers, l.hidden_size, l.num_attention_heads,
                          l.num_key_value_heads, l.intermediate_size, l.vocab_size, seq);
+    if (config.model.arch == "mixtral") {
+      const nn::MoeConfig& e = l.moe;
+      m.arch = "mixtral";
+      m.experts = e.num_experts;
+      m.top_k = e.top_k;
+      m.ffn = e.expert_hidden > 0 ? e.expert_hidden : l.intermediate_size;
+      m.moe_every = l.moe_every;
+      m.shared_ffn = e.shared_expert_hidden;
+      m.capacity_factor = e.capacity_factor;
+    }
   } else {
     const nn::Gpt2Config& g = config.model.gpt2;
     m = plan::gpt_spec(config.model.arch, g.n_layer, g.n_embd, g.n_head, g.vocab_size, seq);
@@ -139,6 +149,9 @@ void apply_layout(RunConfig& config, const plan::Layout& l) {
   p.dp = l.dp;
   p.tp = l.tp;
   p.pp = l.pp;
+  p.ep = l.ep;
+  p.cp = l.cp;
+  p.cp_method = l.cp_method;
   p.vpp = l.vpp;
   p.sharding_stage = l.sharding_stage;
   p.sp = l.sp;

@@ -67,6 +67,23 @@ double p2p_time(const Cluster& c, double bytes, bool inter_node) {
   return l.latency + bytes / link_bw(c, l);
 }
 
+double all_to_all_time(const Cluster& c, double bytes, GroupSpan g) {
+  if (g.size <= 1 || bytes <= 0) return 0;
+  const int local = std::clamp(g.per_node, 1, g.size);
+  const double n = g.size, share = bytes / n;
+  const double inside = (local - 1) * (c.intra.latency + share / link_bw(c, c.intra));
+  const double across = (n - local) * (c.inter.latency + share / link_bw(c, c.inter));
+  return std::max(inside, across);
+}
+
+double moe_imbalance(const ModelSpec& m, double assignments, int ep) {
+  if (ep <= 1 || assignments <= 0) return 1;
+  const double e = ep;
+  double f = 1 + std::sqrt(2 * std::log(e) * (1 - 1 / e) / assignments);
+  if (m.capacity_factor > 0) f = std::min(f, std::max(1.0, m.capacity_factor));
+  return f;
+}
+
 // ---------------------------------------------------------------- compute
 
 double gemm_size(const Calibration& c, double m, double n, double k) {
@@ -165,24 +182,61 @@ void streaming(Pass& p, const char* name, std::vector<int64_t> shape, int inputs
 // Selective recompute redoes the part before PV (the QK^T product and the softmax); a fused
 // kernel recomputes the scores in its backward anyway (its calibrated efficiency includes it),
 // so selective recompute has nothing to add there.
-void attention(Pass& p, const ModelSpec& m, int64_t b, int64_t hq, int64_t hkv, double dropout) {
+//
+// Context parallel: a rank holds `sq` = seq / cp queries. The ring attends them to all seq keys
+// (cp blocks passed around, one per step); all_to_all attends whole sequences with 1/cp of the
+// heads (hq and hkv already divided by cp by the caller). Either way 1/cp of the FLOPs.
+void attention(Pass& p, const ModelSpec& m, int64_t b, int64_t hq, int64_t hkv, double dropout, int64_t sq) {
   const int64_t s = m.seq, d = m.head_dim();
   if (p.c.software.fused_attention) {
     Attrs a{{"causal", true}, {"scale", 1.0 / std::sqrt(static_cast<double>(d))}};
-    p.op("sdpa", {p.meta({b, hq, s, d}), p.meta({b, hkv, s, d}), p.meta({b, hkv, s, d})}, a, static_cast<double>(s),
+    p.op("sdpa", {p.meta({b, hq, sq, d}), p.meta({b, hkv, s, d}), p.meta({b, hkv, s, d})}, a, static_cast<double>(sq),
          false, true, p.c.software.attention_efficiency);
     return;  // nothing for selective recompute to redo: the kernel keeps no scores
   }
   Attrs mm{{"trans_a", false}, {"trans_b", true}};
   p.attention_recompute +=
-      p.op("matmul", {p.meta({b * hq, s, d}), p.meta({b * hq, s, d})}, mm, static_cast<double>(s), false, true);
-  p.attention_recompute += p.op("softmax", {p.meta({b * hq, s, s})}, Attrs{{"dim", int64_t{-1}}}, 0, false, true);
+      p.op("matmul", {p.meta({b * hq, sq, d}), p.meta({b * hq, s, d})}, mm, static_cast<double>(sq), false, true);
+  p.attention_recompute += p.op("softmax", {p.meta({b * hq, sq, s})}, Attrs{{"dim", int64_t{-1}}}, 0, false, true);
   if (dropout > 0)
     p.attention_recompute +=
-        p.op("dropout", {p.meta({b * hq, s, s})}, dropout_attrs(dropout, {b * hq, s, s}), 0, false, true);
+        p.op("dropout", {p.meta({b * hq, sq, s})}, dropout_attrs(dropout, {b * hq, sq, s}), 0, false, true);
   Attrs pv{{"trans_a", false}, {"trans_b", false}};
-  p.op("matmul", {p.meta({b * hq, s, s}), p.meta({b * hq, s, d})}, pv, static_cast<double>(std::min(s, d * 4)),
+  p.op("matmul", {p.meta({b * hq, sq, s}), p.meta({b * hq, s, d})}, pv, static_cast<double>(std::min(sq, d * 4)),
        false, true);
+}
+
+// Context-parallel communication of one attention (docs/plan.md, "Context parallel"). Ring:
+// cp - 1 steps, each sending this rank's key/value block on (and receiving the next) while the
+// attention of the block in hand runs — exposed per step is what the transfer takes beyond
+// that block's compute (1/cp of the rank's attention); the backward sends the blocks and their
+// gradients (twice the bytes) beside a backward step. all_to_all: q, k and v turned from
+// sequence shards into head shards before the attention and the output back after (four
+// all_to_alls), and as many in the backward; nothing to overlap them with.
+void cp_comm(LayerCost& lc, const Cluster& c, const LayerShape& s, const ModelSpec& m, double attn_fwd, double attn_bwd,
+             int64_t hq, int64_t hkv, double act) {
+  if (s.cp <= 1) return;
+  const double b = static_cast<double>(s.micro_batch), d = static_cast<double>(m.head_dim());
+  const double sq = static_cast<double>(m.seq) / s.cp;
+  if (s.cp_method == "ring") {
+    const double block = 2 * b * sq * static_cast<double>(hkv) * d * act;  // K and V of one rank
+    const bool across = s.cp_group.per_node < s.cp_group.size;
+    const double steps = s.cp - 1;
+    const double x_fwd = p2p_time(c, block, across), x_bwd = p2p_time(c, 2 * block, across);
+    const double c_fwd = attn_fwd / s.cp, c_bwd = attn_bwd / s.cp;
+    lc.cp_fwd = steps * std::max(0.0, x_fwd - c_fwd);
+    lc.cp_bwd = steps * std::max(0.0, x_bwd - c_bwd);
+    lc.cp_hidden = steps * (std::min(x_fwd, c_fwd) + std::min(x_bwd, c_bwd));
+    lc.cp_bytes = steps * 3 * block;
+  } else {
+    // Per rank before the reshard: its sq tokens of this tp rank's heads (hq, hkv are per tp
+    // rank here, whole over cp).
+    const double q = b * sq * static_cast<double>(hq) * d * act, kv = b * sq * static_cast<double>(hkv) * d * act;
+    const double t = 2 * all_to_all_time(c, q, s.cp_group) + 2 * all_to_all_time(c, kv, s.cp_group);
+    lc.cp_fwd = t;
+    lc.cp_bwd = t;
+    lc.cp_bytes = 2 * (2 * q + 2 * kv);
+  }
 }
 
 // Tensor-parallel collectives of one layer: without sequence parallelism an all_reduce after
@@ -216,13 +270,16 @@ LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) 
   TESSEL_CHECK(s.tp >= 1 && s.micro_batch >= 1, "layer_cost: tp {} and micro-batch {} must be positive", s.tp,
                s.micro_batch);
   const Precision prec = precision_for(c.dtype);
+  TESSEL_CHECK(s.ep >= 1 && s.cp >= 1 && m.seq >= s.cp, "layer_cost: ep {} and cp {} must be positive, cp at most seq {}",
+               s.ep, s.cp, m.seq);
   Pass p{c, prec.activation == 4 ? DType::f32 : DType::bf16, share_of(c, s), {}};
   const int64_t t = s.tp, b = s.micro_batch, h = m.hidden;
-  const int64_t tokens = b * m.seq;
+  const int64_t sq = m.seq / s.cp;  // this rank's share of each sequence (context parallel)
+  const int64_t tokens = b * sq;
   const int64_t norm_tokens = s.sp ? std::max<int64_t>(1, tokens / t) : tokens;  // LN, dropout, residual
   const int64_t hq = std::max<int64_t>(1, m.heads / t), hkv = std::max<int64_t>(1, m.kv_heads / t);
   const int64_t d = m.head_dim();
-  const bool llama = m.arch == "llama";
+  const bool llama = m.swiglu();
   const Attrs norm{{"has_weight", true}, {"has_bias", !llama}, {"eps", 1e-5}};
   const char* norm_op = llama ? "rms_norm" : "layer_norm";
   auto norm_call = [&] {
@@ -249,13 +306,61 @@ LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) 
   } else {
     linear(p, tokens, h, 3 * hq * d, true);
   }
-  attention(p, m, b, hq, hkv, m.dropout);  // each tensor-parallel rank attends over its own heads
+  // Each tensor-parallel rank attends over its own heads; all_to_all context parallel splits
+  // them again over cp, with whole sequences.
+  const double attn_fwd0 = p.attention_fwd, attn_bwd0 = p.attention_bwd;
+  if (s.cp > 1 && s.cp_method == "all_to_all")
+    attention(p, m, b, std::max<int64_t>(1, hq / s.cp), std::max<int64_t>(1, hkv / s.cp), m.dropout, m.seq);
+  else
+    attention(p, m, b, hq, hkv, m.dropout, sq);
+  const double attn_fwd = p.attention_fwd - attn_fwd0, attn_bwd = p.attention_bwd - attn_bwd0;
   linear(p, tokens, hq * d, h, !llama);
   residual();
   // MLP block.
   norm_call();
   const int64_t f = std::max<int64_t>(1, m.ffn / t);
-  if (llama) {
+  double imbalance = 1, dispatch_bytes = 0;
+  if (s.moe) {
+    // The router on this rank's tokens: scores [tokens, E], softmax and top-k.
+    const int64_t E = m.experts, k = m.top_k;
+    linear(p, tokens, h, E, false);
+    streaming(p, "softmax", {tokens, E}, 1, Attrs{{"dim", int64_t{-1}}});
+    // Tokens x k rows sorted by expert and sent to the expert's rank; this rank's experts get
+    // as many on average, the busiest rank `imbalance` times that (every rank waits for it at
+    // the combine's all_to_all).
+    const double assignments = static_cast<double>(tokens * k);
+    imbalance = moe_imbalance(m, assignments, s.ep);
+    const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(assignments * imbalance)));
+    const int64_t local = std::max<int64_t>(1, E / s.ep);
+    std::vector<int64_t> counts(static_cast<size_t>(local));
+    for (int64_t e = 0; e < local; ++e) counts[static_cast<size_t>(e)] = rows / local + (e < rows % local ? 1 : 0);
+    streaming(p, "contiguous", {tokens * k, h});  // permute into expert order
+    // The experts: SwiGLU by grouped GEMMs over each expert's rows (tensor parallel splits
+    // their width as a dense MLP's), each group at the rate of one GEMM of its size — as
+    // bench/gpu_grouped_gemm.py measured on an H100 (docs/plan.md, "Mixture of experts").
+    const double per_expert = static_cast<double>(rows) / static_cast<double>(local);
+    auto grouped = [&](int64_t in, int64_t out) {
+      const double dim = gemm_size(c.calibration, per_expert, static_cast<double>(in), static_cast<double>(out));
+      p.linear_fwd += p.op("grouped_matmul", {p.meta({rows, in}), p.meta({local, in, out})},
+                           Attrs{{"counts", counts}, {"trans_w", false}}, dim, true);
+    };
+    grouped(h, f);
+    grouped(h, f);
+    streaming(p, "silu", {rows, f});
+    streaming(p, "mul", {rows, f}, 2);
+    grouped(f, h);
+    streaming(p, "contiguous", {tokens * k, h});  // back into token order
+    streaming(p, "mul", {tokens * k, h}, 2);      // weighted by the router's scores and summed
+    if (m.shared_ffn > 0) {
+      const int64_t sf = std::max<int64_t>(1, m.shared_ffn / t);
+      linear(p, tokens, h, sf, false);
+      linear(p, tokens, h, sf, false);
+      streaming(p, "silu", {tokens, sf});
+      streaming(p, "mul", {tokens, sf}, 2);
+      linear(p, tokens, sf, h, false);
+    }
+    dispatch_bytes = assignments * static_cast<double>(h) * prec.activation;
+  } else if (llama) {
     linear(p, tokens, h, f, false);
     linear(p, tokens, h, f, false);
     streaming(p, "silu", {tokens, f});
@@ -270,7 +375,15 @@ LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) 
 
   LayerCost lc = p.cost;
   tp_comm(lc, c, s, static_cast<double>(tokens * h) * prec.activation, p.linear_fwd);
-  if (s.recompute == "full") lc.recompute = lc.fwd + lc.tp_fwd;
+  if (s.moe && s.ep > 1) {  // dispatch and combine, and their gradients
+    const double one = all_to_all_time(c, dispatch_bytes, s.ep_group);
+    lc.ep_fwd = 2 * one;
+    lc.ep_bwd = 2 * one;
+    lc.ep_bytes = 4 * dispatch_bytes;
+  }
+  lc.imbalance = imbalance;
+  cp_comm(lc, c, s, m, attn_fwd, attn_bwd, hq, hkv, prec.activation);
+  if (s.recompute == "full") lc.recompute = lc.fwd + lc.tp_fwd + lc.ep_fwd + lc.cp_fwd;
   else if (s.recompute == "selective") lc.recompute = p.attention_recompute;
   return lc;
 }
@@ -278,7 +391,7 @@ LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) 
 LayerCost embedding_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) {
   const Precision prec = precision_for(c.dtype);
   Pass p{c, prec.activation == 4 ? DType::f32 : DType::bf16, share_of(c, s), {}};
-  const int64_t tokens = s.micro_batch * m.seq;
+  const int64_t tokens = s.micro_batch * (m.seq / std::max(1, s.cp));
   // Gathering rows reads and writes tokens x hidden; the backward scatters them back.
   if (m.position_embedding) streaming(p, "add", {tokens, m.hidden}, 2);
   else streaming(p, "contiguous", {tokens, m.hidden});
@@ -293,8 +406,8 @@ LayerCost embedding_cost(const ModelSpec& m, const Cluster& c, const LayerShape&
 LayerCost head_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) {
   const Precision prec = precision_for(c.dtype);
   Pass p{c, prec.activation == 4 ? DType::f32 : DType::bf16, share_of(c, s), {}};
-  const int64_t tokens = s.micro_batch * m.seq, v = std::max<int64_t>(1, m.vocab / s.tp);
-  const bool llama = m.arch == "llama";
+  const int64_t tokens = s.micro_batch * (m.seq / std::max(1, s.cp)), v = std::max<int64_t>(1, m.vocab / s.tp);
+  const bool llama = m.swiglu();
   std::vector<TensorMeta> in = {p.meta({tokens, m.hidden}), p.meta({m.hidden})};
   if (!llama) in.push_back(p.meta({m.hidden}));
   p.op(llama ? "rms_norm" : "layer_norm", in, Attrs{{"has_weight", true}, {"has_bias", !llama}, {"eps", 1e-5}}, 0,
@@ -324,7 +437,9 @@ LayerCost head_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) {
 // ---------------------------------------------------------------- memory
 
 double layer_activation_bytes(const ModelSpec& m, const Precision& prec, const LayerShape& s) {
-  const double sbh = static_cast<double>(m.seq * s.micro_batch * m.hidden);
+  // Context parallel: this rank's seq / cp of each sequence; the scores below still span all
+  // seq keys per query.
+  const double sbh = static_cast<double>(m.seq / std::max(1, s.cp) * s.micro_batch * m.hidden);
   const double t = s.tp, a = static_cast<double>(m.heads), h = static_cast<double>(m.hidden);
   const double sq = static_cast<double>(m.seq);
   const double e = prec.activation / 2;  // Korthikanti counts 2-byte activations, 1-byte masks
@@ -335,8 +450,17 @@ double layer_activation_bytes(const ModelSpec& m, const Precision& prec, const L
   // Per sbh: LN inputs 2+2; attention: QKV input 2, Q 2, K and V 4r, projection input 2,
   // dropout mask 1; MLP: input 2, its width's intermediates (GELU: fc out and GELU out, 4f;
   // SwiGLU: gate, up, SiLU and product, 8f), dropout mask 1.
-  const double replicated = 4 * e + 2 * e + 2 * e + 2 * mask;        // LN inputs, QKV and MLP inputs, masks
-  const double split = (2 + 4 * r + 2) * e + (m.arch == "llama" ? 8 * f : 4 * f) * e;
+  double replicated = 4 * e + 2 * e + 2 * e + 2 * mask;        // LN inputs, QKV and MLP inputs, masks
+  double split = (2 + 4 * r + 2) * e + (m.swiglu() ? 8 * f : 4 * f) * e;
+  if (s.moe) {
+    // A sparse block: the experts' SwiGLU intermediates for tokens x top_k rows (the busiest
+    // rank's share), the permuted input and the experts' output rows (whole over tp: the block
+    // works on whole sequences), the router's f32 scores; the shared experts as a dense MLP.
+    const double k = static_cast<double>(m.top_k);
+    const double imb = moe_imbalance(m, static_cast<double>(m.seq / std::max(1, s.cp) * s.micro_batch) * k, s.ep);
+    split = (2 + 4 * r + 2) * e + (8 * f * k * imb + 8 * static_cast<double>(m.shared_ffn) / h) * e;
+    replicated += 2 * e * 2 * k * imb + 4 * static_cast<double>(m.experts) / h;
+  }
   // Scores: softmax output 2, dropout mask 1 and output 2 per (head, query, key) — per sbh
   // that is (2 + 3·mask)·a·s/h. Selective recompute drops them (they are rebuilt); a fused
   // attention never stores them and keeps a 4-byte log-sum-exp per (head, query): 4·a/h.
@@ -358,11 +482,17 @@ double layer_working_bytes(const ModelSpec& m, const Precision& prec, const Laye
 double step_flops(const ModelSpec& m, int64_t global_batch, const std::string& recompute) {
   const double tokens = static_cast<double>(global_batch) * static_cast<double>(m.seq);
   const double l = static_cast<double>(m.layers), h = static_cast<double>(m.hidden);
-  const double layer_matmul = m.layer_parameters() - (m.arch == "llama" ? 2 * h : 0);  // ~ every weight is a matmul's
+  const double layer_matmul = m.layer_parameters() - (m.swiglu() ? 2 * h : 0);  // ~ every weight is a matmul's
   // Matmul weights only: drop GPT's biases and LayerNorm vectors (9h + ffn per layer).
-  const double matmul = m.arch == "llama" ? layer_matmul : layer_matmul - 9 * h - static_cast<double>(m.ffn);
+  const double matmul = m.swiglu() ? layer_matmul : layer_matmul - 9 * h - static_cast<double>(m.ffn);
+  // A sparse block: the router and the top_k experts a token passes through for the MLP.
+  const double f = static_cast<double>(m.ffn);
+  const double sparse_matmul = matmul - 3 * h * f + h * static_cast<double>(m.experts) +
+                               static_cast<double>(m.top_k) * 3 * h * f + 3 * h * static_cast<double>(m.shared_ffn);
+  const double sparse = static_cast<double>(m.moe_layers(0, m.layers));
+  const double all_matmul = (l - sparse) * matmul + sparse * sparse_matmul;
   const double attention = 4 * static_cast<double>(m.seq) * h;  // per token per layer: QK^T and PV
-  const double fwd = tokens * (2 * matmul * l + attention * l + 2 * static_cast<double>(m.vocab) * h);
+  const double fwd = tokens * (2 * all_matmul + attention * l + 2 * static_cast<double>(m.vocab) * h);
   double total = 3 * fwd;
   if (recompute == "full") total += fwd - tokens * 2 * static_cast<double>(m.vocab) * h;
   else if (recompute == "selective") total += tokens * attention / 2 * l;  // QK^T again, not PV

@@ -43,6 +43,19 @@ struct GroupSpan {
 double all_reduce_time(const Cluster& c, double bytes, GroupSpan g);
 double all_gather_time(const Cluster& c, double bytes, GroupSpan g);  // == reduce_scatter
 double p2p_time(const Cluster& c, double bytes, bool inter_node);
+// An all_to_all in which each rank sends `bytes` in all (1/size of it to each rank, its own
+// share included, which stays home): pairwise exchange, size - 1 messages per rank. Of what
+// leaves, the share bound for ranks of the same node crosses the node's link level and the rest
+// the level between nodes, each on its own links at once: the slower level decides.
+double all_to_all_time(const Cluster& c, double bytes, GroupSpan g);
+
+// The load of the busiest of `ep` expert-parallel ranks relative to the mean, when each of
+// them routes `assignments` token-expert pairs (tokens x top_k) and a router the balancing loss
+// keeps even sends each pair to any rank alike: a rank's load is then Binomial(ep x
+// assignments, 1/ep), and the expected maximum of ep of them is about mean + sigma x
+// sqrt(2 ln ep) (the normal approximation), so the factor is 1 + sqrt(2 ln(ep) (1 - 1/ep) /
+// assignments). A capacity (capacity_factor > 0) caps it. 1 for ep = 1: one rank takes all.
+double moe_imbalance(const ModelSpec& m, double assignments, int ep);
 
 // The size d of an m x n x k GEMM on the efficiency curve gemm_efficiency * d / (d +
 // gemm_half_dim), as calibration.gemm_size says. "smallest": its smallest dim — on GPUs a dim
@@ -65,6 +78,14 @@ struct LayerCost {
   double flops_fwd = 0;    // FLOPs of the forward on this device
   double tp_hidden = 0;    // tensor-parallel time hidden behind GEMMs (software overlap.tp_comm), fwd + bwd
   double tp_bytes = 0;     // bytes through tensor-parallel collectives per micro-batch, fwd + bwd
+  // Expert parallel: the all_to_alls that send tokens to their experts and back (dispatch and
+  // combine in the forward, their gradients in the backward), all exposed.
+  double ep_fwd = 0, ep_bwd = 0, ep_bytes = 0;
+  // Context parallel: exposed communication (ring: what the attention of the block in hand
+  // does not cover of each key/value transfer; all_to_all: the four reshards, all exposed),
+  // and the ring's transfer time hidden behind the attention, fwd + bwd.
+  double cp_fwd = 0, cp_bwd = 0, cp_hidden = 0, cp_bytes = 0;
+  double imbalance = 1;    // expert load of the busiest ep rank over the mean (moe_imbalance)
   int kernels = 0;         // forward kernels
 };
 
@@ -79,6 +100,17 @@ struct LayerShape {
   // The attention runs fused (calibration.fused_attention): it keeps one f32 log-sum-exp per
   // (head, query) for its backward, never the s x s scores.
   bool fused_attention = false;
+  // Expert parallel: the experts of a sparse block split over `ep` ranks (which also split the
+  // batch); `moe`: this block's MLP is the mixture of experts (layer_cost), or the cost is one
+  // sparse block's (activation bytes).
+  int ep = 1;
+  GroupSpan ep_group;
+  bool moe = false;
+  // Context parallel: the sequence split over `cp` ranks, attention by a ring of key/value
+  // blocks ("ring") or by heads after an all_to_all ("all_to_all").
+  int cp = 1;
+  std::string cp_method = "ring";
+  GroupSpan cp_group;
 };
 
 LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s);
@@ -87,7 +119,9 @@ LayerCost embedding_cost(const ModelSpec& m, const Cluster& c, const LayerShape&
 LayerCost head_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s);
 
 // Activation bytes one layer holds per micro-batch between its forward and its backward
-// (Korthikanti et al. 2022, generalised to grouped-query attention and SwiGLU), and the
+// (Korthikanti et al. 2022, generalised to grouped-query attention, SwiGLU, mixtures of experts
+// — the experts' intermediates for tokens x top_k rows — and context parallelism, which
+// leaves each rank seq / cp of every sequence), and the
 // working set a layer needs while it runs its backward (what full recompute rebuilds).
 double layer_activation_bytes(const ModelSpec& m, const Precision& p, const LayerShape& s);
 double layer_working_bytes(const ModelSpec& m, const Precision& p, const LayerShape& s);
@@ -98,7 +132,10 @@ double layer_working_bytes(const ModelSpec& m, const Precision& p, const LayerSh
 // backward; `recompute` adds the forward again (full) — then this is the paper's
 // 96·B·s·l·h²(1 + s/6h + V/16lh) exactly — or the attention's QK^T (selective: tessel's sdpa
 // rebuilds the probabilities but keeps its output, so P·V is not redone; Korthikanti et al.
-// count both).
+// count both). A sparse block counts its router and the top_k experts each token passes
+// through (and the shared experts): the FLOPs of the active experts, as Megatron-Core counts
+// MoE models (training.py's num_floating_point_operations, which leaves out the router's
+// h x experts, 0.01% of Mixtral's).
 double step_flops(const ModelSpec& m, int64_t global_batch, const std::string& recompute);
 
 }  // namespace tessel::plan

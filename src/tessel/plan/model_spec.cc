@@ -9,13 +9,32 @@ namespace tessel::plan {
 double ModelSpec::layer_parameters() const {
   const double h = static_cast<double>(hidden), f = static_cast<double>(ffn);
   const double kv = static_cast<double>(kv_heads * head_dim());
-  if (arch == "llama") return h * (h + 2 * kv) + h * h + 3 * h * f + 2 * h;  // q,k,v,o; gate,up,down; 2 norms
-  return h * 3 * h + 3 * h + h * h + h + 2 * h * f + f + h + 4 * h;         // c_attn, c_proj, mlp, 2 LayerNorms
+  if (swiglu()) return h * (h + 2 * kv) + h * h + 3 * h * f + 2 * h;  // q,k,v,o; gate,up,down; 2 norms
+  return h * 3 * h + 3 * h + h * h + h + 2 * h * f + f + h + 4 * h;  // c_attn, c_proj, mlp, 2 LayerNorms
+}
+
+double ModelSpec::expert_parameters() const {
+  return static_cast<double>(experts) * 3 * static_cast<double>(hidden) * static_cast<double>(ffn);
+}
+
+double ModelSpec::moe_layer_parameters() const {
+  const double h = static_cast<double>(hidden);
+  // The dense block less its MLP, plus the router [E, h], the experts and the shared experts.
+  return layer_parameters() - 3 * h * static_cast<double>(ffn) + h * static_cast<double>(experts) +
+         expert_parameters() + 3 * h * static_cast<double>(shared_ffn);
+}
+
+int64_t ModelSpec::moe_layers(int64_t first, int64_t last) const {
+  if (!is_moe() || last <= first) return 0;
+  // Blocks i with (i + 1) % moe_every == 0: multiples of moe_every among [first + 1, last].
+  return last / moe_every - first / moe_every;
 }
 
 double ModelSpec::parameters() const {
   const double h = static_cast<double>(hidden), v = static_cast<double>(vocab);
-  double p = static_cast<double>(layers) * layer_parameters() + v * h + (arch == "llama" ? h : 2 * h);
+  const double sparse = static_cast<double>(moe_layers(0, layers));
+  double p = (static_cast<double>(layers) - sparse) * layer_parameters() + sparse * moe_layer_parameters() + v * h +
+             (swiglu() ? h : 2 * h);
   if (!tied_embedding) p += v * h;
   if (position_embedding) p += static_cast<double>(seq) * h;
   return p;
@@ -48,6 +67,15 @@ ModelSpec llama_spec(std::string name, int64_t layers, int64_t hidden, int64_t h
   m.seq = seq;
   m.tied_embedding = false;
   m.position_embedding = false;
+  return m;
+}
+
+ModelSpec mixtral_spec(std::string name, int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t ffn,
+                       int64_t vocab, int64_t seq, int64_t experts, int64_t top_k) {
+  ModelSpec m = llama_spec(std::move(name), layers, hidden, heads, kv_heads, ffn, vocab, seq);
+  m.arch = "mixtral";
+  m.experts = experts;
+  m.top_k = top_k;
   return m;
 }
 
@@ -106,6 +134,15 @@ const ModelSpec kPresets[] = {
     llama_spec("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
     llama_spec("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
     llama_spec("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+    // Mistral AI's Hugging Face config.json files (mistralai/Mixtral-8x7B-v0.1: hidden_size
+    // 4096, intermediate_size 14336, num_hidden_layers 32, num_attention_heads 32,
+    // num_key_value_heads 8, num_local_experts 8, num_experts_per_tok 2, vocab_size 32000;
+    // mistralai/Mixtral-8x22B-v0.1: 6144, 16384, 56, 48, 8, 8, 2, 32000 — the sizes
+    // Megatron-MoE-ModelZoo's model_configs/benchmarking/Mixtral-8x22B.yaml trains). Every block
+    // sparse (decoder_sparse_step 1), no shared expert, dropless. Sequence 4096, the length
+    // Megatron-Core's MoE README trains both at (its positions go to 32768 and 65536).
+    mixtral_spec("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 4096, 8, 2),
+    mixtral_spec("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32000, 4096, 8, 2),
 };
 
 }  // namespace
@@ -144,7 +181,17 @@ void validate(const ModelSpec& m) {
   TESSEL_CHECK(m.hidden % m.heads == 0, "model '{}': heads {} do not divide hidden {}", m.name, m.heads, m.hidden);
   TESSEL_CHECK(m.heads % m.kv_heads == 0, "model '{}': kv_heads {} do not divide heads {}", m.name, m.kv_heads,
                m.heads);
-  TESSEL_CHECK(m.arch == "gpt" || m.arch == "llama", "model '{}': arch must be gpt or llama, got '{}'", m.name, m.arch);
+  TESSEL_CHECK(m.arch == "gpt" || m.arch == "llama" || m.arch == "mixtral",
+               "model '{}': arch must be gpt, llama or mixtral, got '{}'", m.name, m.arch);
+  TESSEL_CHECK((m.arch == "mixtral") == (m.experts > 0), "model '{}': experts {} with arch {} (only mixtral has them)",
+               m.name, m.experts, m.arch);
+  if (m.is_moe()) {
+    TESSEL_CHECK(m.top_k >= 1 && m.top_k <= m.experts, "model '{}': top_k {} must be in 1..experts {}", m.name, m.top_k,
+                 m.experts);
+    TESSEL_CHECK(m.moe_every >= 1 && m.shared_ffn >= 0 && m.capacity_factor >= 0,
+                 "model '{}': moe_every {} must be at least 1, shared_ffn {} and capacity_factor {} not negative", m.name,
+                 m.moe_every, m.shared_ffn, m.capacity_factor);
+  }
 }
 
 }  // namespace tessel::plan

@@ -20,8 +20,11 @@ namespace tessel::plan {
 // ---------------------------------------------------------------- layouts as text
 
 std::string Layout::str() const {
-  return fmt::format("dp={},tp={},pp={},vpp={},mbs={},sharding_stage={},sp={},recompute={},schedule={}", dp, tp, pp,
-                     vpp, micro_batch, sharding_stage, sp ? "true" : "false", recompute, schedule);
+  // ep and cp only where used, so the layouts without them read as before.
+  const std::string experts = ep > 1 ? fmt::format(",ep={}", ep) : "";
+  const std::string context = cp > 1 ? fmt::format(",cp={},cp_method={}", cp, cp_method) : "";
+  return fmt::format("dp={},tp={},pp={},vpp={},mbs={},sharding_stage={},sp={},recompute={},schedule={}{}{}", dp, tp,
+                     pp, vpp, micro_batch, sharding_stage, sp ? "true" : "false", recompute, schedule, experts, context);
 }
 
 Layout parse_layout(const std::string& text, int64_t global_batch, int devices) {
@@ -59,6 +62,12 @@ Layout parse_layout(const std::string& text, int64_t global_batch, int devices) 
                  "--layout '{}': '{}' is given twice", text, key);
     if (key == "dp") l.dp = degree(key, v), has_dp = true;
     else if (key == "tp") l.tp = degree(key, v);
+    else if (key == "ep") l.ep = degree(key, v);
+    else if (key == "cp") l.cp = degree(key, v);
+    else if (key == "cp_method") {
+      TESSEL_CHECK(v == "ring" || v == "all_to_all", "--layout: cp_method must be ring or all_to_all, got '{}'", v);
+      l.cp_method = v;
+    }
     else if (key == "pp") l.pp = degree(key, v);
     else if (key == "vpp") l.vpp = degree(key, v);
     else if (key == "mbs" || key == "micro_batch") l.micro_batch = number(key, v);
@@ -74,20 +83,25 @@ Layout parse_layout(const std::string& text, int64_t global_batch, int devices) 
       l.schedule = v;
       has_schedule = true;
     } else {
-      TESSEL_THROW("--layout: unknown key '{}' (known: dp, tp, pp, vpp, mbs, sharding_stage, sp, recompute, schedule)",
+      TESSEL_THROW("--layout: unknown key '{}' (known: dp, tp, pp, vpp, ep, cp, cp_method, mbs, sharding_stage, sp, "
+                   "recompute, schedule)",
                    key);
     }
   }
-  TESSEL_CHECK(l.tp > 0 && l.pp > 0 && l.vpp > 0 && l.micro_batch > 0, "--layout: tp, pp, vpp and mbs must be positive");
-  TESSEL_CHECK_AS(InputError, checked_product({l.dp, l.tp, l.pp}, kMaxDevices) && checked_product({l.pp, l.vpp}, kMaxDevices),
-                  "--layout: dp {} x tp {} x pp {} (or pp x vpp {}) is more than {}, the most devices tessel plans (2^20)",
-                  l.dp, l.tp, l.pp, l.vpp, kMaxDevices);
+  TESSEL_CHECK(l.tp > 0 && l.pp > 0 && l.vpp > 0 && l.ep > 0 && l.cp > 0 && l.micro_batch > 0,
+               "--layout: tp, pp, vpp, ep, cp and mbs must be positive");
+  TESSEL_CHECK_AS(InputError,
+                  checked_product({l.dp, l.ep, l.cp, l.tp, l.pp}, kMaxDevices) && checked_product({l.pp, l.vpp}, kMaxDevices),
+                  "--layout: dp {} x tp {} x pp {} x ep {} x cp {} (or pp x vpp {}) is more than {}, the most devices "
+                  "tessel plans (2^20)",
+                  l.dp, l.tp, l.pp, l.ep, l.cp, l.vpp, kMaxDevices);
   TESSEL_CHECK_AS(InputError, l.micro_batch <= global_batch, "--layout: mbs={} is more than the global batch {}",
                   l.micro_batch, global_batch);
   if (!has_dp) {
-    TESSEL_CHECK(devices % (l.tp * l.pp) == 0, "--layout: tp {} x pp {} does not divide the {} devices", l.tp, l.pp,
-                 devices);
-    l.dp = devices / (l.tp * l.pp);
+    const int other = l.tp * l.pp * l.ep * l.cp;
+    TESSEL_CHECK(devices % other == 0, "--layout: tp {} x pp {} x ep {} x cp {} does not divide the {} devices", l.tp,
+                 l.pp, l.ep, l.cp, devices);
+    l.dp = devices / other;
   }
   TESSEL_CHECK(l.dp > 0, "--layout: dp must be positive");
   if (!has_schedule) l.schedule = l.vpp > 1 ? "VPP" : "1F1B";
@@ -96,9 +110,11 @@ Layout parse_layout(const std::string& text, int64_t global_batch, int devices) 
     TESSEL_CHECK(l.pp > 1, "--layout: vpp={} needs pp > 1 (chunks interleave over pipeline ranks)", l.vpp);
     TESSEL_CHECK(l.schedule == "VPP", "--layout: vpp={} runs only on schedule=VPP, got schedule={}", l.vpp, l.schedule);
   }
-  TESSEL_CHECK(checked_product({l.dp, l.micro_batch}, global_batch) && global_batch % (l.dp * l.micro_batch) == 0,
-               "--layout: the global batch {} is not a multiple of dp {} x mbs {}", global_batch, l.dp, l.micro_batch);
-  l.micro_batches = global_batch / (l.dp * l.micro_batch);
+  TESSEL_CHECK(checked_product({l.dp, l.ep, l.micro_batch}, global_batch) &&
+                   global_batch % (static_cast<int64_t>(l.batch_shards()) * l.micro_batch) == 0,
+               "--layout: the global batch {} is not a multiple of dp {} x ep {} x mbs {}", global_batch, l.dp, l.ep,
+               l.micro_batch);
+  l.micro_batches = global_batch / (static_cast<int64_t>(l.batch_shards()) * l.micro_batch);
   TESSEL_CHECK(l.vpp == 1 || l.micro_batches % l.pp == 0,
                "--layout: with vpp={} the {} micro-batches per step (global batch {} / dp {} / mbs {}) must be a multiple "
                "of pp {}",
@@ -107,11 +123,14 @@ Layout parse_layout(const std::string& text, int64_t global_batch, int devices) 
 }
 
 std::string parallel_yaml(const Layout& l) {
+  // ep and cp only where used: a section without them is what every earlier tessel read.
+  const std::string experts = l.ep > 1 ? fmt::format("  ep: {}\n", l.ep) : "";
+  const std::string context = l.cp > 1 ? fmt::format("  cp: {}\n  cp_method: {}\n", l.cp, l.cp_method) : "";
   return fmt::format(
-      "parallel:\n  dp: {}\n  tp: {}\n  pp: {}\n  vpp: {}\n  sharding_stage: {}\n  sp: {}\n  micro_batches: {}\n"
+      "parallel:\n  dp: {}\n  tp: {}\n  pp: {}\n  vpp: {}\n{}{}  sharding_stage: {}\n  sp: {}\n  micro_batches: {}\n"
       "  schedule: {}\n  recompute: {}\n  bucket_mb: {}\n",
-      l.dp, l.tp, l.pp, l.vpp, l.sharding_stage, l.sp ? "true" : "false", l.micro_batches, l.schedule, l.recompute,
-      l.bucket_mb);
+      l.dp, l.tp, l.pp, l.vpp, experts, context, l.sharding_stage, l.sp ? "true" : "false", l.micro_batches, l.schedule,
+      l.recompute, l.bucket_mb);
 }
 
 double bucket_bytes_for(const Cluster& c, GroupSpan dp) {
@@ -126,7 +145,9 @@ double bucket_bytes_for(const Cluster& c, GroupSpan dp) {
 // ---------------------------------------------------------------- rank mapping
 
 GroupSpan RankMapping::span(const std::string& dim, const Layout& l, const Cluster& c) const {
-  auto size_of = [&](const std::string& d) { return d == "tp" ? l.tp : d == "dp" ? l.dp : l.pp; };
+  auto size_of = [&](const std::string& d) {
+    return d == "tp" ? l.tp : d == "dp" ? l.dp : d == "ep" ? l.ep : d == "cp" ? l.cp : l.pp;
+  };
   int stride = 1;
   for (const std::string& d : order) {
     if (d == dim) break;
@@ -140,15 +161,18 @@ GroupSpan RankMapping::span(const std::string& dim, const Layout& l, const Clust
 namespace {
 
 // The most communicating dim goes innermost (consecutive ranks: one node, the fastest links),
-// then the next; ties keep tp, dp, pp order.
+// then the next; ties keep tp, cp, ep, dp, pp order. ep and cp take part only when used.
 // When the software overlaps the gradient reduction with the backward (overlap.grad_reduce),
 // data-parallel bytes no longer outrank tensor-parallel ones: tp's collectives sit on every
 // layer's critical path, dp's run in bulk under compute — so tp goes first at equal or more
 // dp traffic (as Megatron orders its groups).
-RankMapping map_ranks(const Cluster& c, const Layout& l, double tp_bytes, double dp_bytes, double pp_bytes) {
+RankMapping map_ranks(const Cluster& c, const Layout& l, double tp_bytes, double dp_bytes, double pp_bytes,
+                      double ep_bytes, double cp_bytes) {
   const double dp_rank = c.software.overlap.grad_reduce && l.tp > 1 ? std::min(dp_bytes, tp_bytes) : dp_bytes;
   std::vector<std::tuple<double, int, std::string>> dims = {
-      {tp_bytes, 0, "tp"}, {dp_rank, 1, "dp"}, {pp_bytes, 2, "pp"}};
+      {tp_bytes, 0, "tp"}, {dp_rank, 3, "dp"}, {pp_bytes, 4, "pp"}};
+  if (l.cp > 1) dims.push_back({cp_bytes, 1, "cp"});
+  if (l.ep > 1) dims.push_back({ep_bytes, 2, "ep"});
   std::sort(dims.begin(), dims.end(), [](const auto& a, const auto& b) {
     if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) > std::get<0>(b);
     return std::get<1>(a) < std::get<1>(b);
@@ -156,7 +180,7 @@ RankMapping map_ranks(const Cluster& c, const Layout& l, double tp_bytes, double
   RankMapping r;
   for (const auto& d : dims) r.order.push_back(std::get<2>(d));
   for (const auto& [key, index, name] : dims) {
-    const double bytes = index == 0 ? tp_bytes : index == 1 ? dp_bytes : pp_bytes;
+    const double bytes = index == 0 ? tp_bytes : index == 1 ? cp_bytes : index == 2 ? ep_bytes : index == 3 ? dp_bytes : pp_bytes;
     GroupSpan g = r.span(name, l, c);
     std::string where;
     if (g.size == 1) where = "size 1, no traffic";
@@ -187,11 +211,16 @@ struct Prepared {
   RankMapping mapping;
   std::vector<double> f, b, w;           // per virtual stage, per micro-batch
   std::vector<double> tp_per_vstage;     // tensor-parallel collective time per micro-batch
+  std::vector<double> ep_per_vstage;     // expert-parallel all_to_all time per micro-batch (exposed)
+  std::vector<double> cp_per_vstage;     // context-parallel communication per micro-batch (exposed)
+  std::vector<double> cp_hidden_per_rank_mb;  // per pipeline rank: ring transfers under attention, per micro-batch
+  double imbalance = 1;                  // expert load of the busiest ep rank over the mean
   double tp_hidden_per_rank = 0;         // tensor-parallel time hidden behind GEMMs per step (busiest rank)
   double p2p = 0;                        // one activation or gradient send between stages
   double capacity = 0;                   // stages that run at full speed at once when devices
                                          // share cores (simulate's capacity); 0: all of them
   std::vector<double> params_per_rank;   // parameters held by each pipeline rank (before ZeRO)
+  std::vector<double> expert_params_per_rank;  // of them, routed experts' (reduced over dp only)
   std::vector<double> largest_unit;      // per pipeline rank: the most parameters one call uses (ZeRO-3 gathers)
   std::vector<double> largest_grad;      // ... and the largest gradient alive whole at once
   std::vector<int64_t> layers_per_vstage;
@@ -231,39 +260,53 @@ void check_cluster_counts(const Cluster& c) {
 
 void check_layout(const ModelSpec& m, const Cluster& c, Layout& l, int64_t global_batch) {
   check_cluster_counts(c);
-  TESSEL_CHECK(l.dp > 0 && l.tp > 0 && l.pp > 0 && l.vpp > 0, "layout {}: degrees must be positive", l.str());
+  TESSEL_CHECK(l.dp > 0 && l.tp > 0 && l.pp > 0 && l.vpp > 0 && l.ep > 0 && l.cp > 0,
+               "layout {}: degrees must be positive", l.str());
   TESSEL_CHECK_AS(InputError,
-                  checked_product({l.dp, l.tp, l.pp}, kMaxDevices) && checked_product({l.pp, l.vpp}, kMaxDevices),
+                  checked_product({l.dp, l.ep, l.cp, l.tp, l.pp}, kMaxDevices) &&
+                      checked_product({l.pp, l.vpp}, kMaxDevices),
                   "layout {}: more than {} devices or virtual stages, the most tessel plans (2^20)", l.str(),
                   kMaxDevices);
   TESSEL_CHECK(l.micro_batch > 0 && l.micro_batch <= global_batch,
                "layout {}: micro-batch {} must be in 1..the global batch {}", l.str(), l.micro_batch, global_batch);
   check_sizes(m, global_batch, l.micro_batch);
-  TESSEL_CHECK(l.devices() == c.devices(), "layout {}: dp x tp x pp = {} but the cluster '{}' has {} devices",
-               l.str(), l.devices(), c.name, c.devices());
+  TESSEL_CHECK(l.devices() == c.devices(),
+               "layout {}: dp x ep x cp x tp x pp = {} but the cluster '{}' has {} devices", l.str(), l.devices(),
+               c.name, c.devices());
   TESSEL_CHECK(m.heads % l.tp == 0 && m.kv_heads % l.tp == 0,
                "layout {}: tp {} must divide the {} attention heads and {} key/value heads", l.str(), l.tp, m.heads,
                m.kv_heads);
+  TESSEL_CHECK(l.ep == 1 || (m.is_moe() && m.experts % l.ep == 0),
+               "layout {}: ep {} must divide the model's experts ({}; a dense model has none to split)", l.str(), l.ep,
+               m.experts);
+  if (l.cp > 1) {
+    const std::string why = cp_refusal(m, l.tp, l.cp, l.cp_method);
+    TESSEL_CHECK(why.empty(), "layout {}: {}", l.str(), why);
+  }
   TESSEL_CHECK(m.layers >= static_cast<int64_t>(l.pp) * l.vpp,
                "layout {}: {} layers cannot fill pp {} x vpp {} virtual stages", l.str(), m.layers, l.pp, l.vpp);
-  TESSEL_CHECK(checked_product({l.dp, l.micro_batch}, global_batch) && global_batch % (l.dp * l.micro_batch) == 0,
-               "layout {}: global batch {} is not a multiple of dp {} x micro-batch {}", l.str(), global_batch, l.dp,
-               l.micro_batch);
-  l.micro_batches = global_batch / (l.dp * l.micro_batch);
+  TESSEL_CHECK(checked_product({l.dp, l.ep, l.micro_batch}, global_batch) &&
+                   global_batch % (static_cast<int64_t>(l.batch_shards()) * l.micro_batch) == 0,
+               "layout {}: global batch {} is not a multiple of dp {} x ep {} x micro-batch {}", l.str(), global_batch,
+               l.dp, l.ep, l.micro_batch);
+  l.micro_batches = global_batch / (static_cast<int64_t>(l.batch_shards()) * l.micro_batch);
   TESSEL_CHECK(l.sharding_stage >= 0 && l.sharding_stage <= 3, "layout {}: sharding_stage must be 0-3", l.str());
   TESSEL_CHECK(l.recompute == "none" || l.recompute == "selective" || l.recompute == "full",
                "layout {}: recompute must be none, selective or full", l.str());
   l.schedule = parallel::canonical_schedule_name(l.schedule);
   if (l.tp == 1) l.sp = false;
+  if (l.cp == 1) l.cp_method = "ring";
   TESSEL_CHECK(l.vpp == 1 || l.schedule == "VPP", "layout {}: vpp > 1 needs the VPP schedule", l.str());
   TESSEL_CHECK(l.vpp == 1 || l.micro_batches % l.pp == 0,
                "layout {}: the interleaved schedule needs micro-batches ({}) divisible by pp ({})", l.str(),
                l.micro_batches, l.pp);
 }
 
-// Layer, embedding and head costs depend on few of a layout's fields; a search reuses them.
-using CostKey = std::tuple<int64_t, int, bool, std::string, int, int, int>;
-using CostCache = std::map<CostKey, std::array<LayerCost, 3>>;
+// Layer, embedding and head costs depend on few of a layout's fields; a search reuses them:
+// micro-batch, tp, sp, recompute, tp span, busy devices, ep, ep span, cp, cp method, cp span.
+using CostKey = std::tuple<int64_t, int, bool, std::string, int, int, int, int, int, int, std::string, int, int>;
+// A dense layer, a sparse (mixture-of-experts) layer, the embedding, the head.
+using CostCache = std::map<CostKey, std::array<LayerCost, 4>>;
 
 Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCache* cache) {
   Prepared p;
@@ -273,16 +316,38 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
   // Traffic per device per step, for the mapping.
   LayerShape shape{l.micro_batch, l.tp, l.sp, l.recompute, GroupSpan{l.tp, std::min(l.tp, c.devices_per_node)}};
   shape.fused_attention = c.software.fused_attention;
-  const double act_bytes = static_cast<double>(l.micro_batch * m.seq * m.hidden) * prec.activation;
+  shape.ep = l.ep;
+  shape.cp = l.cp;
+  shape.cp_method = l.cp_method;
+  const double local_seq = static_cast<double>(m.seq / l.cp);
+  const double act_bytes = static_cast<double>(l.micro_batch) * local_seq * static_cast<double>(m.hidden) * prec.activation;
   const double layers_per_rank = static_cast<double>(m.layers) / l.pp;
-  const double layer_params = m.layer_parameters() / l.tp;
-  const double tp_traffic = l.tp > 1 ? static_cast<double>(l.micro_batches) * layers_per_rank * 4 * act_bytes *
-                                           (l.recompute == "full" ? 1.5 : 1.0)
+  const double sparse_share = static_cast<double>(m.moe_layers(0, m.layers)) / static_cast<double>(m.layers);
+  // Parameters of a dense layer and of a sparse one's on one device: tensor parallel splits
+  // both, expert parallel the routed experts.
+  const double dense_params = m.layer_parameters() / l.tp;
+  const double expert_params = m.expert_parameters() / l.tp / l.ep;
+  const double sparse_params = m.is_moe() ? (m.moe_layer_parameters() - m.expert_parameters()) / l.tp + expert_params : 0;
+  const double mean_params = (1 - sparse_share) * dense_params + sparse_share * sparse_params;
+  const double mb = static_cast<double>(l.micro_batches);
+  const double tp_traffic = l.tp > 1 ? mb * layers_per_rank * 4 * act_bytes * (l.recompute == "full" ? 1.5 : 1.0) : 0;
+  const double dp_traffic = l.dp > 1 || l.ep > 1 || l.cp > 1 ? 2 * layers_per_rank * mean_params * prec.grad : 0;
+  const double pp_traffic = l.pp > 1 ? 2.0 * mb * l.vpp * act_bytes / l.tp : 0;
+  const double ep_traffic = l.ep > 1 ? mb * layers_per_rank * sparse_share * 4 * static_cast<double>(m.top_k) *
+                                           act_bytes * (l.recompute == "full" ? 1.5 : 1.0)
                                      : 0;
-  const double dp_traffic = l.dp > 1 ? 2 * layers_per_rank * layer_params * prec.grad : 0;
-  const double pp_traffic = l.pp > 1 ? 2.0 * static_cast<double>(l.micro_batches) * l.vpp * act_bytes / l.tp : 0;
-  p.mapping = map_ranks(c, l, tp_traffic, dp_traffic, pp_traffic);
+  double cp_traffic = 0;
+  if (l.cp > 1) {
+    const double kv = static_cast<double>(l.micro_batch) * local_seq * static_cast<double>(m.kv_heads / l.tp) *
+                      static_cast<double>(m.head_dim()) * prec.activation;
+    const double q = kv * static_cast<double>(m.heads) / static_cast<double>(m.kv_heads);
+    const double per_layer = l.cp_method == "ring" ? 3.0 * (l.cp - 1) * 2 * kv : 4.0 * (q + kv);
+    cp_traffic = mb * layers_per_rank * per_layer;
+  }
+  p.mapping = map_ranks(c, l, tp_traffic, dp_traffic, pp_traffic, ep_traffic, cp_traffic);
   shape.tp_group = p.mapping.span("tp", l, c);
+  shape.ep_group = p.mapping.span("ep", l, c);
+  shape.cp_group = p.mapping.span("cp", l, c);
   // Devices sharing a node's cores (local thread ranks): a pipeline rank waiting for a message
   // leaves its cores to the others, so a stage's steps are costed as if its own devices were
   // the only ones computing, and the simulator shares the cores among the stages busy at each
@@ -295,38 +360,61 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
   }
   const GroupSpan pp_span = p.mapping.span("pp", l, c);
 
-  const CostKey key{shape.micro_batch, shape.tp, shape.sp, shape.recompute, shape.tp_group.size,
-                    shape.tp_group.per_node, shape.busy_devices_per_node};
-  std::array<LayerCost, 3> costs;
+  const CostKey key{shape.micro_batch,  shape.tp,          shape.sp,         shape.recompute,
+                    shape.tp_group.size, shape.tp_group.per_node, shape.busy_devices_per_node,
+                    shape.ep,           shape.ep_group.per_node, shape.cp,     shape.cp_method,
+                    shape.cp_group.per_node, shape.cp_group.size};
+  std::array<LayerCost, 4> costs;
   if (auto it = cache ? cache->find(key) : CostCache::iterator{}; cache && it != cache->end()) {
     costs = it->second;
   } else {
-    costs = {layer_cost(m, c, shape), embedding_cost(m, c, shape), head_cost(m, c, shape)};
+    LayerShape sparse = shape;
+    sparse.moe = true;
+    costs = {layer_cost(m, c, shape), m.is_moe() ? layer_cost(m, c, sparse) : LayerCost{}, embedding_cost(m, c, shape),
+             head_cost(m, c, shape)};
     if (cache) cache->emplace(key, costs);
   }
   const LayerCost& lc = costs[0];
-  const LayerCost& emb = costs[1];
-  const LayerCost& head = costs[2];
+  const LayerCost& sc = costs[1];
+  const LayerCost& emb = costs[2];
+  const LayerCost& head = costs[3];
+  p.imbalance = m.is_moe() ? sc.imbalance : 1;
   // Megatron's scatter/gather: each tensor-parallel rank sends 1/tp of the activation.
   p.p2p = l.pp > 1 ? p2p_time(c, act_bytes / l.tp, pp_span.per_node == 1) : 0;
 
   // ZeRO-3 gathers a stage's parameters before its forward and again before its backward.
   const GroupSpan dp_span = p.mapping.span("dp", l, c);
   p.params_per_rank.assign(static_cast<size_t>(l.pp), 0.0);
-  p.largest_unit.assign(static_cast<size_t>(l.pp), layer_params);
-  // A layer's largest matrix: the MLP's (4h or ffn wide; Llama's up and gate are two).
-  p.largest_grad.assign(static_cast<size_t>(l.pp), static_cast<double>(m.ffn * m.hidden) / l.tp);
+  p.expert_params_per_rank.assign(static_cast<size_t>(l.pp), 0.0);
+  p.cp_hidden_per_rank_mb.assign(static_cast<size_t>(l.pp), 0.0);
+  p.largest_unit.assign(static_cast<size_t>(l.pp), std::max(dense_params, sparse_params));
+  // A layer's largest matrix: the MLP's (4h or ffn wide; Llama's up and gate are two; a sparse
+  // layer's stacked experts, one [E/ep, h, ffn/tp] tensor).
+  p.largest_grad.assign(static_cast<size_t>(l.pp),
+                        static_cast<double>(m.ffn * m.hidden) / l.tp * (m.is_moe() ? static_cast<double>(m.experts / l.ep) : 1.0));
   const double embed_params = static_cast<double>(m.vocab * m.hidden) / l.tp +
                               (m.position_embedding ? static_cast<double>(m.seq * m.hidden) : 0.0);
   const double head_params = static_cast<double>(m.vocab * m.hidden) / l.tp + 2.0 * static_cast<double>(m.hidden);
+  int64_t first_layer = 0;
   for (int vs = 0; vs < vs_count; ++vs) {
     const int64_t layers = split_size(m.layers, vs_count, vs);
+    const int64_t sparse = m.moe_layers(first_layer, first_layer + layers);
+    first_layer += layers;
     p.layers_per_vstage.push_back(layers);
-    const double ld = static_cast<double>(layers);
-    double f = ld * (lc.fwd + lc.tp_fwd), b = ld * (lc.bwd_input + lc.tp_bwd + lc.recompute), w = ld * lc.bwd_weight;
-    double tp = ld * (lc.tp_fwd + lc.tp_bwd + (l.recompute == "full" ? lc.tp_fwd : 0));
-    double params = ld * layer_params;
+    const double ld = static_cast<double>(layers - sparse), sd = static_cast<double>(sparse);
+    auto both = [&](auto field) { return ld * (lc.*field) + sd * (sc.*field); };
+    double f = both(&LayerCost::fwd) + both(&LayerCost::tp_fwd) + both(&LayerCost::ep_fwd) + both(&LayerCost::cp_fwd);
+    double b = both(&LayerCost::bwd_input) + both(&LayerCost::tp_bwd) + both(&LayerCost::recompute) +
+               both(&LayerCost::ep_bwd) + both(&LayerCost::cp_bwd);
+    double w = both(&LayerCost::bwd_weight);
+    const double full = l.recompute == "full" ? 1 : 0;
+    double tp = both(&LayerCost::tp_fwd) + both(&LayerCost::tp_bwd) + full * both(&LayerCost::tp_fwd);
+    const double ep = both(&LayerCost::ep_fwd) + both(&LayerCost::ep_bwd) + full * both(&LayerCost::ep_fwd);
+    const double cp = both(&LayerCost::cp_fwd) + both(&LayerCost::cp_bwd) + full * both(&LayerCost::cp_fwd);
+    double params = ld * dense_params + sd * sparse_params;
     const size_t rank = static_cast<size_t>(vs % l.pp);
+    p.expert_params_per_rank[rank] += sd * expert_params;
+    p.cp_hidden_per_rank_mb[rank] += both(&LayerCost::cp_hidden);
     const double table = static_cast<double>(m.vocab * m.hidden) / l.tp;
     if (vs == 0) {
       f += emb.fwd + emb.tp_fwd;
@@ -364,23 +452,28 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
     p.b.push_back(b);
     p.w.push_back(w);
     p.tp_per_vstage.push_back(tp);
-    p.params_per_rank[static_cast<size_t>(vs % l.pp)] += params;
+    p.ep_per_vstage.push_back(ep);
+    p.cp_per_vstage.push_back(cp);
+    p.params_per_rank[rank] += params;
   }
-  p.tp_hidden_per_rank = static_cast<double>(l.micro_batches) * std::ceil(layers_per_rank) * lc.tp_hidden *
-                         (l.recompute == "full" ? 1.5 : 1.0);
-  p.act_per_layer = layer_activation_bytes(m, prec, shape);
+  p.tp_hidden_per_rank = mb * std::ceil(layers_per_rank) * lc.tp_hidden * (l.recompute == "full" ? 1.5 : 1.0);
+  // The mean layer's activations: sparse layers hold their experts' intermediates.
+  LayerShape sparse_shape = shape;
+  sparse_shape.moe = true;
+  p.act_per_layer = (1 - sparse_share) * layer_activation_bytes(m, prec, shape) +
+                    (m.is_moe() ? sparse_share * layer_activation_bytes(m, prec, sparse_shape) : 0.0);
   {
-    const double tokens = static_cast<double>(l.micro_batch * m.seq), h = static_cast<double>(m.hidden);
+    const double tokens = static_cast<double>(l.micro_batch) * local_seq, h = static_cast<double>(m.hidden);
     const double kv = static_cast<double>(m.kv_heads * m.head_dim()), f = static_cast<double>(m.ffn);
     // Column-parallel outputs are 1/tp wide; row-parallel ones are whole partial sums.
-    const double column = m.arch == "llama" ? h + 2 * kv + 2 * f : 3 * h + f;
+    const double column = m.swiglu() ? h + 2 * kv + 2 * f : 3 * h + f;
     p.w_pending_per_layer = tokens * (column / l.tp + 2 * h) * prec.activation;
   }
   // Full recompute rebuilds a whole layer's activations for its backward; selective rebuilds P
   // one block of queries at a time inside the attention's backward (no layer-sized working set).
-  p.working = l.recompute == "full" ? layer_working_bytes(m, prec, shape) : 0;
+  p.working = l.recompute == "full" ? layer_working_bytes(m, prec, m.is_moe() ? sparse_shape : shape) : 0;
   // Logits and their gradient in f32 on the last stage, one micro-batch at a time.
-  p.head_act = 2.0 * static_cast<double>(l.micro_batch * m.seq) * static_cast<double>(m.vocab) / l.tp * 4;
+  p.head_act = 2.0 * static_cast<double>(l.micro_batch) * local_seq * static_cast<double>(m.vocab) / l.tp * 4;
   return p;
 }
 
@@ -401,10 +494,13 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
   // The pipeline: played on the schedule the runtime would execute, or in closed form.
   const int ranks = l.pp;
   std::vector<double> busy(static_cast<size_t>(ranks), 0.0), tp_time(static_cast<size_t>(ranks), 0.0);
+  std::vector<double> ep_time(static_cast<size_t>(ranks), 0.0), cp_time(static_cast<size_t>(ranks), 0.0);
   const double mb = static_cast<double>(l.micro_batches);
   for (size_t vs = 0; vs < p.f.size(); ++vs) {
     busy[vs % static_cast<size_t>(ranks)] += mb * (p.f[vs] + p.b[vs] + p.w[vs]);
     tp_time[vs % static_cast<size_t>(ranks)] += mb * p.tp_per_vstage[vs];
+    ep_time[vs % static_cast<size_t>(ranks)] += mb * p.ep_per_vstage[vs];
+    cp_time[vs % static_cast<size_t>(ranks)] += mb * p.cp_per_vstage[vs];
   }
   std::vector<int> flight(static_cast<size_t>(ranks));
   std::vector<int> w_pending(static_cast<size_t>(ranks), l.schedule == "ZBH1" ? 1 : 0);
@@ -418,7 +514,12 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
       // Wall time on shared cores; the collectives inside stretch with the compute.
       for (int i = 0; i < ranks; ++i) {
         const size_t k = static_cast<size_t>(i);
-        if (busy[k] > 0) tp_time[k] *= r.busy[k] / busy[k];
+        if (busy[k] > 0) {
+          const double stretch = r.busy[k] / busy[k];
+          tp_time[k] *= stretch;
+          ep_time[k] *= stretch;
+          cp_time[k] *= stretch;
+        }
         busy[k] = r.busy[k];
       }
     }
@@ -449,20 +550,35 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
 
   // Data-parallel / ZeRO traffic of the step: the gradients' reduction (all_reduce without
   // ZeRO; reduce_scatter with it) and, for ZeRO 1 and 2, the updated parameters' all_gather.
+  // Dense parameters are replicated over dp x ep x cp ranks and their gradients summed over all
+  // of them (costed as one collective over that group); routed experts' over dp alone.
   // Exposed after the backward unless the software overlaps them (docs/plan.md, "Overlap"): the
   // reduction bucket by bucket under the backward of the step's last micro-batch — which makes
   // the gradients, the earlier micro-batches only accumulate — except the last bucket; the
   // gather under the next step's first forward, except the first bucket, which that forward
   // needs before it can start.
   const GroupSpan dp_span = p.mapping.span("dp", l, c);
-  const double params_max = *std::max_element(p.params_per_rank.begin(), p.params_per_rank.end());
+  GroupSpan replicas{l.dp * l.ep * l.cp, 1};
+  {
+    const GroupSpan es = p.mapping.span("ep", l, c), cs = p.mapping.span("cp", l, c);
+    replicas.per_node = std::clamp(dp_span.per_node * es.per_node * cs.per_node, 1, replicas.size);
+  }
+  const size_t fullest = static_cast<size_t>(std::max_element(p.params_per_rank.begin(), p.params_per_rank.end()) -
+                                             p.params_per_rank.begin());
+  const double params_max = p.params_per_rank[fullest];
+  const double experts_max = p.expert_params_per_rank[fullest], dense_max = params_max - experts_max;
   double dp_comm = 0, dp_hidden = 0;
-  if (l.dp > 1) {
+  if (replicas.size > 1) {
     double reduce = 0, gather = 0;
-    if (l.sharding_stage == 0) reduce = all_reduce_time(c, params_max * prec.grad, dp_span);
-    else if (l.sharding_stage <= 2)
-      reduce = all_gather_time(c, params_max * prec.grad, dp_span), gather = all_gather_time(c, params_max * prec.param, dp_span);
-    else reduce = all_gather_time(c, params_max * prec.grad, dp_span);
+    auto group = [&](double n, GroupSpan g) {
+      if (g.size <= 1 || n <= 0) return;
+      if (l.sharding_stage == 0) reduce += all_reduce_time(c, n * prec.grad, g);
+      else if (l.sharding_stage <= 2)
+        reduce += all_gather_time(c, n * prec.grad, g), gather += all_gather_time(c, n * prec.param, g);
+      else reduce += all_gather_time(c, n * prec.grad, g);
+    };
+    group(dense_max, replicas);
+    group(experts_max, dp_span);
     // One micro-batch's forward and backward on the busiest pipeline rank.
     double fwd_one = 0, bwd_one = 0;
     for (int r = 0; r < ranks; ++r) {
@@ -492,7 +608,11 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
   e.step_time = makespan + dp_comm + opt_time + c.software.step_overhead;
   const size_t busiest = static_cast<size_t>(std::max_element(busy.begin(), busy.end()) - busy.begin());
   e.tp_comm = tp_time[busiest];
-  e.compute = busy[busiest] - tp_time[busiest];
+  e.ep_comm = ep_time[busiest];
+  e.cp_comm = cp_time[busiest];
+  e.cp_hidden = mb * p.cp_hidden_per_rank_mb[busiest];
+  e.expert_imbalance = p.imbalance;
+  e.compute = busy[busiest] - tp_time[busiest] - ep_time[busiest] - cp_time[busiest];
   const double idle = std::max(0.0, makespan - busy[busiest]);
   e.pp_comm = std::min(idle, l.pp > 1 ? 2.0 * (l.pp - 1) * p.p2p : 0.0);
   e.bubble = idle - e.pp_comm;
@@ -552,6 +672,9 @@ Json Estimate::to_json() const {
   lay["tp"] = layout.tp;
   lay["pp"] = layout.pp;
   lay["vpp"] = layout.vpp;
+  lay["ep"] = layout.ep;
+  lay["cp"] = layout.cp;
+  lay["cp_method"] = layout.cp_method;
   lay["mbs"] = layout.micro_batch;
   lay["micro_batches"] = layout.micro_batches;
   lay["sharding_stage"] = layout.sharding_stage;
@@ -568,6 +691,9 @@ Json Estimate::to_json() const {
   Json t = Json::Object{};
   t["compute_s"] = compute;
   t["tp_comm_s"] = tp_comm;
+  t["ep_comm_s"] = ep_comm;
+  t["cp_comm_s"] = cp_comm;
+  t["cp_comm_overlapped_s"] = cp_hidden;
   t["pp_comm_s"] = pp_comm;
   t["dp_comm_s"] = dp_comm;
   t["tp_comm_overlapped_s"] = tp_hidden;
@@ -583,6 +709,7 @@ Json Estimate::to_json() const {
   mem["activations"] = memory.activations / 1e9;
   mem["other"] = memory.other / 1e9;
   j["memory_gb"] = mem;
+  j["expert_imbalance"] = expert_imbalance;
   j["fits"] = fits;
   j["simulated"] = simulated;
   Json order = Json::Array{};
@@ -637,48 +764,100 @@ std::vector<Layout> candidate_layouts(const ModelSpec& m, const Cluster& c, cons
   std::vector<Layout> out;
   for (int tp : divisors(std::min(n, c.devices_per_node))) {
     if (n % tp != 0 || m.heads % tp != 0 || m.kv_heads % tp != 0) continue;
-    for (int pp : divisors(n / tp)) {
-      if (pp > m.layers) continue;
-      const int dp = n / (tp * pp);
-      for (int64_t mbs = 1; mbs <= o.max_micro_batch; mbs *= 2) {
-        if (o.global_batch % (static_cast<int64_t>(dp) * mbs) != 0) continue;
-        const int64_t micro = o.global_batch / (static_cast<int64_t>(dp) * mbs);
-        std::vector<std::pair<std::string, int>> schedules;
-        if (pp == 1) {
-          schedules.push_back({"1F1B", 1});
-        } else {
-          for (const std::string& s : o.schedules) {
-            if (s != "VPP") {
-              schedules.push_back({s, 1});
-              continue;
-            }
-            if (micro % pp != 0) continue;
-            for (int v = 2; v <= o.max_vpp; ++v)
-              if (static_cast<int64_t>(pp) * v <= m.layers && m.layers % (static_cast<int64_t>(pp) * v) == 0)
-                schedules.push_back({"VPP", v});
-          }
-        }
-        for (const auto& [schedule, vpp] : schedules)
-          for (const std::string& rc : recomputes)
-            for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp)
-              for (int stage = 0; stage <= (dp > 1 && o.allow_sharding ? 3 : 0); ++stage) {
-                Layout l;
-                l.dp = dp;
-                l.tp = tp;
-                l.pp = pp;
-                l.vpp = vpp;
-                l.micro_batch = mbs;
-                l.micro_batches = micro;
-                l.schedule = schedule;
-                l.recompute = rc;
-                l.sp = sp == 1;
-                l.sharding_stage = stage;
-                out.push_back(std::move(l));
+    // Context parallel: each degree by each method the runtime accepts for this model.
+    std::vector<std::pair<int, std::string>> contexts = {{1, "ring"}};
+    if (o.allow_cp)
+      for (int cp : divisors(n / tp)) {
+        if (cp == 1 || cp > m.seq) continue;
+        for (const char* method : {"ring", "all_to_all"})
+          if (cp_refusal(m, tp, cp, method).empty()) contexts.push_back({cp, method});
+      }
+    // Expert parallel: degrees dividing the experts (the runtime's rule), for sparse models.
+    struct Extra {
+      int cp;
+      std::string cp_method;
+      int ep;
+    };
+    std::vector<Extra> extras;
+    for (const auto& [cp, method] : contexts)
+      for (int ep : divisors(n / (tp * cp)))
+        if (ep == 1 || (o.allow_ep && m.is_moe() && m.experts % ep == 0)) extras.push_back({cp, method, ep});
+    for (const Extra& x : extras) {
+      const int cp = x.cp, ep = x.ep;
+      const std::string& cp_method = x.cp_method;
+      for (int pp : divisors(n / (tp * cp * ep))) {
+        if (pp > m.layers) continue;
+        const int dp = n / (tp * cp * ep * pp);
+        const int64_t shards = static_cast<int64_t>(dp) * ep;
+        for (int64_t mbs = 1; mbs <= o.max_micro_batch; mbs *= 2) {
+          if (o.global_batch % (shards * mbs) != 0) continue;
+          const int64_t micro = o.global_batch / (shards * mbs);
+          std::vector<std::pair<std::string, int>> schedules;
+          if (pp == 1) {
+            schedules.push_back({"1F1B", 1});
+          } else {
+            for (const std::string& s : o.schedules) {
+              if (s != "VPP") {
+                schedules.push_back({s, 1});
+                continue;
               }
+              if (micro % pp != 0) continue;
+              for (int v = 2; v <= o.max_vpp; ++v)
+                if (static_cast<int64_t>(pp) * v <= m.layers && m.layers % (static_cast<int64_t>(pp) * v) == 0)
+                  schedules.push_back({"VPP", v});
+            }
+          }
+          for (const auto& [schedule, vpp] : schedules)
+            for (const std::string& rc : recomputes)
+              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp)
+                for (int stage = 0; stage <= (dp > 1 && o.allow_sharding ? 3 : 0); ++stage) {
+                  Layout l;
+                  l.dp = dp;
+                  l.tp = tp;
+                  l.pp = pp;
+                  l.vpp = vpp;
+                  l.micro_batch = mbs;
+                  l.micro_batches = micro;
+                  l.schedule = schedule;
+                  l.recompute = rc;
+                  l.sp = sp == 1;
+                  l.sharding_stage = stage;
+                  l.ep = ep;
+                  l.cp = cp;
+                  l.cp_method = cp_method;
+                  out.push_back(std::move(l));
+                }
+        }
       }
     }
   }
   return out;
+}
+
+std::string cp_refusal(const ModelSpec& m, int tp, int cp, const std::string& method) {
+  if (cp <= 1) return "";
+  if (m.is_moe())
+    return fmt::format("cp {}: mixture-of-experts blocks route whole sequences, and tessel's runtime refuses context "
+                       "parallel for them",
+                       cp);
+  if (method == "ring") {
+    if (m.seq % (2 * cp) != 0)
+      return fmt::format("cp {} ring: the sequence length {} must be a multiple of 2 x cp = {} (each rank holds a "
+                         "chunk from each end)",
+                         cp, m.seq, 2 * cp);
+    if (m.dropout > 0)
+      return fmt::format("cp {} ring: dropout {} is not supported with the ring (use cp_method all_to_all)", cp,
+                         m.dropout);
+    return "";
+  }
+  if (method == "all_to_all") {
+    if (m.heads % (tp * cp) != 0 || m.kv_heads % (tp * cp) != 0)
+      return fmt::format("cp {} all_to_all: tp x cp = {} must divide the {} heads and {} kv heads", cp, tp * cp,
+                         m.heads, m.kv_heads);
+    if (m.seq % cp != 0) return fmt::format("cp {} all_to_all: the sequence length {} must be a multiple of cp", cp, m.seq);
+    return "";
+  }
+  return fmt::format("cp_method must be ring or all_to_all, got '{}'", method);
 }
 
 SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) {

@@ -13,12 +13,18 @@
 
 namespace tessel::plan {
 
-// A whole parallel layout. Mesh dims are [pp, dp, tp] as the runtime builds them.
+// A whole parallel layout. Mesh dims are [pp, dp, ep, cp, tp] as the runtime builds them (ep
+// and cp only when used). The batch splits over dp x ep (expert parallel ranks split it too,
+// inside data parallel: dense parameters are replicated over dp x ep x cp, experts split over ep
+// and replicated over dp), the sequence over cp.
 struct Layout {
   int dp = 1, tp = 1, pp = 1, vpp = 1;
+  int ep = 1;                        // expert parallel (mixture-of-experts models)
+  int cp = 1;                        // context parallel
+  std::string cp_method = "ring";    // ring | all_to_all (with cp > 1)
   int sharding_stage = 0;            // ZeRO 0-3 over dp
   bool sp = false;                   // sequence parallel (with tp > 1)
-  int64_t micro_batch = 1;           // sequences per micro-batch
+  int64_t micro_batch = 1;           // sequences per micro-batch (of each dp x ep rank)
   int64_t micro_batches = 1;         // per data-parallel replica per step
   std::string schedule = "1F1B";     // FThenB | 1F1B | VPP | ZBH1
   std::string recompute = "none";    // none | selective | full
@@ -26,8 +32,10 @@ struct Layout {
   // group's links (bucket_bytes_for), not part of the --layout text.
   double bucket_mb = 4;
 
-  int devices() const { return dp * tp * pp; }
-  // "dp=6,tp=8,pp=64,vpp=2,mbs=1,sharding_stage=0,sp=false,recompute=full,schedule=VPP"
+  int devices() const { return dp * ep * cp * tp * pp; }
+  int batch_shards() const { return dp * ep; }  // ranks the batch splits over
+  // "dp=6,tp=8,pp=64,vpp=2,mbs=1,sharding_stage=0,sp=false,recompute=full,schedule=VPP", with
+  // ",ep=8" and ",cp=2,cp_method=ring" after it where used.
   std::string str() const;
 };
 
@@ -38,13 +46,14 @@ struct Layout {
 double bucket_bytes_for(const Cluster& c, GroupSpan dp);
 
 // Parses the --layout text (keys as str() writes them, any order; missing keys default: dp
-// from the device count, mbs 1, vpp 1, schedule VPP when vpp > 1 else 1F1B); micro_batches
+// from the device count, ep and cp 1, cp_method ring, mbs 1, vpp 1, schedule VPP when vpp > 1
+// else 1F1B); micro_batches
 // follows from the global batch. Throws naming the key on anything it cannot use.
 Layout parse_layout(const std::string& text, int64_t global_batch, int devices);
 
 // Which physical level each mesh dim's groups use, innermost (fastest links) first.
 struct RankMapping {
-  std::vector<std::string> order;    // e.g. {"tp", "dp", "pp"}
+  std::vector<std::string> order;    // e.g. {"tp", "ep", "dp", "pp"} (ep and cp when used)
   std::vector<std::string> reasons;  // one line per dim: its traffic and where it landed
   GroupSpan span(const std::string& dim, const Layout& l, const Cluster& c) const;
 };
@@ -62,12 +71,15 @@ struct Estimate {
   double tflops_per_device = 0;  // hardware FLOPs (recompute included) / step / device, as Narayanan et al. report
   double mfu = 0;                // model FLOPs (no recompute) / step / device / peak
   // Breakdown of the step (seconds, on the slowest pipeline rank): compute, communication not
-  // hidden behind compute (tensor-parallel inside the stages, pipeline sends, data-parallel /
-  // ZeRO gradient and parameter traffic), pipeline bubble, optimizer.
-  double compute = 0, tp_comm = 0, pp_comm = 0, dp_comm = 0, bubble = 0, optimizer = 0;
+  // hidden behind compute (tensor-parallel inside the stages, expert-parallel all_to_alls,
+  // context-parallel exchanges, pipeline sends, data-parallel / ZeRO gradient and parameter
+  // traffic), pipeline bubble, optimizer.
+  double compute = 0, tp_comm = 0, ep_comm = 0, cp_comm = 0, pp_comm = 0, dp_comm = 0, bubble = 0, optimizer = 0;
   // Communication the software profile hides behind compute (not in step_time): tensor-parallel
-  // collectives under the GEMMs, data-parallel reduction and gather under a micro-batch.
-  double tp_hidden = 0, dp_hidden = 0;
+  // collectives under the GEMMs, data-parallel reduction and gather under a micro-batch; and
+  // the ring's key/value transfers under the attention (context parallel).
+  double tp_hidden = 0, dp_hidden = 0, cp_hidden = 0;
+  double expert_imbalance = 1;   // the busiest ep rank's expert load over the mean (moe_imbalance)
   MemoryBreakdown memory;        // per device, bytes (the busiest pipeline rank)
   bool fits = true;
   bool simulated = false;        // the schedule was played (false: closed-form estimate)
@@ -83,7 +95,14 @@ struct PlanOptions {
   int max_vpp = 8;
   int64_t max_micro_batch = 16;
   int max_simulations = 32;      // schedules played, best closed-form estimates first (deterministic)
+  bool allow_ep = true;          // search expert parallel (mixture-of-experts models)
+  bool allow_cp = true;          // search context parallel
 };
+
+// Why the runtime would refuse context parallel of `cp` ranks by `method` with tensor parallel
+// `tp` for `m` (parallel::ParallelConfig::validate_cp, the config's and engine's checks), or ""
+// when it accepts it.
+std::string cp_refusal(const ModelSpec& m, int tp, int cp, const std::string& method);
 
 // Evaluates one layout. Throws Error naming what does not fit together (degrees vs devices,
 // heads vs tp, layers vs stages, batch vs dp x micro-batch, schedule constraints).
@@ -101,7 +120,10 @@ SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o);
 // Every layout search considers for `m` on `c` (before memory and speed rule any out): the
 // degrees that fit the device count, heads and layers, micro-batch sizes that divide the
 // global batch, o.schedules (vpp where the layers split evenly), o.recompute, sp with tp > 1,
-// ZeRO stages with dp > 1. So also every layout `tessel plan` can emit.
+// ZeRO stages with dp > 1; ep dividing the experts (mixture-of-experts models only); cp by
+// each method the runtime accepts for the model (ring: seq a multiple of 2 cp, not with
+// dropout; all_to_all: tp x cp dividing the heads and kv heads; none for mixture of experts).
+// So also every layout `tessel plan` can emit.
 std::vector<Layout> candidate_layouts(const ModelSpec& m, const Cluster& c, const PlanOptions& o);
 
 // The `parallel:` section of a training config for `l` (YAML text).

@@ -45,6 +45,11 @@ std::vector<PublishedRun> megatron_core_r08_weak_scaling();
 // 2800, 3360 GPUs; tp 8, pp 35), with the hardware TFLOP/s per GPU they correspond to.
 std::vector<PublishedRun> smith2022_mtnlg();
 
+// Megatron-Core's Mixtral 8x7B on 64 H100 GPUs (MCore v0.8: TP 1, EP 8, PP 4, VP 8, batch 256
+// of 4096 tokens, dropless, bf16), 438 model TFLOP/s per GPU, as its MoE README states. See
+// published.cc for the exact source and the assumptions.
+std::vector<PublishedRun> megatron_core_mixtral();
+
 // The cluster a row ran on: its preset with the row's dtype and software profile.
 Cluster published_cluster(const PublishedRun& r);
 
