@@ -49,7 +49,9 @@ void expect_degrees(const parallel::ParallelConfig& p, const plan::Layout& l) {
   EXPECT_EQ(p.bucket_mb, l.bucket_mb);
   EXPECT_EQ(p.ep, l.ep);
   EXPECT_EQ(p.cp, l.cp);
-  if (l.cp > 1) EXPECT_EQ(p.cp_method, l.cp_method);
+  if (l.cp > 1) {
+    EXPECT_EQ(p.cp_method, l.cp_method);
+  }
 }
 
 TEST(PlanLayouts, EveryLayoutThePlannerCanEmitTrains) {

@@ -74,7 +74,9 @@ TEST(SearchSpace, EveryCandidateIsAcceptedByTesselTrain) {
           EXPECT_EQ(pc.world_size(), n);
           EXPECT_EQ(pc.ep, l.ep);
           EXPECT_EQ(pc.cp, l.cp);
-          if (l.cp > 1) EXPECT_EQ(pc.cp_method, l.cp_method);
+          if (l.cp > 1) {
+            EXPECT_EQ(pc.cp_method, l.cp_method);
+          }
           EXPECT_EQ(parsed.train.micro_batch, static_cast<int64_t>(l.dp) * l.ep * l.micro_batch);
           with_ep += l.ep > 1;
           with_cp_ring += l.cp > 1 && l.cp_method == "ring";
