@@ -131,8 +131,11 @@ std::vector<Tensor> ring_forward(RingState& st, const std::shared_ptr<ProcessGro
         for (int64_t kh = 0; kh < 2; ++kh) {
           const int64_t gq = chunk_of(r, n, qh), gk = chunk_of(src, n, kh);
           if (!pair_visible(st.causal, gq, gk)) continue;
-          const auto [o, l] = sdpa_block_forward(half_of(q, 2, qh, c), half_of(k, 2, kh, c), half_of(v, 2, kh, c),
-                                                 st.docs, st.causal, st.scale, {gq * c, gk * c, st.T});
+          // Named tensors, not a structured binding: clang 14 (the fuzz build) cannot capture those.
+          const std::array<Tensor, 2> block = sdpa_block_forward(
+              half_of(q, 2, qh, c), half_of(k, 2, kh, c), half_of(v, 2, kh, c), st.docs, st.causal, st.scale,
+              {gq * c, gk * c, st.T});
+          const Tensor &o = block[0], &l = block[1];
           TESSEL_DISPATCH_FLOAT(q.dtype(), "sdpa", [&]<typename T>() { merge<T>(acc, acc_lse, o, l, qh * c); });
         }
     }
