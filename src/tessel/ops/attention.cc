@@ -158,6 +158,49 @@ Overlap overlap(const Visible& vis, int64_t t0, int64_t rows, int64_t j0, int64_
   return Overlap::none;
 }
 
+// A block pair that is only partly visible (the causal diagonal, a document boundary) is
+// computed in strips of kStrip queries or keys, each product over the part of the other side
+// that some row of the strip sees, rounded out to whole strips: on the causal diagonal that
+// is 10/16 of the block's products. What a strip leaves uncomputed is masked for every row.
+constexpr int64_t kStrip = 16;
+
+struct Span {
+  int64_t lo = 0, hi = 0;  // [lo, hi), empty when lo >= hi
+  int64_t size() const { return hi - lo; }
+};
+
+Span round_out(int64_t lo, int64_t hi, int64_t n) {
+  if (lo >= hi) return {};
+  return {lo / kStrip * kStrip, std::min(n, (hi + kStrip - 1) / kStrip * kStrip)};
+}
+
+// The keys of block [j0, j0 + bc) that query rows [t0 + r0, t0 + r1) see, block-local.
+Span keys_seen(const Visible& vis, int64_t t0, int64_t r0, int64_t r1, int64_t j0, int64_t bc) {
+  int64_t lo = bc, hi = 0;
+  for (int64_t r = t0 + r0; r < t0 + r1; ++r) {
+    const int64_t a = std::max<int64_t>(vis.lo[static_cast<size_t>(r)] - j0, 0);
+    const int64_t b = std::min<int64_t>(vis.hi[static_cast<size_t>(r)] - j0, bc);
+    if (a < b) {
+      lo = std::min(lo, a);
+      hi = std::max(hi, b);
+    }
+  }
+  return round_out(lo, hi, bc);
+}
+
+// The rows of query block [t0, t0 + rows) that see some key of [j0 + c0, j0 + c1), block-local.
+Span rows_seeing(const Visible& vis, int64_t t0, int64_t rows, int64_t j0, int64_t c0, int64_t c1) {
+  int64_t lo = rows, hi = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t a = vis.lo[static_cast<size_t>(t0 + r)], b = vis.hi[static_cast<size_t>(t0 + r)];
+    if (a < b && a < j0 + c1 && b > j0 + c0) {
+      lo = std::min(lo, r);
+      hi = r + 1;
+    }
+  }
+  return round_out(lo, hi, rows);
+}
+
 // A [B, H, T, D] operand as BLAS reads it: head (b, h) starts at base + b·sb + h·sh and its
 // T rows are `ld` apart with D contiguous. Views such as a permuted [B, T, H, D] projection
 // are read in place; only layouts with a strided D are copied.
@@ -355,14 +398,25 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const Heads<T>& q
     const int64_t j1 = std::min(j0 + kBlockK, d.S), bc = j1 - j0;
     const Overlap ov = overlap(vis, t0, rows, j0, j1);
     if (ov == Overlap::none) continue;
-    // st[bc, rows] = k[j0:j1, D] @ qt[D, rows] · scale
-    small_gemm<T>(bc, rows, D, scale, k.at(b, kvh) + j0 * k.ld, k.ld, 1, w.qt.data(), kBlockQ, T(0), st, kBlockQ);
-    if (ov == Overlap::partial)
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t lo = vis.lo[static_cast<size_t>(t0 + r)], hi = vis.hi[static_cast<size_t>(t0 + r)];
-        for (int64_t c = 0; c < bc; ++c)
-          if (j0 + c < lo || j0 + c >= hi) st[c * kBlockQ + r] = kNegInf;
+    // st[bc, rows] = k[j0:j1, D] @ qt[D, rows] · scale; a partial pair by strips of keys
+    const T* kj = k.at(b, kvh) + j0 * k.ld;
+    if (ov == Overlap::full) {
+      small_gemm<T>(bc, rows, D, scale, kj, k.ld, 1, w.qt.data(), kBlockQ, T(0), st, kBlockQ);
+    } else {
+      for (int64_t c0 = 0; c0 < bc; c0 += kStrip) {
+        const int64_t c1 = std::min(bc, c0 + kStrip);
+        const Span r = rows_seeing(vis, t0, rows, j0, c0, c1);
+        if (r.size() > 0)
+          small_gemm<T>(c1 - c0, r.size(), D, scale, kj + c0 * k.ld, k.ld, 1, w.qt.data() + r.lo, kBlockQ, T(0),
+                        st + c0 * kBlockQ + r.lo, kBlockQ);
       }
+      const int64_t* lo = vis.lo.data() + t0;
+      const int64_t* hi = vis.hi.data() + t0;
+      for (int64_t c = 0; c < bc; ++c) {
+        T* __restrict row = st + c * kBlockQ;
+        for (int64_t r = 0; r < rows; ++r) row[r] = j0 + c >= lo[r] && j0 + c < hi[r] ? row[r] : kNegInf;
+      }
+    }
     // The running max grows to cover this block; e^(m_old - m_new) rescales what came before.
     std::copy_n(m, rows, base);
     for (int64_t c = 0; c < bc; ++c)
@@ -377,8 +431,20 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const Heads<T>& q
     for (int64_t c = 0; c < bc; ++c) exp_shifted_sum(st + c * kBlockQ, base, l, rows);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t e = 0; e < D; ++e) w.acc[static_cast<size_t>(r * D + e)] *= alpha[r];
-    // acc[rows, D] += P[rows, bc] @ v[j0:j1, D]  (P read transposed out of st)
-    small_gemm<T>(rows, D, bc, T(1), st, 1, kBlockQ, v.at(b, kvh) + j0 * v.ld, v.ld, T(1), w.acc.data(), D);
+    // acc[rows, D] += P[rows, bc] @ v[j0:j1, D]  (P read transposed out of st); a partial
+    // pair by strips of queries, each over the keys it sees
+    const T* vj = v.at(b, kvh) + j0 * v.ld;
+    if (ov == Overlap::full) {
+      small_gemm<T>(rows, D, bc, T(1), st, 1, kBlockQ, vj, v.ld, T(1), w.acc.data(), D);
+    } else {
+      for (int64_t r0 = 0; r0 < rows; r0 += kStrip) {
+        const int64_t r1 = std::min(rows, r0 + kStrip);
+        const Span c = keys_seen(vis, t0, r0, r1, j0, bc);
+        if (c.size() > 0)
+          small_gemm<T>(r1 - r0, D, c.size(), T(1), st + c.lo * kBlockQ + r0, 1, kBlockQ, vj + c.lo * v.ld, v.ld, T(1),
+                        w.acc.data() + r0 * D, D);
+      }
+    }
   }
   T* o = out.at(b, h) + t0 * out.ld;
   for (int64_t r = 0; r < rows; ++r) {
@@ -458,28 +524,78 @@ void backward_key_block(const Dims& d, T scale, const Visible& vis, const Heads<
       if (ov == Overlap::none) continue;
       const T* qi = q.at(b, h) + t0 * q.ld;
       const T* gi = dO.at(b, h) + t0 * dO.ld;
-      // s[rows, bc] = q[rows, D] @ kt[D, bc] · scale, then P = e^(s - LSE) (0 where masked)
-      small_gemm<T>(rows, bc, D, scale, qi, q.ld, 1, w.kt.data(), kBlockK, T(0), p, kBlockK);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t lo = ov == Overlap::partial ? vis.lo[static_cast<size_t>(t0 + r)] - j0 : 0;
-        const int64_t hi = ov == Overlap::partial ? vis.hi[static_cast<size_t>(t0 + r)] - j0 : bc;
-        exp_shifted_within(p + r * kBlockK, lse_h[t0 + r], bc, lo, hi);
+      T* dqi = want.dq ? dq.at(b, h) + t0 * dq.ld : nullptr;
+      if (ov == Overlap::full) {
+        // s[rows, bc] = q[rows, D] @ kt[D, bc] · scale, then P = e^(s - LSE)
+        small_gemm<T>(rows, bc, D, scale, qi, q.ld, 1, w.kt.data(), kBlockK, T(0), p, kBlockK);
+        for (int64_t r = 0; r < rows; ++r) exp_shifted_within(p + r * kBlockK, lse_h[t0 + r], bc, 0, bc);
+        // dV[bc, D] += P^T[bc, rows] @ dO[rows, D]
+        if (want.dv) small_gemm<T>(bc, D, rows, T(1), p, 1, kBlockK, gi, dO.ld, T(1), w.dv.data(), D);
+        if (!need_ds) continue;
+        // dP[rows, bc] = dO[rows, D] @ vt[D, bc], then dS = P ⊙ (dP - D)
+        small_gemm<T>(rows, bc, D, T(1), gi, dO.ld, 1, w.vt.data(), kBlockK, T(0), ds, kBlockK);
+        for (int64_t r = 0; r < rows; ++r) {
+          const T dr = delta_h[t0 + r];
+          T* __restrict drow = ds + r * kBlockK;
+          const T* __restrict prow = p + r * kBlockK;
+          for (int64_t c = 0; c < bc; ++c) drow[c] = prow[c] * (drow[c] - dr);
+        }
+        // dQ[rows, D] += dS[rows, bc] @ k[bc, D] · scale
+        if (want.dq) small_gemm<T>(rows, D, bc, scale, ds, kBlockK, 1, kj, k.ld, T(1), dqi, dq.ld);
+        // dK[bc, D] += dS^T[bc, rows] @ q[rows, D] · scale
+        if (want.dk) small_gemm<T>(bc, D, rows, scale, ds, 1, kBlockK, qi, q.ld, T(1), w.dk.data(), D);
+        continue;
       }
-      // dV[bc, D] += P^T[bc, rows] @ dO[rows, D]
-      if (want.dv) small_gemm<T>(bc, D, rows, T(1), p, 1, kBlockK, gi, dO.ld, T(1), w.dv.data(), D);
+      // A partial pair, the same products by strips: those with rows of queries (s, dP, dQ)
+      // over the keys the strip sees, those with rows of keys (dV, dK) over the queries that
+      // see the strip. P and dS are written whole (0 where masked), so what a strip reads
+      // outside another strip's span is 0.
+      std::array<Span, kBlockQ / kStrip> seen;  // keys seen by each strip of queries
+      std::array<Span, kBlockK / kStrip> seeing;  // queries seeing each strip of keys
+      for (int64_t r0 = 0, i = 0; r0 < rows; r0 += kStrip, ++i)
+        seen[static_cast<size_t>(i)] = keys_seen(vis, t0, r0, std::min(rows, r0 + kStrip), j0, bc);
+      for (int64_t c0 = 0, i = 0; c0 < bc; c0 += kStrip, ++i)
+        seeing[static_cast<size_t>(i)] = rows_seeing(vis, t0, rows, j0, c0, std::min(bc, c0 + kStrip));
+      for (int64_t r0 = 0, i = 0; r0 < rows; r0 += kStrip, ++i) {
+        const Span c = seen[static_cast<size_t>(i)];
+        if (c.size() > 0)
+          small_gemm<T>(std::min(kStrip, rows - r0), c.size(), D, scale, qi + r0 * q.ld, q.ld, 1, w.kt.data() + c.lo,
+                        kBlockK, T(0), p + r0 * kBlockK + c.lo, kBlockK);
+      }
+      for (int64_t r = 0; r < rows; ++r)
+        exp_shifted_within(p + r * kBlockK, lse_h[t0 + r], bc, vis.lo[static_cast<size_t>(t0 + r)] - j0,
+                           vis.hi[static_cast<size_t>(t0 + r)] - j0);
+      if (want.dv)
+        for (int64_t c0 = 0, i = 0; c0 < bc; c0 += kStrip, ++i) {
+          const Span r = seeing[static_cast<size_t>(i)];
+          if (r.size() > 0)
+            small_gemm<T>(std::min(kStrip, bc - c0), D, r.size(), T(1), p + r.lo * kBlockK + c0, 1, kBlockK,
+                          gi + r.lo * dO.ld, dO.ld, T(1), w.dv.data() + c0 * D, D);
+        }
       if (!need_ds) continue;
-      // dP[rows, bc] = dO[rows, D] @ vt[D, bc], then dS = P ⊙ (dP - D)
-      small_gemm<T>(rows, bc, D, T(1), gi, dO.ld, 1, w.vt.data(), kBlockK, T(0), ds, kBlockK);
-      for (int64_t r = 0; r < rows; ++r) {
-        const T dr = delta_h[t0 + r];
-        T* __restrict drow = ds + r * kBlockK;
-        const T* __restrict prow = p + r * kBlockK;
-        for (int64_t c = 0; c < bc; ++c) drow[c] = prow[c] * (drow[c] - dr);
+      for (int64_t r0 = 0, i = 0; r0 < rows; r0 += kStrip, ++i) {
+        const Span c = seen[static_cast<size_t>(i)];
+        const int64_t r1 = std::min(rows, r0 + kStrip);
+        if (c.size() > 0)
+          small_gemm<T>(r1 - r0, c.size(), D, T(1), gi + r0 * dO.ld, dO.ld, 1, w.vt.data() + c.lo, kBlockK, T(0),
+                        ds + r0 * kBlockK + c.lo, kBlockK);
+        for (int64_t r = r0; r < r1; ++r) {
+          const T dr = delta_h[t0 + r];
+          T* __restrict drow = ds + r * kBlockK;
+          const T* __restrict prow = p + r * kBlockK;
+          for (int64_t x = 0; x < bc; ++x) drow[x] = x >= c.lo && x < c.hi ? prow[x] * (drow[x] - dr) : T(0);
+        }
+        if (want.dq && c.size() > 0)
+          small_gemm<T>(r1 - r0, D, c.size(), scale, ds + r0 * kBlockK + c.lo, kBlockK, 1, kj + c.lo * k.ld, k.ld, T(1),
+                        dqi + r0 * dq.ld, dq.ld);
       }
-      // dQ[rows, D] += dS[rows, bc] @ k[bc, D] · scale
-      if (want.dq) small_gemm<T>(rows, D, bc, scale, ds, kBlockK, 1, kj, k.ld, T(1), dq.at(b, h) + t0 * dq.ld, dq.ld);
-      // dK[bc, D] += dS^T[bc, rows] @ q[rows, D] · scale
-      if (want.dk) small_gemm<T>(bc, D, rows, scale, ds, 1, kBlockK, qi, q.ld, T(1), w.dk.data(), D);
+      if (want.dk)
+        for (int64_t c0 = 0, i = 0; c0 < bc; c0 += kStrip, ++i) {
+          const Span r = seeing[static_cast<size_t>(i)];
+          if (r.size() > 0)
+            small_gemm<T>(std::min(kStrip, bc - c0), D, r.size(), scale, ds + r.lo * kBlockK + c0, 1, kBlockK,
+                          qi + r.lo * q.ld, q.ld, T(1), w.dk.data() + c0 * D, D);
+        }
     }
   }
   for (int64_t c = 0; c < bc; ++c) {
@@ -563,9 +679,18 @@ std::vector<Tensor> sdpa_backward(const GradCall& c) {
     dk = (*fused)[1];
     dv = (*fused)[2];
   } else {
-    if (c.needs_grad[0]) dq = heads_major(d.B, d.H, d.T, d.D, dt);
-    if (c.needs_grad[1]) dk = heads_major(d.B, d.Hkv, d.S, d.D, dt);
-    if (c.needs_grad[2]) dv = heads_major(d.B, d.Hkv, d.S, d.D, dt);
+    // A contiguous input gets a contiguous gradient: the autograd engine keeps it as the
+    // leaf's gradient as it is (a heads-major one it would copy, 3 × 32 MiB per call at
+    // bench/attention_bench's shapes); any other layout gets the heads-major one, which the
+    // usual [B, T, H, D] view of a projection takes back without a copy.
+    auto grad_like = [&](size_t i, int64_t heads, int64_t rows) {
+      if (!c.needs_grad[i]) return Tensor();
+      if (c.inputs[i].is_contiguous()) return Tensor::empty({d.B, heads, rows, d.D}, dt);
+      return heads_major(d.B, heads, rows, d.D, dt);
+    };
+    dq = grad_like(0, d.H, d.T);
+    dk = grad_like(1, d.Hkv, d.S);
+    dv = grad_like(2, d.Hkv, d.S);
   }
   const std::vector<Visible> vis = all_visible(d, c.attrs.b("causal"), docs_of(c.inputs));
   Tensor lse = kernels::contig(c.outputs[1]);
