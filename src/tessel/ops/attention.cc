@@ -311,24 +311,55 @@ T dot(const T* __restrict a, const T* __restrict b, int64_t n) {
 // loads and stores for a last part of fewer than 16); elsewhere fast::exp_t, which the
 // compiler vectorises. Which lanes an element takes never changes its value.
 
-// Forward, key-major: row[r] = e^(row[r] - base[r]) and l[r] += row[r], r < rows.
+// One block of the forward's online softmax over the key-major scores st[c·kBlockQ + r]
+// (key c < bc, query r < rows): the running max m grows to the block's, alpha = e^(m_old -
+// m_new), l = l·alpha + Σ_c e^(s - m_new) in key order, and st becomes e^(s - m_new). A row
+// that has seen no key yet (m = -inf) takes 0 as its base: e^(-inf - 0) = 0. On AVX-512 a
+// group of 16 rows keeps its max and sum in registers through the block.
 template <typename T>
-void exp_shifted_sum(T* __restrict row, const T* __restrict base, T* __restrict l, int64_t rows) {
+void online_softmax(T* __restrict st, int64_t bc, int64_t rows, T* __restrict m, T* __restrict l, T* __restrict base,
+                    T* __restrict alpha) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<T, float>) {
+    const __m512 neg_inf = _mm512_set1_ps(kNegInf);
     for (int64_t r = 0; r < rows; r += 16) {
-      const __mmask16 m = lanes_below(rows - r);
-      const __m512 e = fast::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + r), _mm512_maskz_loadu_ps(m, base + r)));
-      _mm512_mask_storeu_ps(row + r, m, e);
-      _mm512_mask_storeu_ps(l + r, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, l + r), e));
+      const __mmask16 k = lanes_below(rows - r);
+      const __m512 m_old = _mm512_mask_loadu_ps(neg_inf, k, m + r);
+      __m512 mx = m_old;
+      for (int64_t c = 0; c < bc; ++c) mx = _mm512_mask_max_ps(mx, kAll, mx, _mm512_maskz_loadu_ps(k, st + c * kBlockQ + r));
+      const __m512 b = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
+      const __m512 a = fast::exp16(_mm512_sub_ps(m_old, b));
+      __m512 sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, l + r), a);
+      for (int64_t c = 0; c < bc; ++c) {
+        T* x = st + c * kBlockQ + r;
+        const __m512 e = fast::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x), b));
+        _mm512_mask_storeu_ps(x, k, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      _mm512_mask_storeu_ps(m + r, k, mx);
+      _mm512_mask_storeu_ps(l + r, k, sum);
+      _mm512_mask_storeu_ps(base + r, k, b);
+      _mm512_mask_storeu_ps(alpha + r, k, a);
     }
     return;
   }
 #endif
+  std::copy_n(m, rows, base);
+  for (int64_t c = 0; c < bc; ++c)
+    for (int64_t r = 0; r < rows; ++r) base[r] = st[c * kBlockQ + r] > base[r] ? st[c * kBlockQ + r] : base[r];
   for (int64_t r = 0; r < rows; ++r) {
-    row[r] = fast::exp_t<T>(row[r] - base[r]);
-    l[r] += row[r];
+    const T mn = base[r];
+    base[r] = mn == kNegInf ? T(0) : mn;
+    alpha[r] = fast::exp_t<T>(m[r] - base[r]);
+    m[r] = mn;
+    l[r] *= alpha[r];
   }
+  for (int64_t c = 0; c < bc; ++c)
+    for (int64_t r = 0; r < rows; ++r) {
+      st[c * kBlockQ + r] = fast::exp_t<T>(st[c * kBlockQ + r] - base[r]);
+      l[r] += st[c * kBlockQ + r];
+    }
 }
 
 // Backward, query-major: row[c] = e^(row[c] - L) for c in [lo, hi), 0 elsewhere in [0, n).
@@ -417,20 +448,13 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const Heads<T>& q
         for (int64_t r = 0; r < rows; ++r) row[r] = j0 + c >= lo[r] && j0 + c < hi[r] ? row[r] : kNegInf;
       }
     }
-    // The running max grows to cover this block; e^(m_old - m_new) rescales what came before.
-    std::copy_n(m, rows, base);
-    for (int64_t c = 0; c < bc; ++c)
-      for (int64_t r = 0; r < rows; ++r) base[r] = st[c * kBlockQ + r] > base[r] ? st[c * kBlockQ + r] : base[r];
-    for (int64_t r = 0; r < rows; ++r) {
-      const T mn = base[r];
-      base[r] = mn == kNegInf ? T(0) : mn;  // a row that has seen no key yet: e^(-inf - 0) = 0
-      alpha[r] = fast::exp_t<T>(m[r] - base[r]);
-      m[r] = mn;
-      l[r] *= alpha[r];
-    }
-    for (int64_t c = 0; c < bc; ++c) exp_shifted_sum(st + c * kBlockQ, base, l, rows);
+    // The running max grows to cover this block; e^(m_old - m_new) rescales what came before
+    // (rows whose max stayed put, most of them after the first few blocks, are left alone:
+    // a factor of exactly 1).
+    online_softmax(st, bc, rows, m, l, base, alpha);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t e = 0; e < D; ++e) w.acc[static_cast<size_t>(r * D + e)] *= alpha[r];
+      if (alpha[r] != T(1))
+        for (int64_t e = 0; e < D; ++e) w.acc[static_cast<size_t>(r * D + e)] *= alpha[r];
     // acc[rows, D] += P[rows, bc] @ v[j0:j1, D]  (P read transposed out of st); a partial
     // pair by strips of queries, each over the keys it sees
     const T* vj = v.at(b, kvh) + j0 * v.ld;
