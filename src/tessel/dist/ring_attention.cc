@@ -50,6 +50,19 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// The end of a ring step, forward or backward: waits for the K/V block sent on and the one
+// coming in (the time counted as exposed), and returns the one that came in.
+Tensor finish_kv_step(const WorkPtr& send, const WorkPtr& recv, const Tensor& next, RingAttentionStats& stats) {
+  ProfileScope scope("ring attention (wait kv)");
+  const auto t_wait = std::chrono::steady_clock::now();
+  send->wait();
+  recv->wait();
+  stats.wait_s += seconds_since(t_wait);
+  stats.transfers += 1;
+  stats.bytes += next.numel() * static_cast<int64_t>(dtype_size(next.dtype()));
+  return next;
+}
+
 // One call's geometry and saved pieces.
 struct RingState {
   ProcessMesh mesh;
@@ -140,16 +153,7 @@ std::vector<Tensor> ring_forward(RingState& st, const std::shared_ptr<ProcessGro
         }
     }
     stats.compute_s += seconds_since(t_compute);
-    if (s + 1 < n) {
-      ProfileScope scope("ring attention (wait kv)");
-      const auto t_wait = std::chrono::steady_clock::now();
-      send->wait();
-      recv->wait();
-      stats.wait_s += seconds_since(t_wait);
-      stats.transfers += 1;
-      stats.bytes += cur.numel() * static_cast<int64_t>(dtype_size(cur.dtype()));
-      cur = next;
-    }
+    if (s + 1 < n) cur = finish_kv_step(send, recv, next, stats);
   }
   st.out = acc;
   st.lse = acc_lse;
@@ -213,16 +217,7 @@ std::array<Tensor, 3> ring_backward(const RingState& st, const std::shared_ptr<P
                                                   static_cast<int>((r + 1) % n), kTagGrad));
     incoming_work = group->recv_async(incoming.raw_data(), incoming.numel(), incoming.dtype(),
                                       static_cast<int>((r - 1 + n) % n), kTagGrad);
-    if (s + 1 < n) {
-      ProfileScope scope("ring attention (wait kv)");
-      const auto t_wait = std::chrono::steady_clock::now();
-      send->wait();
-      recv->wait();
-      stats.wait_s += seconds_since(t_wait);
-      stats.transfers += 1;
-      stats.bytes += cur.numel() * static_cast<int64_t>(dtype_size(cur.dtype()));
-      cur = next;
-    }
+    if (s + 1 < n) cur = finish_kv_step(send, recv, next, stats);
   }
   {
     // The last accumulator (this rank's own gradient) has nothing left to hide behind.

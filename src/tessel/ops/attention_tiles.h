@@ -1,0 +1,175 @@
+// The vectorised pieces of the fused attention kernel (ops/attention.cc): register transposes
+// of 16 × 16 tiles, a fixed-order dot product, the forward's online-softmax step over a
+// key-major score tile and the backward's masked exponentials. f32 on AVX-512 runs them 16
+// lanes at a time; every other type and target runs the plain loops. Which lanes an element
+// takes never changes its value, so results do not depend on the target's vector width beyond
+// what the plain loops would give. Internal to the ops layer.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "tessel/ops/fast_math.h"
+
+namespace tessel::attention_tiles {
+
+#if defined(__AVX512F__)
+// (The intrinsics below are the all-lanes mask forms: GCC 12's unmasked ones start from an
+// uninitialised placeholder that -Wuninitialized reports once they are inlined.)
+constexpr __mmask16 kAll = 0xFFFF;
+
+// The lanes [0, n) of a 16-lane mask.
+inline __mmask16 lanes_below(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
+
+// dst[e·ldd + s] = src[s·ld + e] for s, e < 16, in registers (three rounds of lane shuffles).
+inline void transpose16(const float* src, int64_t ld, float* dst, int64_t ldd) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ld);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_mask_unpacklo_ps(r[i], kAll, r[i], r[i + 1]);
+    t[i + 1] = _mm512_mask_unpackhi_ps(r[i], kAll, r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4)
+    for (int k = 0; k < 2; ++k) {
+      const __m512d a = _mm512_castps_pd(t[i + k]), b = _mm512_castps_pd(t[i + 2 + k]);
+      r[i + k] = _mm512_castpd_ps(_mm512_mask_unpacklo_pd(a, 0xFF, a, b));
+      r[i + 2 + k] = _mm512_castpd_ps(_mm512_mask_unpackhi_pd(a, 0xFF, a, b));
+    }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_mask_shuffle_f32x4(r[i], kAll, r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_mask_shuffle_f32x4(r[i], kAll, r[i], r[i + 4], 0xDD);
+    t[i + 8] = _mm512_mask_shuffle_f32x4(r[i + 8], kAll, r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_mask_shuffle_f32x4(r[i + 8], kAll, r[i + 8], r[i + 12], 0xDD);
+  }
+  // Register i now holds column i with its 1 and 2 swapped in each group of four.
+  constexpr int kColumn[16] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
+  for (int i = 0; i < 8; ++i) {
+    _mm512_storeu_ps(dst + kColumn[i] * ldd, _mm512_mask_shuffle_f32x4(t[i], kAll, t[i], t[i + 8], 0x88));
+    _mm512_storeu_ps(dst + kColumn[i + 8] * ldd, _mm512_mask_shuffle_f32x4(t[i], kAll, t[i], t[i + 8], 0xDD));
+  }
+}
+#endif
+
+// dst[D, n] = src[n, D]^T (src rows `ld` apart), so that a product with it reads its
+// right-hand operand by contiguous rows, as small_gemm's vector loads need. f32 on AVX-512
+// moves whole 16 × 16 tiles in registers, the edges one value at a time.
+template <typename T>
+void transpose_rows(const T* src, int64_t ld, int64_t n, int64_t D, T* dst, int64_t ldd) {
+  constexpr int64_t kTile = 16;
+  for (int64_t s0 = 0; s0 < n; s0 += kTile)
+    for (int64_t d0 = 0; d0 < D; d0 += kTile) {
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, float>)
+        if (s0 + kTile <= n && d0 + kTile <= D) {
+          transpose16(src + s0 * ld + d0, ld, dst + d0 * ldd + s0, ldd);
+          continue;
+        }
+#endif
+      for (int64_t s = s0; s < std::min(n, s0 + kTile); ++s)
+        for (int64_t e = d0; e < std::min(D, d0 + kTile); ++e) dst[e * ldd + s] = src[s * ld + e];
+    }
+}
+
+// Σ_e a[e]·b[e], e < n: on AVX-512 f32 in 16 lane sums (lane k takes e ≡ k mod 16, the last
+// part masked) added up in a fixed tree; elsewhere in order.
+template <typename T>
+T dot(const T* __restrict a, const T* __restrict b, int64_t n) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t e = 0; e < n; e += 16) {
+      const __mmask16 m = lanes_below(n - e);
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + e), _mm512_maskz_loadu_ps(m, b + e), acc);
+    }
+    float lane[16];
+    _mm512_storeu_ps(lane, acc);
+    for (int h = 8; h > 0; h /= 2)
+      for (int k = 0; k < h; ++k) lane[k] += lane[k + h];
+    return lane[0];
+  }
+#endif
+  T s = T(0);
+  for (int64_t e = 0; e < n; ++e) s += a[e] * b[e];
+  return s;
+}
+
+// The exponentials of a score tile, 16 f32 lanes at a time on AVX-512 (fast::exp16, masked
+// loads and stores for a last part of fewer than 16); elsewhere fast::exp_t, which the
+// compiler vectorises. Which lanes an element takes never changes its value.
+
+// One block of the forward's online softmax over the key-major scores st[c·ld + r]
+// (key c < bc, query r < rows): the running max m grows to the block's, alpha = e^(m_old -
+// m_new), l = l·alpha + Σ_c e^(s - m_new) in key order, and st becomes e^(s - m_new). A row
+// that has seen no key yet (m = -inf) takes 0 as its base: e^(-inf - 0) = 0. On AVX-512 a
+// group of 16 rows keeps its max and sum in registers through the block.
+template <typename T>
+void online_softmax(T* __restrict st, int64_t ld, int64_t bc, int64_t rows, T* __restrict m, T* __restrict l,
+                    T* __restrict base, T* __restrict alpha) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+    for (int64_t r = 0; r < rows; r += 16) {
+      const __mmask16 k = lanes_below(rows - r);
+      const __m512 m_old = _mm512_mask_loadu_ps(neg_inf, k, m + r);
+      __m512 mx = m_old;
+      for (int64_t c = 0; c < bc; ++c) mx = _mm512_mask_max_ps(mx, kAll, mx, _mm512_maskz_loadu_ps(k, st + c * ld + r));
+      const __m512 b = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
+      const __m512 a = fast::exp16(_mm512_sub_ps(m_old, b));
+      __m512 sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, l + r), a);
+      for (int64_t c = 0; c < bc; ++c) {
+        T* x = st + c * ld + r;
+        const __m512 e = fast::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x), b));
+        _mm512_mask_storeu_ps(x, k, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      _mm512_mask_storeu_ps(m + r, k, mx);
+      _mm512_mask_storeu_ps(l + r, k, sum);
+      _mm512_mask_storeu_ps(base + r, k, b);
+      _mm512_mask_storeu_ps(alpha + r, k, a);
+    }
+    return;
+  }
+#endif
+  std::copy_n(m, rows, base);
+  for (int64_t c = 0; c < bc; ++c)
+    for (int64_t r = 0; r < rows; ++r) base[r] = st[c * ld + r] > base[r] ? st[c * ld + r] : base[r];
+  for (int64_t r = 0; r < rows; ++r) {
+    const T mn = base[r];
+    base[r] = mn == kNegInf ? T(0) : mn;
+    alpha[r] = fast::exp_t<T>(m[r] - base[r]);
+    m[r] = mn;
+    l[r] *= alpha[r];
+  }
+  for (int64_t c = 0; c < bc; ++c)
+    for (int64_t r = 0; r < rows; ++r) {
+      st[c * ld + r] = fast::exp_t<T>(st[c * ld + r] - base[r]);
+      l[r] += st[c * ld + r];
+    }
+}
+
+// Backward, query-major: row[c] = e^(row[c] - L) for c in [lo, hi), 0 elsewhere in [0, n).
+template <typename T>
+void exp_shifted_within(T* __restrict row, T L, int64_t n, int64_t lo, int64_t hi) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 shift = _mm512_set1_ps(L);
+    for (int64_t c = 0; c < n; c += 16) {
+      const __mmask16 m = lanes_below(n - c);
+      const __mmask16 keep = m & lanes_below(std::max<int64_t>(hi - c, 0)) & ~lanes_below(std::max<int64_t>(lo - c, 0));
+      const __m512 e = fast::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + c), shift));
+      _mm512_mask_storeu_ps(row + c, m, _mm512_maskz_mov_ps(keep, e));
+    }
+    return;
+  }
+#endif
+  for (int64_t c = 0; c < n; ++c) row[c] = c >= lo && c < hi ? fast::exp_t<T>(row[c] - L) : T(0);
+}
+
+}  // namespace tessel::attention_tiles
