@@ -7,17 +7,6 @@
 
 namespace tessel::nn {
 
-namespace {
-// A module that only groups children under a name ("transformer", "model").
-class Group : public Module {
- public:
-  template <typename M>
-  M& add(std::string name, std::unique_ptr<M> m) {
-    return add_module(std::move(name), std::move(m));
-  }
-};
-}  // namespace
-
 // ---------------------------------------------------------------- GPT-2
 
 Gpt2Block::Gpt2Block(const Gpt2Config& c) {
@@ -40,7 +29,7 @@ Gpt2::Gpt2(const Gpt2Config& c) : config_(c) {
   TESSEL_CHECK(c.n_layer > 0 && c.n_embd > 0 && c.n_head > 0 && c.vocab_size > 0 && c.n_positions > 0,
                "gpt2 config: n_layer ({}), n_embd ({}), n_head ({}), vocab_size ({}) and n_positions ({}) must be positive",
                c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.n_positions);
-  auto& t = add_module("transformer", std::make_unique<Group>());
+  auto& t = add_module("transformer", std::make_unique<ModuleGroup>());
   wte_ = &t.add("wte", std::make_unique<Embedding>(c.vocab_size, c.n_embd, c.initializer_range));
   wpe_ = &t.add("wpe", std::make_unique<Embedding>(c.n_positions, c.n_embd, c.initializer_range));
   drop_ = &t.add("drop", std::make_unique<Dropout>(c.dropout));
@@ -122,7 +111,7 @@ Llama::Llama(const LlamaConfig& c) : config_(c) {
                "llama config: num_hidden_layers ({}), hidden_size ({}), num_attention_heads ({}), intermediate_size "
                "({}) and vocab_size ({}) must be positive",
                c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size, c.vocab_size);
-  auto& m = add_module("model", std::make_unique<Group>());
+  auto& m = add_module("model", std::make_unique<ModuleGroup>());
   model_ = &m;
   embed_tokens_ = &m.add("embed_tokens", std::make_unique<Embedding>(c.vocab_size, c.hidden_size, c.initializer_range));
   layers_ = &m.add("layers", std::make_unique<ModuleList<LlamaBlock>>());

@@ -115,6 +115,15 @@ class Module {
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
 };
 
+// A module that only groups children under a name ("transformer", "model", "experts").
+class ModuleGroup : public Module {
+ public:
+  template <typename M>
+  M& add(std::string name, std::unique_ptr<M> m) {
+    return add_module(std::move(name), std::move(m));
+  }
+};
+
 // Evaluation mode (no dropout) for the guard's lifetime; training mode again afterwards, also
 // when an exception leaves the scope.
 class EvalModeGuard {

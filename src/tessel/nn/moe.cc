@@ -26,13 +26,6 @@ class ExpertWeight : public Module {
   Parameter* weight_;
 };
 
-class Group : public Module {
- public:
-  template <typename M>
-  M& add(std::string name, std::unique_ptr<M> m) {
-    return add_module(std::move(name), std::move(m));
-  }
-};
 
 Tensor index_tensor(const std::vector<int64_t>& v) {
   return Tensor::from_vector(v, {static_cast<int64_t>(v.size())});
@@ -68,7 +61,7 @@ MoeBlock::MoeBlock(int64_t dim, const MoeConfig& c, double init_std, int64_t lay
                c.num_experts, c.top_k, c.expert_hidden);
   const int64_t E = c.num_experts, F = c.expert_hidden;
   gate_ = &add_module("gate", std::make_unique<Linear>(dim, E, false, Linear::Layout::out_in, init_std));
-  auto& experts = add_module("experts", std::make_unique<Group>());
+  auto& experts = add_module("experts", std::make_unique<ModuleGroup>());
   // Hugging Face's per-expert w1, w3 [F, C] and w2 [C, F] ([out, in]), stacked.
   w1_ = &experts.add("w1", std::make_unique<ExpertWeight>(Shape{E, F, dim}, init_std)).weight();
   w2_ = &experts.add("w2", std::make_unique<ExpertWeight>(Shape{E, dim, F}, init_std)).weight();
@@ -78,10 +71,10 @@ MoeBlock::MoeBlock(int64_t dim, const MoeConfig& c, double init_std, int64_t lay
 }
 
 Tensor MoeBlock::forward(const Tensor& x) const {
-  const ExpertComm* comm_ = comm.get();
-  const Tensor xl = comm_ ? comm_->enter(x) : x;
+  const ExpertComm* ec = comm.get();
+  const Tensor xl = ec ? ec->enter(x) : x;
   TESSEL_CHECK(xl.dim() == 3, "moe block: input must be [B, T, C], got {}", shape_str(xl.shape()));
-  auto local = [&](const Parameter& p) { return comm_ ? comm_->local(p.use()) : p.use(); };
+  auto local = [&](const Parameter& p) { return ec ? ec->local(p.use()) : p.use(); };
   const int64_t B = xl.size(0), T = xl.size(1), C = xl.size(2), E = c_.num_experts, k = c_.top_k;
   const Tensor flat = reshape(xl, {B * T, C});
 
@@ -90,7 +83,7 @@ Tensor MoeBlock::forward(const Tensor& x) const {
                                  {.top_k = k, .scores = c_.scores, .renormalize = c_.renormalize,
                                   .capacity_factor = c_.capacity_factor, .group_tokens = T});
   MoeStep& step = moe_step();
-  if (step.record && rank_context().backward_depth == 0 && (!comm_ || comm_->reports_stats)) {
+  if (step.record && rank_context().backward_depth == 0 && (!ec || ec->reports_stats)) {
     MoeLayerStats& s = step.layers[layer_];
     s.tokens_per_expert.resize(static_cast<size_t>(E), 0.0);
     for (int64_t e = 0; e < E; ++e) s.tokens_per_expert[static_cast<size_t>(e)] += static_cast<double>(r.counts[static_cast<size_t>(e)]);
@@ -109,13 +102,13 @@ Tensor MoeBlock::forward(const Tensor& x) const {
   Tensor rows = embedding(flat, index_tensor(token_of));  // [n, C]
 
   std::vector<int64_t> counts = r.counts, send_rows, recv_rows, to_expert_major;
-  const int64_t ep = comm_ ? comm_->ep : 1;
+  const int64_t ep = ec ? ec->ep : 1;
   if (ep > 1) {
     // Each expert rank gets the rows for its experts; they arrive by source rank, by expert
     // within a source, and are reordered expert-major for the grouped GEMM.
     TESSEL_CHECK(E % ep == 0, "moe block: {} experts do not split over ep = {}", E, ep);
     const int64_t El = E / ep;
-    const std::vector<int64_t> in = comm_->exchange_counts(r.counts);  // [source][local expert]
+    const std::vector<int64_t> in = ec->exchange_counts(r.counts);  // [source][local expert]
     send_rows.assign(static_cast<size_t>(ep), 0);
     recv_rows.assign(static_cast<size_t>(ep), 0);
     counts.assign(static_cast<size_t>(El), 0);
@@ -131,7 +124,7 @@ Tensor MoeBlock::forward(const Tensor& x) const {
       for (int64_t s = 0; s < ep; ++s)
         for (int64_t j = 0; j < in[static_cast<size_t>(s * El + e)]; ++j)
           to_expert_major.push_back(start[static_cast<size_t>(s * El + e)] + j);
-    rows = embedding(comm_->exchange(rows, send_rows, recv_rows), index_tensor(to_expert_major));
+    rows = embedding(ec->exchange(rows, send_rows, recv_rows), index_tensor(to_expert_major));
   }
 
   // The experts: down(silu(x·w1ᵀ) ⊙ x·w3ᵀ), one grouped product per matrix.
@@ -141,7 +134,7 @@ Tensor MoeBlock::forward(const Tensor& x) const {
   if (ep > 1) {
     std::vector<int64_t> back(to_expert_major.size());
     for (size_t i = 0; i < to_expert_major.size(); ++i) back[static_cast<size_t>(to_expert_major[i])] = static_cast<int64_t>(i);
-    out = comm_->exchange(embedding(out, index_tensor(back)), recv_rows, send_rows);
+    out = ec->exchange(embedding(out, index_tensor(back)), recv_rows, send_rows);
   }
 
   // Combine: each token's k outputs weighted by the router (a dropped one reads a zero row).
@@ -152,10 +145,10 @@ Tensor MoeBlock::forward(const Tensor& x) const {
   Tensor y = reshape(sum(mul(per_choice, unsqueeze(r.weights, 2)), {1}), {B, T, C});
 
   // The balancing and z losses: means over the global batch's sequences and tokens.
-  const double share = step.loss_scale * (comm_ ? comm_->router_share / comm_->batch_shards : 1.0);
+  const double share = step.loss_scale * (ec ? ec->router_share / ec->batch_shards : 1.0);
   y = attach_loss(y, r.aux_loss, c_.aux_loss_coef * share);
   y = attach_loss(y, r.z_loss, c_.z_loss_coef * share);
-  if (comm_) y = comm_->leave(y, x);
+  if (ec) y = ec->leave(y, x);
   if (shared_) y = add(y, shared_->forward(x));
   return y;
 }
