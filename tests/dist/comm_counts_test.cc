@@ -15,8 +15,12 @@
 
 #include "support/reference_trainer.h"
 #include "tessel/cli/config.h"
+#include "tessel/comm/world.h"
+#include "tessel/core/context.h"
+#include "tessel/ops/trace.h"
 #include "tessel/dist/mesh_comm.h"
 #include "tessel/engine/engine.h"
+#include "tessel/engine/trace.h"
 
 namespace tessel {
 namespace {
@@ -133,6 +137,102 @@ TEST(CommCounts, TrainingStepIssuesNoMoreThanRecorded) {
               static_cast<long long>(total_calls), static_cast<long long>(base_calls),
               static_cast<long long>(total_bytes), static_cast<long long>(base_bytes));
   if (record) std::ofstream(path) << recorded;
+}
+
+// Per rank, group by group ("group: kinds, calls, bytes", sorted): the last step's collectives
+// as the comm layer counted them on every group the rank has (the tied embedding's too).
+std::map<std::string, std::string> by_group(const std::vector<GroupStats>& now, const std::vector<GroupStats>& before) {
+  std::map<std::string, std::string> out;
+  for (const GroupStats& g : now) {
+    CommStats d = g.stats;
+    for (const GroupStats& b : before)
+      if (b.name == g.name) d = d - b.stats;
+    if (!d.ops.empty()) out[g.name] = d.str();
+  }
+  return out;
+}
+
+std::map<int64_t, std::map<std::string, std::string>> real_step(const RunConfig& cfg) {
+  std::mutex m;
+  std::map<int64_t, std::vector<std::vector<GroupStats>>> cumulative;
+  ParallelTrainOptions opts{.base = TrainOptions{.progress = false, .quiet = true}};
+  opts.on_step = [&](const StepRecord&) {
+    std::vector<GroupStats> s = world_group()->stats_by_group();
+    std::lock_guard lock(m);
+    cumulative[current_world_rank()].push_back(std::move(s));
+  };
+  train_parallel_threads(cfg, static_cast<int>(cfg.parallel.world_size()), opts);
+  std::map<int64_t, std::map<std::string, std::string>> out;
+  for (const auto& [rank, v] : cumulative) out[rank] = by_group(v.back(), v[v.size() - 2]);
+  return out;
+}
+
+// The planner's source of truth: a step traced on one rank in meta mode, with no data and no
+// peers, issues exactly the collectives the real step's rank issued — per group, the same kinds,
+// calls and bytes.
+TEST(CommCounts, TracedStepIssuesWhatTheRealStepIssued) {
+  for (const Layout& l : kLayouts) {
+    SCOPED_TRACE(name(l));
+    RunConfig cfg = config_for(l);
+    cfg.data.val_fraction = 0;  // a training step alone (the last step of the run above also evaluates)
+    for (const auto& [rank, want] : real_step(cfg)) {
+      const RankTrace t = trace_rank_step(cfg, static_cast<int>(rank), 3);
+      EXPECT_EQ(by_group(t.groups, {}), want) << "rank " << rank;
+    }
+  }
+}
+
+// The compute of a traced step equals the real step's, op by op and rank by rank: the same
+// calls, FLOPs and bytes of every forward and backward (the real run records them from its
+// kernels' shapes, trace_ops on) — the planner costs what runs, not a list of its own. And the
+// memory the trace's allocator counted is the real run's (rank 0: the result's).
+TEST(CommCounts, TracedStepComputesWhatTheRealStepComputed) {
+  for (Layout l : {Layout{false, 1, 1, 1, 0, 0}, Layout{true, 1, 1, 1, 0, 0}, Layout{false, 2, 2, 1, 3, 1},
+                   Layout{true, 1, 2, 2, 0, 1}, Layout{false, 2, 1, 2, 2, 0}}) {
+    SCOPED_TRACE(name(l));
+    RunConfig cfg = config_for(l);
+    cfg.data.val_fraction = 0;
+    cfg.train.steps = 2;
+    std::mutex m;
+    std::map<int64_t, OpTrace> real;
+    ParallelTrainOptions opts{.base = TrainOptions{.progress = false, .quiet = true}};
+    opts.on_step = [&](const StepRecord& rec) {
+      if (rec.step == 0) {  // from here on: the second step, as the trace keeps
+        reset_op_trace();
+        rank_context().trace_ops = true;
+        return;
+      }
+      std::lock_guard lock(m);
+      real[current_world_rank()] = op_trace();
+    };
+    const ParallelTrainResult rr = train_parallel_threads(cfg, static_cast<int>(cfg.parallel.world_size()), opts);
+    ASSERT_EQ(real.size(), static_cast<size_t>(cfg.parallel.world_size()));
+    for (const auto& [rank, want] : real) {
+      const RankTrace t = trace_rank_step(cfg, static_cast<int>(rank), 2);
+      // Memory as the allocator counts it: the training state exactly, the peak within 5% (an op
+      // whose real kernel hands back a view of its input still gets storage of its own here).
+      if (rank == 0) {
+        EXPECT_EQ(t.memory.params, rr.memory.params);
+        EXPECT_EQ(t.memory.grads, rr.memory.grads);
+        EXPECT_EQ(t.memory.optimizer, rr.memory.optimizer);
+        EXPECT_NEAR(static_cast<double>(t.memory.total), static_cast<double>(rr.memory.total), 0.05 * static_cast<double>(rr.memory.total));
+      }
+      for (bool bwd : {false, true}) {
+        const auto& w = bwd ? want.backward : want.forward;
+        const auto& got = bwd ? t.ops.backward : t.ops.forward;
+        ASSERT_FALSE(w.empty());
+        for (const auto& [op, x] : w) {
+          auto it = got.find(op);
+          ASSERT_NE(it, got.end()) << "rank " << rank << ": " << op << (bwd ? " (backward)" : "")
+                                   << " ran " << x.calls << " times in the real step but is not in the trace";
+          EXPECT_EQ(it->second.calls, x.calls) << "rank " << rank << ": " << op;
+          EXPECT_DOUBLE_EQ(it->second.flops, x.flops) << "rank " << rank << ": " << op;
+          EXPECT_DOUBLE_EQ(it->second.bytes, x.bytes) << "rank " << rank << ": " << op;
+        }
+        EXPECT_EQ(got.size(), w.size()) << "rank " << rank << ": the trace has ops the real step did not run";
+      }
+    }
+  }
 }
 
 }  // namespace

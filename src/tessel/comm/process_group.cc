@@ -50,6 +50,25 @@ void CompletionWork::finish(std::exception_ptr error) {
   done_cv_.notify_all();
 }
 
+CommStats& CommStats::operator+=(const CommStats& other) {
+  for (const auto& [op, e] : other.ops) {
+    ops[op].calls += e.calls;
+    ops[op].bytes += e.bytes;
+  }
+  return *this;
+}
+
+CommStats CommStats::operator-(const CommStats& other) const {
+  CommStats out = *this;
+  for (const auto& [op, e] : other.ops) {
+    Entry& d = out.ops[op];
+    d.calls -= e.calls;
+    d.bytes -= e.bytes;
+    if (d.calls == 0 && d.bytes == 0) out.ops.erase(op);
+  }
+  return out;
+}
+
 int64_t CommStats::total_calls() const {
   int64_t n = 0;
   for (const auto& [op, e] : ops) n += e.calls;
@@ -477,6 +496,19 @@ void ProcessGroup::do_reduce_scatter_rows(const void* in, void* out, int64_t row
   do_reduce_scatter_v(blocks.data(), out, times(widths, rows), dtype, op);
 }
 
+std::vector<GroupStats> ProcessGroup::stats_by_group() const {
+  std::vector<GroupStats> out{{name_, ranks_, stats()}};
+  std::vector<std::shared_ptr<ProcessGroup>> subs;
+  {
+    std::lock_guard lock(stats_mutex_);
+    for (const auto& w : subgroups_)
+      if (auto g = w.lock()) subs.push_back(std::move(g));
+  }
+  for (const auto& g : subs)
+    for (GroupStats& gs : g->stats_by_group()) out.push_back(std::move(gs));
+  return out;
+}
+
 CommStats ProcessGroup::stats() const {
   std::lock_guard lock(stats_mutex_);
   return stats_;
@@ -506,7 +538,12 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(const std::vector<std::vector<
   std::string list;
   for (int r : *mine) list += fmt::format("{}{}", list.empty() ? "" : ",", ranks_[static_cast<size_t>(r)]);
   int n = ++created_[list];
-  return make_group(*mine, fmt::format("{}/[{}]#{}", name_, list, n));
+  std::shared_ptr<ProcessGroup> g = make_group(*mine, fmt::format("{}/[{}]#{}", name_, list, n));
+  {
+    std::lock_guard lock(stats_mutex_);
+    subgroups_.push_back(g);
+  }
+  return g;
 }
 
 std::vector<std::shared_ptr<ProcessGroup>> ProcessGroup::mesh_groups(const Shape& shape) {

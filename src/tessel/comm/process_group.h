@@ -77,6 +77,15 @@ struct CommStats {
   std::map<std::string, Entry> ops;
   int64_t total_calls() const;
   std::string str() const;  // "all_gather x2 (96 B), all_reduce x1 (48 B)"
+  CommStats& operator+=(const CommStats& other);
+  CommStats operator-(const CommStats& other) const;  // entries that end up zero are dropped
+};
+
+// One group's counters: its name, its members' world ranks and what this rank issued on it.
+struct GroupStats {
+  std::string name;
+  std::vector<int> ranks;
+  CommStats stats;
 };
 
 // How all_to_all and all_to_all_v move their data.
@@ -189,6 +198,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::vector<std::shared_ptr<ProcessGroup>> mesh_groups(const Shape& shape);
 
   CommStats stats() const;
+  // This group's counters and those of every group split from it (recursively, while they
+  // live), this one first: what this rank issued, group by group. The algorithms' own helper
+  // groups (the hierarchy's intra- and inter-node groups) are not listed: their work is the call
+  // made on this one.
+  std::vector<GroupStats> stats_by_group() const;
   void reset_stats();
   // Whether all_reduce uses the hierarchical algorithm (several nodes with several ranks each).
   bool hierarchical() const { return intra_node_ != nullptr; }
@@ -263,6 +277,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Millis timeout_;
   uint64_t seq_ = 0;                    // collectives issued
   std::map<std::string, int> created_;  // sub-groups made per member list (names them consistently)
+  std::vector<std::weak_ptr<ProcessGroup>> subgroups_;  // made by split, for stats_with_subgroups
 
   mutable std::mutex stats_mutex_;
   CommStats stats_;

@@ -27,6 +27,14 @@ struct RankContext {
   std::shared_ptr<ThreadPool> pool;        // intra-op threads owned by this rank (null: process pool)
   std::shared_ptr<MemoryStats> memory;     // bytes allocated by this rank
   MemoryKind memory_kind = MemoryKind::other;  // what this rank's allocations hold now
+  // Tracing (MetaModeScope): storages made now have a size and are charged to `memory` like any
+  // other, but hold no bytes; ops infer and cost instead of running their kernels.
+  bool meta = false;
+  // Recording each op's calls and cost on this rank (ops/trace.h) — always in meta mode, and in
+  // a real run inside an OpTraceScope; `op_backward_depth` counts op backwards running (ops they
+  // call are theirs, not the step's).
+  bool trace_ops = false;
+  int op_backward_depth = 0;
 
   // State owned by higher layers, keyed by its type (comm world, dist state, ...).
   template <typename T>
@@ -87,6 +95,20 @@ class MemoryKindScope {
  private:
   MemoryKind previous_;
 };
+
+// Runs this rank in meta mode (RankContext::meta) for the scope's lifetime: what a step would
+// allocate, compute and communicate is recorded from the same code, with no data behind it.
+class MetaModeScope {
+ public:
+  explicit MetaModeScope(bool enabled = true) : previous_(rank_context().meta) { rank_context().meta = enabled; }
+  ~MetaModeScope() { rank_context().meta = previous_; }
+  MetaModeScope(const MetaModeScope&) = delete;
+  MetaModeScope& operator=(const MetaModeScope&) = delete;
+
+ private:
+  bool previous_;
+};
+inline bool meta_mode() { return rank_context().meta; }
 
 class NoGradGuard : public GradModeGuard {
  public:

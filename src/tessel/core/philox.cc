@@ -114,6 +114,7 @@ void rng_fill(const Tensor& t, Distribution dist, double a, double b, uint64_t s
   TESSEL_CHECK(is_floating(t.dtype()), "rng fill: tensor '{}' has dtype {}; expected a floating dtype", t.name(),
                t.dtype());
   TESSEL_CHECK(t.is_contiguous(), "rng fill: tensor '{}' must be contiguous", t.name());
+  if (t.is_meta()) return;  // tracing: a shape to fill, no data
   TESSEL_DISPATCH_ALL(t.dtype(), "rng_fill", [&]<typename T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, BFloat16>) {
       T* p = static_cast<T*>(t.raw_data());

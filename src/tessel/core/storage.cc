@@ -56,10 +56,11 @@ void Storage::charge_as(MemoryKind kind) {
 
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
   std::shared_ptr<Storage> s(new Storage());
-  s->data_ = device_allocator(device.type).allocate(nbytes);
+  const RankContext& ctx = rank_context();
+  s->meta_ = ctx.meta;
+  if (!s->meta_) s->data_ = device_allocator(device.type).allocate(nbytes);
   s->nbytes_ = nbytes;
   s->device_ = device;
-  const RankContext& ctx = rank_context();
   s->charged_ = ctx.memory;
   s->kind_ = ctx.memory_kind;
   if (s->charged_) s->charged_->add(static_cast<int64_t>(nbytes), s->kind_);
@@ -86,7 +87,7 @@ void Storage::release() {
 
 void Storage::restore() {
   if (!released_) return;
-  data_ = device_allocator(device_.type).allocate(nbytes_);
+  if (!meta_) data_ = device_allocator(device_.type).allocate(nbytes_);
   if (charged_) charged_->add(static_cast<int64_t>(nbytes_), kind_);
   released_ = false;
 }

@@ -58,6 +58,8 @@ class Storage {
   void release();
   void restore();
   bool released() const { return released_; }
+  // Made in meta mode: a size with no bytes behind it (data() is null).
+  bool meta() const { return meta_; }
 
  private:
   Storage() = default;
@@ -67,6 +69,7 @@ class Storage {
   std::shared_ptr<MemoryStats> charged_;
   MemoryKind kind_ = MemoryKind::other;
   bool released_ = false;
+  bool meta_ = false;
   std::function<void()> release_;
 };
 

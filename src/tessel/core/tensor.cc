@@ -34,7 +34,7 @@ Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) { return ful
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  view::fill(t, value);
+  if (!t.storage()->meta()) view::fill(t, value);
   return t;
 }
 
@@ -42,6 +42,7 @@ Tensor Tensor::scalar(double value, DType dtype) { return full({}, value, dtype)
 
 Tensor Tensor::arange(int64_t n, DType dtype) {
   Tensor t = empty({n}, dtype);
+  if (t.is_meta()) return t;  // tracing: values are not needed
   TESSEL_DISPATCH_ALL(dtype, "arange", [&]<typename T>() {
     T* p = t.data<T>();
     for (int64_t i = 0; i < n; ++i) p[i] = convert_value<T>(i);
@@ -54,6 +55,7 @@ Tensor Tensor::from_doubles(const std::vector<double>& values, const Shape& shap
                "from_doubles: {} values for shape {} ({} elements)", values.size(), shape_str(shape),
                shape_numel(shape));
   Tensor t = empty(shape, dtype);
+  if (t.is_meta()) return t;
   TESSEL_DISPATCH_ALL(dtype, "from_doubles", [&]<typename T>() {
     T* p = t.data<T>();
     for (size_t i = 0; i < values.size(); ++i) p[i] = convert_value<T>(values[i]);
@@ -91,6 +93,7 @@ void* Tensor::raw_data() const {
   TESSEL_CHECK(i.dist == nullptr,
                "tensor {} is distributed: its data live in per-rank pieces (use to_local() or full_tensor())", str());
   if (!i.storage) return nullptr;
+  if (i.storage->meta()) return nullptr;  // traced: buffers handed to a recording comm backend
   return static_cast<char*>(i.storage->data()) + i.offset * static_cast<int64_t>(dtype_size(i.dtype));
 }
 

@@ -80,14 +80,18 @@ class Tensor {
   TensorMeta meta() const { return TensorMeta{shape(), dtype(), device()}; }
   bool is_contiguous() const;
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
+  // Made while tracing (meta mode): a shape with no data behind it.
+  bool is_meta() const { return impl().storage != nullptr && impl().storage->meta(); }
 
   // ---- data ----
   // Pointer to the first element; checks that T matches the dtype.
   template <typename T>
   T* data() const {
     TESSEL_CHECK(dtype_of<T> == dtype(), "tensor '{}': data<{}>() on a {} tensor", name(), dtype_of<T>, dtype());
+    TESSEL_CHECK(!is_meta(), "tensor {} was made while tracing (meta mode): it has a shape but no data", str());
     return static_cast<T*>(raw_data());
   }
+  // Null for a tensor made in meta mode (data<T>() throws for one).
   void* raw_data() const;
   // The single element, converted to double.
   double item() const;
@@ -148,6 +152,7 @@ Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
                "from_vector: {} values for shape {} ({} elements)", values.size(), shape_str(shape),
                shape_numel(shape));
   Tensor t = empty(shape, dtype_of<T>);
+  if (t.is_meta()) return t;  // tracing: values are not needed
   T* p = t.data<T>();
   for (size_t i = 0; i < values.size(); ++i) p[i] = values[i];
   return t;

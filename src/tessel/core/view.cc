@@ -198,6 +198,7 @@ void copy_typed(const Tensor& dst, const Tensor& src) {
 }  // namespace
 
 void copy(const Tensor& dst, const Tensor& src) {
+  if (dst.is_meta() || src.is_meta()) return;  // tracing: the copy's place in the step is what counts
   Tensor s = src.shape() == dst.shape() ? src : expand(src, dst.shape());
   TESSEL_DISPATCH_ALL(dst.dtype(), "copy", [&]<typename To>() {
     TESSEL_DISPATCH_ALL(s.dtype(), "copy", [&]<typename From>() { copy_typed<To, From>(dst, s); });
@@ -212,6 +213,7 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
 }
 
 void fill(const Tensor& t, double value) {
+  if (t.is_meta()) return;
   TESSEL_DISPATCH_ALL(t.dtype(), "fill", [&]<typename T>() {
     T v = convert_value<T>(value);
     T* p = static_cast<T*>(t.raw_data());

@@ -41,6 +41,7 @@ Batch make_batch(const TokenDataset& data, const Sampler& sampler, int64_t step,
   b.step = step;
   b.inputs = Tensor::empty({rows, S}, DType::i64);
   b.targets = Tensor::empty({rows, S}, DType::i64);
+  if (b.inputs.is_meta()) return b;  // tracing (meta mode): the batch's shape is all there is
   int64_t* in = b.inputs.data<int64_t>();
   int64_t* tg = b.targets.data<int64_t>();
   std::vector<int64_t> buf(static_cast<size_t>(S + 1));

@@ -38,6 +38,7 @@
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/fast_math.h"
 #include "tessel/ops/kernel_util.h"
+#include "tessel/ops/trace.h"
 #include "tessel/sharding/spmd.h"
 
 namespace tessel {
@@ -68,32 +69,35 @@ template <typename T>
 double cross_entropy_forward(CrossEntropyState& st, const std::vector<int64_t>& class_dims,
                              const std::vector<int64_t>& row_dims, int64_t C) {
   const int64_t R = st.R, Cl = st.Cl;
-  const T* px = st.x.data<T>();
+  const bool meta = st.x.is_meta();  // tracing: the same collectives, no arithmetic
+  const T* px = meta ? nullptr : st.x.data<T>();
   // The members of a class dim's group hold the same rows, so they skip its reductions together
   // when there are none.
   const std::vector<int64_t> reduce_dims = R > 0 ? class_dims : std::vector<int64_t>{};
   std::vector<T> m(static_cast<size_t>(R), -std::numeric_limits<T>::infinity());
   std::vector<T> sx(static_cast<size_t>(2 * R), T(0));  // s[R] then xt[R]
-  parallel_for(0, R, row_grain(Cl), [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r)
-      for (int64_t c = 0; c < Cl; ++c) m[r] = px[r * Cl + c] > m[r] ? px[r * Cl + c] : m[r];
-  });
+  if (!meta)
+    parallel_for(0, R, row_grain(Cl), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r)
+        for (int64_t c = 0; c < Cl; ++c) m[r] = px[r * Cl + c] > m[r] ? px[r * Cl + c] : m[r];
+    });
   for (int64_t d : reduce_dims) mesh_dim_group(st.mesh, d)->all_reduce(m.data(), R, dtype_of<T>, ReduceOp::max);
-  parallel_for(0, R, row_grain(Cl), [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) {
-      const T* row = px + r * Cl;
-      T s = 0;
-      for (int64_t c = 0; c < Cl; ++c) s += fast::exp_t<T>(row[c] - m[r]);
-      sx[r] = s;
-      const int64_t t = st.targets[r] - st.c0;
-      if (st.targets[r] != st.ignore && t >= 0 && t < Cl) sx[R + r] = row[t];
-    }
-  });
+  if (!meta)
+    parallel_for(0, R, row_grain(Cl), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const T* row = px + r * Cl;
+        T s = 0;
+        for (int64_t c = 0; c < Cl; ++c) s += fast::exp_t<T>(row[c] - m[r]);
+        sx[r] = s;
+        const int64_t t = st.targets[r] - st.c0;
+        if (st.targets[r] != st.ignore && t >= 0 && t < Cl) sx[R + r] = row[t];
+      }
+    });
   for (int64_t d : reduce_dims) mesh_dim_group(st.mesh, d)->all_reduce(sx.data(), 2 * R, dtype_of<T>, ReduceOp::sum);
   st.lse.assign(static_cast<size_t>(R), 0.0);
   double acc[3] = {0, 0, 0};  // loss sum, non-ignored count, targets out of range
   int64_t bad_here = 0, bad_target = 0;  // this rank's count and first
-  for (int64_t r = 0; r < R; ++r) {
+  for (int64_t r = 0; r < R && !meta; ++r) {
     const T lse = m[r] + std::log(sx[r]);
     st.lse[r] = static_cast<double>(lse);
     const int64_t t = st.targets[r];
@@ -120,6 +124,9 @@ Tensor cross_entropy_backward(const CrossEntropyState& st, double g) {
   const int64_t R = st.R, Cl = st.Cl;
   const T scale = static_cast<T>(st.mean ? g / std::max(st.count, 1.0) : g);
   Tensor dx = Tensor::empty(st.x.shape(), st.x.dtype());
+  if (tracing_ops())
+    trace_cost("cross_entropy", Cost{3.0 * static_cast<double>(st.x.numel()), 2.0 * static_cast<double>(st.x.nbytes())}, true);
+  if (dx.is_meta()) return dx;
   const T* px = st.x.data<T>();
   T* pd = dx.data<T>();
   parallel_for(0, R, row_grain(Cl), [&](int64_t lo, int64_t hi) {
@@ -182,10 +189,16 @@ std::vector<Tensor> dist_cross_entropy(const OpDef& op, std::vector<Tensor>& inp
     Tensor t = view::contiguous(local_piece(inputs[1]));
     st->R = t.numel();
     st->targets.resize(static_cast<size_t>(st->R));
-    TESSEL_DISPATCH_INDEX(t.dtype(), "cross_entropy", [&]<typename I>() {
-      const I* pt = t.data<I>();
-      for (int64_t r = 0; r < st->R; ++r) st->targets[r] = static_cast<int64_t>(pt[r]);
-    });
+    if (tracing_ops()) {
+      std::vector<TensorMeta> local{st->x.meta(), t.meta()};
+      trace_cost(op.name, op_cost(op, local, attrs));
+    }
+    if (!t.is_meta()) {
+      TESSEL_DISPATCH_INDEX(t.dtype(), "cross_entropy", [&]<typename I>() {
+        const I* pt = t.data<I>();
+        for (int64_t r = 0; r < st->R; ++r) st->targets[r] = static_cast<int64_t>(pt[r]);
+      });
+    }
     const double value = TESSEL_DISPATCH_FLOAT(dtype, "cross_entropy", [&]<typename T>() {
       return cross_entropy_forward<T>(*st, class_dims, row_dims, C);
     });

@@ -55,7 +55,7 @@ class DistOpNode final : public GradNode {
         std::vector<bool> needs(n_in);
         for (size_t i = 0; i < n_in; ++i) needs[i] = wants_grad(i);
         GradCall call{op_, attrs_, inputs_, outputs_, local_metas_, local_grads, needs};
-        local_in_grads = op_.backward(call);
+        local_in_grads = run_backward(call);
         local_in_grads.resize(n_in);
       }
     }

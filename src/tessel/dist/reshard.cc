@@ -93,10 +93,11 @@ Tensor run_step(const Tensor& x, const ReshardStep& s, const ProcessMesh& mesh, 
       if (op == ReduceOp::avg) {
         piece = view::to_dtype(x, dt == DType::bf16 ? DType::f32 : dt);
         piece = view::clone(piece);
-        TESSEL_DISPATCH_FLOAT(piece.dtype(), "reshard", [&]<typename T>() {
-          T* p = piece.data<T>();
-          for (int64_t i = 0; i < piece.numel(); ++i) p[i] *= static_cast<T>(k);
-        });
+        if (!piece.is_meta())  // tracing: no values to scale
+          TESSEL_DISPATCH_FLOAT(piece.dtype(), "reshard", [&]<typename T>() {
+            T* p = piece.data<T>();
+            for (int64_t i = 0; i < piece.numel(); ++i) p[i] *= static_cast<T>(k);
+          });
       }
       view::copy(view::slice(out, d, split_offset(e, k, c), split_offset(e, k, c) + split_size(e, k, c)), piece);
       return out;
@@ -171,7 +172,7 @@ Tensor run_step(const Tensor& x, const ReshardStep& s, const ProcessMesh& mesh, 
                                   dt);
       int64_t at = 0;
       for (const Tensor& ch : chunks) {
-        if (ch.numel() > 0)
+        if (ch.numel() > 0 && !send.is_meta())
           std::memcpy(static_cast<char*>(send.raw_data()) + at * static_cast<int64_t>(dtype_size(dt)), ch.raw_data(),
                       ch.nbytes());
         at += ch.numel();

@@ -10,6 +10,7 @@
 #include "tessel/core/profile.h"
 #include "tessel/core/view.h"
 #include "tessel/ops/registry.h"
+#include "tessel/ops/trace.h"
 
 namespace tessel {
 
@@ -38,7 +39,7 @@ class OpNode final : public GradNode {
     std::vector<bool> needs(next_edges.size());
     for (size_t i = 0; i < next_edges.size(); ++i) needs[i] = wants_grad(i);
     GradCall call{op_, attrs_, inputs_, outputs_, input_metas, grad_outputs, needs};
-    std::vector<Tensor> grads = op_.backward(call);
+    std::vector<Tensor> grads = run_backward(call);
     TESSEL_ASSERT(grads.size() == next_edges.size(), "{} backward returned {} gradients for {} inputs", op_.name,
                   grads.size(), next_edges.size());
     return grads;
@@ -79,6 +80,15 @@ void check_arity(const OpDef& op, size_t n) {
 
 const OpDef& cast_op() { return *find_op("cast"); }
 
+// Ops whose forwards only make views or move bytes through core/view.h, which handles tensors
+// without data: in meta mode they run as they are, so their outputs view their inputs' storage
+// where the real ones do (and are charged no memory then).
+bool structural(const OpDef& op) {
+  for (std::string_view n : {"reshape", "permute", "expand", "contiguous", "cat", "split", "slice"})
+    if (op.name == n) return true;
+  return false;
+}
+
 }  // namespace
 
 std::vector<TensorMeta> infer_op(const OpDef& op, std::span<const TensorMeta> metas, const Attrs& attrs) {
@@ -97,6 +107,15 @@ std::vector<Tensor> run_kernel(const OpDef& op, std::span<const Tensor> inputs, 
   ProfileScope profile_scope(op.name);
   std::vector<TensorMeta> metas = metas_of(inputs);
   std::vector<TensorMeta> out_metas = infer_op(op, metas, attrs);
+  if (tracing_ops())
+    trace_cost(op.name, op.cost ? op.cost(MetaCall{op, metas, attrs}, out_metas) : Cost{}, false,
+               product_sizes(op, metas, attrs));
+  if (meta_mode()) {
+    if (structural(op)) return op.forward(OpCall{op, inputs, attrs, out_metas});
+    std::vector<Tensor> outs;
+    for (const TensorMeta& m : out_metas) outs.push_back(Tensor::empty(m));
+    return outs;
+  }
   std::vector<Tensor> outs = op.forward(OpCall{op, inputs, attrs, out_metas});
   TESSEL_ASSERT(outs.size() == out_metas.size(), "{} forward made {} outputs, infer said {}", op.name, outs.size(),
                 out_metas.size());
@@ -106,6 +125,27 @@ std::vector<Tensor> run_kernel(const OpDef& op, std::span<const Tensor> inputs, 
       TESSEL_ASSERT(!o.is_same(in), "{} forward returned its input's handle; return a view or detach()", op.name);
   }
   return outs;
+}
+
+std::vector<Tensor> run_backward(const GradCall& call) {
+  if (tracing_ops()) {
+    std::vector<TensorMeta> outs = infer_op(call.op, call.input_metas, call.attrs);
+    trace_cost(call.op.name, backward_cost(call.op, call.input_metas, outs, call.attrs, call.needs_grad), true,
+               product_sizes(call.op, call.input_metas, call.attrs));
+  }
+  if (!meta_mode()) {
+    RankContext& ctx = rank_context();
+    ++ctx.op_backward_depth;  // what the backward calls is its own work
+    struct Leave {
+      RankContext& ctx;
+      ~Leave() { --ctx.op_backward_depth; }
+    } leave{ctx};
+    return call.op.backward(call);
+  }
+  std::vector<Tensor> grads(call.input_metas.size());
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (call.needs_grad[i] && is_floating(call.input_metas[i].dtype)) grads[i] = Tensor::empty(call.input_metas[i]);
+  return grads;
 }
 
 std::vector<Tensor> call_op(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs) {

@@ -24,6 +24,11 @@ Cost op_cost(const OpDef& op, std::span<const TensorMeta> metas, const Attrs& at
 // visible and hidden outputs. For kernels composed of other ops and for executors.
 std::vector<Tensor> run_kernel(const OpDef& op, std::span<const Tensor> inputs, const Attrs& attrs);
 
+// Runs an op's backward — in meta mode (core/context.h) its cost is traced and the input
+// gradients are tensors of the inputs' metas without data. The autograd nodes of plain and
+// distributed calls both come here.
+std::vector<Tensor> run_backward(const GradCall& call);
+
 // Handler for calls with distributed inputs (set by the dist layer).
 using DistDispatchFn = std::vector<Tensor> (*)(const OpDef& op, std::vector<Tensor>& inputs, const Attrs& attrs);
 void set_dist_dispatch(DistDispatchFn fn);

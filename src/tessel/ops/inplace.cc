@@ -5,11 +5,14 @@
 #include "tessel/core/thread_pool.h"
 #include "tessel/core/view.h"
 #include "tessel/ops/kernel_util.h"
+#include "tessel/ops/trace.h"
 
 namespace tessel {
 
 void add_(const Tensor& dst, const Tensor& src, double alpha) {
   TESSEL_CHECK(is_floating(dst.dtype()), "add_: destination '{}' has dtype {}; expected floating", dst.name(), dst.dtype());
+  if (tracing_ops()) trace_cost("add_", Cost{static_cast<double>(dst.numel()), 3 * static_cast<double>(dst.nbytes())});
+  if (dst.is_meta() || src.is_meta()) return;
   if (dst.dtype() == DType::bf16) {  // accumulate in f32, round once
     Tensor f = view::to_dtype(dst, DType::f32);
     add_(f, src, alpha);
@@ -43,6 +46,8 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
 }
 
 void scale_(const Tensor& dst, double alpha) {
+  if (tracing_ops()) trace_cost("scale_", Cost{static_cast<double>(dst.numel()), 2 * static_cast<double>(dst.nbytes())});
+  if (dst.is_meta()) return;
   if (dst.dtype() == DType::bf16 || !dst.is_contiguous()) {
     // A contiguous compute copy (f32 for bf16), scaled and written back.
     Tensor g = view::to_dtype(dst, dst.dtype() == DType::bf16 ? DType::f32 : dst.dtype());

@@ -11,6 +11,7 @@
 #include "tessel/dist/dtensor.h"
 #include "tessel/dist/mesh_comm.h"
 #include "tessel/ops/inplace.h"
+#include "tessel/ops/trace.h"
 
 namespace tessel::optim {
 
@@ -212,6 +213,12 @@ double sum_squares(const float* __restrict x, int64_t n) {
   return s;
 }
 
+double sum_squares(const Tensor& x) {
+  if (tracing_ops()) trace_cost("sum_squares", Cost{2.0 * static_cast<double>(x.numel()), static_cast<double>(x.nbytes())});
+  if (x.is_meta()) return 0;
+  return sum_squares(x.data<float>(), x.numel());
+}
+
 double grad_sum_squares(const std::vector<Tensor>& params) {
   ProfileScope profile_scope("optimizer.grad_norm");
   double total = 0, local = 0;  // over distributed parameters, and over the others
@@ -222,7 +229,7 @@ double grad_sum_squares(const std::vector<Tensor>& params) {
   for (const Tensor& p : params) {
     const auto [data, g] = operands(p);
     if (!is_dist(p)) {
-      if (g.defined()) local += sum_squares(g.data<float>(), g.numel());
+      if (g.defined()) local += sum_squares(g);
       continue;
     }
     const DistAttr& a = dist_attr(p);
@@ -232,7 +239,7 @@ double grad_sum_squares(const std::vector<Tensor>& params) {
     const std::vector<int64_t> at = a.mesh.coord(current_world_rank());
     bool counts = true;  // a replica counts on mesh coordinate 0 of each dim it is replicated over
     for (size_t d = 0; d < at.size(); ++d) counts = counts && (a.placements[d].is_shard() || at[d] == 0);
-    if (counts) total += sum_squares(g.data<float>(), g.numel());
+    if (counts) total += sum_squares(g);
   }
   if (any_dist) {
     std::sort(ranks.begin(), ranks.end());

@@ -101,6 +101,9 @@ class Sgd : public Optimizer {
 // Σ x[i]² over n floats, in f64 with a fixed order (8 partial sums); the building block of
 // the gradient norm, for callers holding raw gradient slices.
 double sum_squares(const float* x, int64_t n);
+// The same over a contiguous f32 tensor; a tensor made in meta mode (tracing) adds its cost to
+// the rank's op trace and counts 0.
+double sum_squares(const Tensor& x);
 
 // Σ over parameters of Σ grad² (in f64) — the square of the global gradient norm. Parameters
 // without a gradient count zero. For distributed parameters every element counts once: each

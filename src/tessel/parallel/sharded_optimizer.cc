@@ -13,6 +13,7 @@
 #include "tessel/core/view.h"
 #include "tessel/dist/dtensor.h"
 #include "tessel/ops/inplace.h"
+#include "tessel/ops/trace.h"
 
 namespace tessel::parallel {
 
@@ -253,7 +254,7 @@ void ShardedOptimizer::launch(Bucket&& b) {
     b.flat = Tensor::empty({total}, DType::f32);
     for (size_t k = 0; k < b.grads.size(); ++k) pack(b.flat, b.at[k][0], b.grads[k]);
     b.grads.clear();
-    b.work = group->all_reduce_async(b.flat.data<float>(), total, DType::f32, ReduceOp::sum);
+    b.work = group->all_reduce_async(b.flat.raw_data(), total, DType::f32, ReduceOp::sum);
   } else {
     // Region r holds dp rank r's box of every gradient of the bucket, one after another.
     b.region.assign(static_cast<size_t>(dp), 0);
@@ -278,7 +279,7 @@ void ShardedOptimizer::launch(Bucket&& b) {
              slots_[b.slots[k]].grad_box(b.grads[k], r));
     b.grads.clear();
     b.mine = Tensor::empty({b.region[static_cast<size_t>(layout_.coord("dp"))]}, DType::f32);
-    b.work = group->reduce_scatter_v_async(b.flat.data<float>(), b.mine.data<float>(), b.region, DType::f32,
+    b.work = group->reduce_scatter_v_async(b.flat.raw_data(), b.mine.raw_data(), b.region, DType::f32,
                                            ReduceOp::sum);
   }
   in_flight_.push_back(std::move(b));
@@ -358,7 +359,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
       pack(flat, at, local_piece(slots_[i].grad));
       at += local_piece(slots_[i].grad).numel();
     }
-    timed("gradient sum", [&] { group.all_reduce(flat.data<float>(), total, DType::f32, ReduceOp::sum); });
+    timed("gradient sum", [&] { group.all_reduce(flat.raw_data(), total, DType::f32, ReduceOp::sum); });
     at = 0;
     for (size_t i : which) {
       Slot& s = slots_[i];
@@ -399,7 +400,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
       if (m != dp_dim && !s.stored[m].is_shard() && layout_.stage_mesh().coord(layout_.rank)[m] != 0) counts = false;
     if (!counts) continue;
     Tensor g = view::contiguous(local_piece(s.grad));
-    sum_sq += optim::sum_squares(g.data<float>(), g.numel());
+    sum_sq += optim::sum_squares(g);
   }
   timed("gradient norm", [&] { world_group()->all_reduce(&sum_sq, 1, DType::f64, ReduceOp::sum); });
   const double norm = std::sqrt(sum_sq);
@@ -461,7 +462,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
     g.all = Tensor::empty({total}, DType::f32);
     for (size_t k = g.first; k < g.last; ++k)
       pack(g.mine, g.at[k - g.first][static_cast<size_t>(me)], slots_[split[k]].box(local_piece(slots_[split[k]].p->value), me));
-    g.work = layout_.group("dp")->all_gather_v_async(g.mine.data<float>(), g.all.data<float>(), g.region, DType::f32);
+    g.work = layout_.group("dp")->all_gather_v_async(g.mine.raw_data(), g.all.raw_data(), g.region, DType::f32);
     if (in_flight) finish_gather(*in_flight);  // at most two in flight
     first = g.last;
     in_flight = std::move(g);
@@ -484,12 +485,19 @@ void ShardedOptimizer::update(size_t i, float clip, double lr) {
   const Tensor g = view::contiguous(local_piece(s.grad));
   TESSEL_ASSERT(g.shape() == p.shape(), "parameter '{}': gradient shard {} for parameter shard {}", s.p->name,
                 shape_str(g.shape()), shape_str(p.shape()));
-  float* m = local_piece(s.m).data<float>();
-  if (options_.kind == "adamw")
-    optim::adamw_update(p.data<float>(), g.data<float>(), m, local_piece(s.v).data<float>(), p.numel(), steps_,
-                        options_.adamw, lr, s.decay, clip);
-  else
-    optim::sgd_update(p.data<float>(), g.data<float>(), m, p.numel(), steps_ == 1, options_.sgd, lr, clip);
+  if (tracing_ops()) {  // reads and writes the parameter and its states, reads the gradient
+    const double states = options_.kind == "adamw" ? 2 : 1;
+    trace_cost(options_.kind == "adamw" ? "adamw_update" : "sgd_update",
+               Cost{10.0 * static_cast<double>(p.numel()), static_cast<double>(p.nbytes()) * (3 + 2 * states)});
+  }
+  if (p.is_meta()) return;  // tracing: no values to update
+  if (options_.kind == "adamw") {
+    optim::adamw_update(p.data<float>(), g.data<float>(), local_piece(s.m).data<float>(), local_piece(s.v).data<float>(),
+                        p.numel(), steps_, options_.adamw, lr, s.decay, clip);
+  } else {
+    optim::sgd_update(p.data<float>(), g.data<float>(), local_piece(s.m).data<float>(), p.numel(), steps_ == 1,
+                      options_.sgd, lr, clip);
+  }
   if (!target.is_contiguous()) view::copy(target, p);
 }
 
