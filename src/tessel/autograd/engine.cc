@@ -18,6 +18,16 @@ namespace tessel {
 
 namespace {
 
+// Marks the ops it covers as gradient sums (an op trace counts them as backward work).
+struct GradSumScope {
+  RankContext& ctx = rank_context();
+  bool previous = ctx.summing_grads;
+  GradSumScope() { ctx.summing_grads = true; }
+  ~GradSumScope() { ctx.summing_grads = previous; }
+  GradSumScope(const GradSumScope&) = delete;
+  GradSumScope& operator=(const GradSumScope&) = delete;
+};
+
 // Adds `g` into a gradient slot; takes ownership of g's storage when nobody else holds it.
 void add_into(Tensor& slot, Tensor&& g) {
   if (!slot.defined()) {
@@ -28,6 +38,7 @@ void add_into(Tensor& slot, Tensor&& g) {
       slot.is_contiguous() && g.impl_ptr()->dist == nullptr) {
     add_(slot, g);
   } else {
+    GradSumScope summing;
     slot = add(slot, g);
   }
 }
@@ -93,6 +104,7 @@ void accumulate_leaf(const std::shared_ptr<AutogradMeta>& leaf, const TensorMeta
         return;
       }
     }
+    GradSumScope summing;
     leaf->grad = leaf->grad.defined() ? add(leaf->grad, g) : g;
     for (const auto& hook : leaf->post_accumulate_hooks) hook(leaf->grad);
     return;

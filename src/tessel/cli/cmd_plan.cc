@@ -10,7 +10,9 @@
 #include "tessel/cli/commands.h"
 #include "tessel/cli/plan_support.h"
 #include "tessel/core/error.h"
+#include "tessel/engine/trace.h"
 #include "tessel/plan/published.h"
+#include "tessel/plan/traced.h"
 
 namespace tessel {
 
@@ -173,7 +175,7 @@ int run_published(const std::string& format) {
 
 std::vector<Command> register_plan(CLI::App& app) {
   struct Args {
-    std::string model, cluster, format = "table", layout, svg, software;
+    std::string model, cluster, format = "table", layout, svg, software, costs = "traced";
     int64_t global_batch = 0, seq_len = 0;
     int top = 5;
     bool published = false, quiet = false;
@@ -213,7 +215,14 @@ std::vector<Command> register_plan(CLI::App& app) {
   for (const char* name : {"--model", "--cluster", "--global-batch", "--seq-len", "--layout", "--svg", "--software"})
     published->excludes(cmd->get_option(name));  // the Table 1 rows fix all of these
   cmd->add_flag("--quiet", a->quiet, "no progress lines while measuring this machine");
+  cmd->add_option("--costs", a->costs,
+                  "where a block's costs come from: traced (the runtime's step run on shapes alone, the default) or "
+                  "listed (the cost model's own list of a block's ops, the planner before tracing; mixture-of-experts "
+                  "and context-parallel blocks are always listed)")
+      ->check(CLI::IsMember({"traced", "listed"}));
   return {{cmd, [a, layout] {
+             if (a->costs == "traced") install_block_tracer();
+             else plan::set_block_tracer(nullptr);
              if (a->published) return run_published(a->format);
              if (a->model.empty() || a->cluster.empty())
                throw BadInput("tessel plan needs --model and --cluster (or --published); see tessel plan --help");

@@ -12,6 +12,7 @@
 #include "tessel/cli/cluster_detect.h"
 #include "tessel/core/error.h"
 #include "tessel/core/input_file.h"
+#include "tessel/engine/trace.h"
 #include "tessel/plan/model_spec.h"
 
 namespace tessel {
@@ -135,6 +136,7 @@ plan::Cluster local_cluster(int ranks, bool verbose, bool fresh) {
 plan::Estimate auto_layout(const RunConfig& config, int ranks, bool verbose, const plan::Cluster* cluster) {
   plan::ModelSpec m = model_spec_of(config);
   plan::Cluster c = cluster != nullptr ? *cluster : local_cluster(ranks, verbose);
+  install_block_tracer();  // blocks costed from the runtime's traced step, as `tessel plan` does
   plan::PlanOptions o;
   o.global_batch = config.train.global_batch;
   o.top = 1;

@@ -35,6 +35,7 @@ struct RankContext {
   // call are theirs, not the step's).
   bool trace_ops = false;
   int op_backward_depth = 0;
+  bool summing_grads = false;  // the autograd engine adds gradients (traced as backward work)
 
   // State owned by higher layers, keyed by its type (comm world, dist state, ...).
   template <typename T>

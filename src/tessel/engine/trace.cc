@@ -63,4 +63,69 @@ RankTrace trace_rank_step(const RunConfig& config, int rank, int steps) {
   return out;
 }
 
+RunConfig block_trace_config(const plan::ModelSpec& m, const plan::LayerShape& s, int layers) {
+  TESSEL_CHECK(!m.is_moe(), "traced costs: model {} is a mixture of experts, which a meta-mode step cannot route "
+               "(its token counts are data)", m.name);
+  RunConfig cfg;
+  if (m.arch == "gpt") {
+    cfg.model.arch = "gpt2";
+    nn::Gpt2Config& g = cfg.model.gpt2;
+    g.n_layer = layers;
+    g.n_embd = m.hidden;
+    g.n_head = m.heads;
+    g.vocab_size = m.vocab;
+    g.n_positions = m.seq;
+    g.dropout = m.dropout;
+  } else {
+    cfg.model.arch = "llama";
+    nn::LlamaConfig& l = cfg.model.llama;
+    l.num_hidden_layers = layers;
+    l.hidden_size = m.hidden;
+    l.num_attention_heads = m.heads;
+    l.num_key_value_heads = m.kv_heads;
+    l.intermediate_size = m.ffn;
+    l.vocab_size = m.vocab;
+    l.max_position_embeddings = m.seq;
+  }
+  cfg.train.steps = 1;
+  cfg.train.seq_len = m.seq;
+  cfg.train.global_batch = s.micro_batch;
+  cfg.train.micro_batch = s.micro_batch;
+  cfg.train.threads = 1;
+  cfg.log.every = 1000;
+  parallel::ParallelConfig& p = cfg.parallel;
+  p.tp = s.tp;
+  p.sp = s.sp;
+  p.cp = s.cp;
+  p.cp_method = s.cp_method;
+  p.ep = s.ep;
+  p.recompute = s.recompute;
+  p.micro_batches = 1;
+  return cfg;
+}
+
+void install_block_tracer() {
+  if (plan::has_block_tracer()) return;  // keep the blocks traced so far
+  plan::set_block_tracer([](const plan::ModelSpec& m, const plan::LayerShape& s, int layers) {
+    const RunConfig cfg = block_trace_config(m, s, layers);
+    const RankTrace t = trace_rank_step(cfg, 0, 1);
+    plan::StepTrace out;
+    out.ops = t.ops;
+    // Each group by the mesh dim whose rank-0 group has its members (a group of one: "self").
+    const parallel::Layout layout(cfg.parallel, 0);
+    for (const GroupStats& g : t.groups) {
+      std::string dim = g.ranks.size() == 1 ? "self" : "world";
+      for (std::string_view d : parallel::ParallelConfig::kMeshDims) {
+        if (g.name == "world") break;  // the world's own calls (loss, norm), even when it is one dim's size
+        if (!layout.has_dim(d) || layout.degree(d) != static_cast<int64_t>(g.ranks.size()) || g.ranks.size() == 1) continue;
+        bool same = true;
+        for (int64_t i = 0; i < layout.degree(d) && same; ++i) same = layout.peer(d, i) == g.ranks[static_cast<size_t>(i)];
+        if (same) dim = std::string(d);
+      }
+      for (const auto& [kind, e] : g.stats.ops) out.comm.push_back(plan::TracedCollective{dim, kind, e.calls, e.bytes});
+    }
+    return out;
+  });
+}
+
 }  // namespace tessel

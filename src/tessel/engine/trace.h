@@ -13,6 +13,7 @@
 #include "tessel/comm/process_group.h"
 #include "tessel/engine/engine.h"
 #include "tessel/ops/trace.h"
+#include "tessel/plan/traced.h"
 
 namespace tessel {
 
@@ -29,5 +30,13 @@ struct RankTrace {
 // optimizer states and groups; later steps are the steady state). Runs on a thread of its own;
 // the config's data is opened as for training.
 RankTrace trace_rank_step(const RunConfig& config, int rank, int steps = 2);
+
+// The config of a traced block step for the planner (plan/traced.h): `layers` blocks of `m`
+// (gpt: tessel's GPT-2; llama), one micro-batch of s.micro_batch sequences, the layout's tp, sp,
+// cp, ep and recompute, dp = pp = 1, no data file (meta mode makes its tokens up).
+RunConfig block_trace_config(const plan::ModelSpec& m, const plan::LayerShape& s, int layers);
+// Makes the planner cost layouts from traces of the runtime (plan::set_block_tracer), unless a
+// tracer is installed already: `tessel plan`, `--plan auto` and the tests call it.
+void install_block_tracer();
 
 }  // namespace tessel

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "tessel/core/context.h"
 #include "tessel/core/error.h"
 
 namespace tessel {
@@ -24,6 +25,11 @@ std::string rate_str(double tokens_per_s) {
 TrainingData open_training_data(const RunConfig& cfg, int64_t vocab_size) {
   const DataSection& d = cfg.data;
   TrainingData out;
+  if (d.path.empty() && meta_mode()) {  // a traced step (engine/trace.h): any tokens of the right count
+    const int64_t n = cfg.train.global_batch * (cfg.train.seq_len + 1) + 1;
+    out.train = std::make_shared<TokenDataset>(TokenDataset::from_tokens(std::vector<uint32_t>(static_cast<size_t>(n), 0)));
+    return out;
+  }
   out.train = std::make_shared<TokenDataset>(TokenDataset::open(d.path, d.format));
   // Token ids past the vocabulary, like every other fault of a data file, are the user's input
   // to fix (InputError: exit status 2).

@@ -1,6 +1,7 @@
 // In-place kernels.
 #include "tessel/ops/inplace.h"
 
+#include "tessel/core/context.h"
 #include "tessel/core/strided.h"
 #include "tessel/core/thread_pool.h"
 #include "tessel/core/view.h"
@@ -11,7 +12,10 @@ namespace tessel {
 
 void add_(const Tensor& dst, const Tensor& src, double alpha) {
   TESSEL_CHECK(is_floating(dst.dtype()), "add_: destination '{}' has dtype {}; expected floating", dst.name(), dst.dtype());
-  if (tracing_ops()) trace_cost("add_", Cost{static_cast<double>(dst.numel()), 3 * static_cast<double>(dst.nbytes())});
+  // Inside a backward pass an add_ accumulates a gradient: backward work.
+  if (tracing_ops())
+    trace_cost("add_", Cost{static_cast<double>(dst.numel()), 3 * static_cast<double>(dst.nbytes())},
+               rank_context().backward_depth > 0);
   if (dst.is_meta() || src.is_meta()) return;
   if (dst.dtype() == DType::bf16) {  // accumulate in f32, round once
     Tensor f = view::to_dtype(dst, DType::f32);
@@ -46,7 +50,9 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
 }
 
 void scale_(const Tensor& dst, double alpha) {
-  if (tracing_ops()) trace_cost("scale_", Cost{static_cast<double>(dst.numel()), 2 * static_cast<double>(dst.nbytes())});
+  if (tracing_ops())
+    trace_cost("scale_", Cost{static_cast<double>(dst.numel()), 2 * static_cast<double>(dst.nbytes())},
+               rank_context().backward_depth > 0);
   if (dst.is_meta()) return;
   if (dst.dtype() == DType::bf16 || !dst.is_contiguous()) {
     // A contiguous compute copy (f32 for bf16), scaled and written back.

@@ -43,44 +43,46 @@ OpTrace& op_trace() {
 
 void reset_op_trace() { op_trace() = OpTrace{}; }
 
-void trace_cost(std::string_view op, Cost c, bool backward, std::array<double, 3> mnk) {
+void trace_cost(std::string_view op, Cost c, bool backward, std::array<double, 4> product) {
   OpTrace& t = op_trace();
+  backward = backward || rank_context().summing_grads;  // the autograd engine's gradient sums
   OpTally& x = (backward ? t.backward : t.forward)[std::string(op)];
   ++x.calls;
   x.flops += c.flops;
   x.bytes += c.bytes;
   const bool recompute = !backward && rank_context().backward_depth > 0;
-  t.calls.push_back(OpCallRecord{std::string(op), backward, recompute, c, mnk[0], mnk[1], mnk[2]});
+  t.calls.push_back(OpCallRecord{std::string(op), backward, recompute, c, product[0], product[1], product[2], product[3]});
 }
 
-std::array<double, 3> product_sizes(const OpDef& op, std::span<const TensorMeta> inputs, const Attrs& attrs) {
-  if (inputs.size() < 2) return {0, 0, 0};
+std::array<double, 4> product_sizes(const OpDef& op, std::span<const TensorMeta> inputs, const Attrs& attrs) {
+  if (inputs.size() < 2) return {0, 0, 0, 0};
   auto d = [](const Shape& s, size_t from_end) { return static_cast<double>(s[s.size() - from_end]); };
   const std::string_view n = op.name;
   if (n == "linear") {  // x [.., in], weight [out, in] (or [in, out..])
     const Shape& x = inputs[0].shape;
     const double in = std::max(d(x, 1), 1.0);
-    return {static_cast<double>(shape_numel(x)) / in, static_cast<double>(shape_numel(inputs[1].shape)) / in, in};
+    return {static_cast<double>(shape_numel(x)) / in, static_cast<double>(shape_numel(inputs[1].shape)) / in, in, 1};
   }
   if (n == "matmul") {  // a [.., M, K] (or [.., K, M]), b [.., K, N] (or [.., N, K])
     const Shape& a = inputs[0].shape;
     const Shape& b = inputs[1].shape;
     const bool ta = attrs.b_or("trans_a", false), tb = attrs.b_or("trans_b", false);
-    return {ta ? d(a, 1) : d(a, 2), tb ? d(b, 2) : d(b, 1), ta ? d(a, 2) : d(a, 1)};
+    const double batch = static_cast<double>(shape_numel(a)) / (d(a, 1) * d(a, 2));
+    return {ta ? d(a, 1) : d(a, 2), tb ? d(b, 2) : d(b, 1), ta ? d(a, 2) : d(a, 1), batch};
   }
   if (n == "grouped_matmul") {  // x [rows, k] over the groups' weights: about rows / groups each
     const Shape& x = inputs[0].shape;
     const Shape& w = inputs[1].shape;
     const double groups = static_cast<double>(w[0]);
     const double out = attrs.b_or("trans_w", false) ? static_cast<double>(w[1]) : static_cast<double>(w[2]);
-    return {static_cast<double>(x[0]) / std::max(groups, 1.0), out, static_cast<double>(x[1])};
+    return {static_cast<double>(x[0]) / std::max(groups, 1.0), out, static_cast<double>(x[1]), groups};
   }
   if (n == "sdpa") {  // q [b, h, tq, dh], k [b, hkv, tk, dh]
     const Shape& q = inputs[0].shape;
     const Shape& k = inputs[1].shape;
-    return {d(q, 2), d(k, 2), d(q, 1)};
+    return {d(q, 2), d(k, 2), d(q, 1), static_cast<double>(shape_numel(q)) / (d(q, 1) * d(q, 2))};
   }
-  return {0, 0, 0};
+  return {0, 0, 0, 0};
 }
 
 Cost backward_cost(const OpDef& op, std::span<const TensorMeta> inputs, std::span<const TensorMeta> outputs,

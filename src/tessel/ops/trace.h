@@ -29,6 +29,7 @@ struct OpCallRecord {
   bool recompute = false;  // a forward run again inside the backward (activation recompute)
   Cost cost;
   double m = 0, n = 0, k = 0;
+  double batch = 0;  // products of that size in the call (batched matmul, sdpa's batch x heads)
 };
 
 struct OpTrace {
@@ -59,11 +60,12 @@ OpTrace& op_trace();
 void reset_op_trace();
 // Adds one call of `op` costing `c` to this rank's trace (its forward or its backward side):
 // for work done outside run_kernel (the dist layer's own implementations).
-void trace_cost(std::string_view op, Cost c, bool backward = false, std::array<double, 3> mnk = {0, 0, 0});
+void trace_cost(std::string_view op, Cost c, bool backward = false, std::array<double, 4> product = {0, 0, 0, 0});
 
-// The sizes (m, n, k) of the product a call of `op` on `inputs` runs (per batch entry; for
-// sdpa the per-head scores' query x key x head-dim), or zeros for ops that are not products.
-std::array<double, 3> product_sizes(const OpDef& op, std::span<const TensorMeta> inputs, const Attrs& attrs);
+// The sizes (m, n, k) of the products a call of `op` on `inputs` runs and how many (for sdpa
+// the scores' query x key x head-dim, batch x heads of them), or zeros for ops that are not
+// products.
+std::array<double, 4> product_sizes(const OpDef& op, std::span<const TensorMeta> inputs, const Attrs& attrs);
 
 // The cost of an op's backward: FLOPs of the products it redoes per input wanting a gradient
 // (a GEMM's input and weight gradients each cost its forward's FLOPs; fused attention rebuilds

@@ -7,6 +7,7 @@
 #include "tessel/core/error.h"
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/registry.h"
+#include "tessel/plan/traced.h"
 
 namespace tessel::plan {
 
@@ -266,9 +267,115 @@ void tp_comm(LayerCost& lc, const Cluster& c, const LayerShape& s, double act_by
 
 }  // namespace
 
+// ---------------------------------------------------------------- traced
+
+namespace {
+
+// Ops that only make views: no kernel of their own on the devices costed.
+bool view_op(const std::string& op) {
+  return op == "reshape" || op == "permute" || op == "expand" || op == "split" || op == "slice";
+}
+
+// Collective time of what a block issued on one mesh dim's group (CommStats bytes: the buffer of
+// an all_reduce, each rank's input of an all_gather, the full input of a reduce_scatter).
+double traced_comm_time(const Cluster& c, const TracedCollective& x, GroupSpan g, double scale) {
+  if (x.bytes <= 0) return 0;
+  // A block adds calls, or bytes to a call every step makes anyway (one all_reduce of the
+  // sequence-parallel norms' gradients): then the time of those bytes alone, latency aside.
+  const double calls = std::max<int64_t>(x.calls, 1);
+  const double per = static_cast<double>(x.bytes) / calls * scale;
+  double one = 0;
+  if (x.kind == "all_reduce") one = all_reduce_time(c, per, g);
+  else if (x.kind == "all_gather") one = all_gather_time(c, per * g.size, g);
+  else if (x.kind == "reduce_scatter") one = all_gather_time(c, per, g);
+  else if (x.kind == "all_to_all") one = all_to_all_time(c, per, g);
+  else if (x.kind == "send" || x.kind == "recv") one = p2p_time(c, per, g.per_node < g.size);
+  else one = all_reduce_time(c, per, g);  // broadcast, reduce and the rest: at most an all_reduce's
+  return one * calls;
+}
+
+}  // namespace
+
+bool traceable(const ModelSpec& m, const LayerShape& s) {
+  return has_block_tracer() && !m.is_moe() && !s.moe && s.cp == 1;
+}
+
+LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) {
+  const BlockTrace& bt = traced_block(m, s);
+  const Precision prec = precision_for(c.dtype);
+  const double scale = prec.activation / 4.0;  // traced in f32; the stack's activations are `prec`
+  Pass p{c, prec.activation == 4 ? DType::f32 : DType::bf16, share_of(c, s), {}};
+  LayerCost& lc = p.cost;
+  const double overhead = c.software.op_overhead;
+  auto product_time = [&](const OpCallRecord& r, double kind_efficiency) {
+    const double dim = r.op == "sdpa" ? r.m : gemm_size(c.calibration, r.m, r.n, r.k);
+    return std::max(r.cost.flops / (c.peak() * p.share * p.gemm_eff(dim) * kind_efficiency), p.stream(r.cost.bytes * scale));
+  };
+  double linear_fwd = 0;
+  for (const OpCallRecord& r : bt.calls) {
+    if (view_op(r.op)) continue;
+    const bool product = r.m > 0;
+    double t;
+    if (r.op == "sdpa" && !c.software.fused_attention) {
+      // The software runs attention as Megatron-LM 2021 did: QK^T, softmax, dropout, PV with the
+      // scores in memory — costed on the traced call's shapes through the registry.
+      const auto bh = static_cast<int64_t>(std::llround(r.batch));
+      Pass u{c, p.dtype, p.share, {}};
+      ModelSpec shape = m;
+      shape.seq = static_cast<int64_t>(r.n);
+      attention(u, shape, 1, bh, bh, m.dropout, static_cast<int64_t>(r.m));
+      t = r.backward ? u.cost.bwd_input + u.cost.bwd_weight : u.cost.fwd;
+      if (!r.backward && !r.recompute) {
+        lc.kernels += u.cost.kernels;
+        p.attention_recompute += u.attention_recompute;
+      }
+    } else if (product) {
+      t = product_time(r, r.op == "sdpa" ? c.software.attention_efficiency : 1) + overhead * (r.backward ? 2 : 1);
+    } else {
+      t = p.stream(r.cost.bytes * scale) + overhead;
+    }
+    if (r.backward) {
+      // A linear's backward is its input gradient and its weight gradient (apart for ZB-H1).
+      const bool weight = r.op == "linear" || r.op == "grouped_matmul";
+      lc.bwd_input += weight ? t / 2 : t;
+      lc.bwd_weight += weight ? t / 2 : 0;
+    } else if (r.recompute) {
+      lc.recompute += t;
+    } else {
+      lc.fwd += t;
+      lc.flops_fwd += r.cost.flops;
+      if (r.op != "sdpa" || c.software.fused_attention) lc.kernels += 1;
+      if (r.op == "linear") linear_fwd += t;
+    }
+  }
+  // Recompute, as the runtime's: full reruns the block's forward (its collectives too),
+  // selective the attention's scores where they are materialised (a fused kernel rebuilds them
+  // in its own backward, already in its traced cost).
+  // Tensor-parallel collectives, as the block issued them; half in the forward, half in the
+  // backward (their mirror images), with the software's overlap as layer_cost has it.
+  for (const TracedCollective& x : bt.comm) {
+    if (x.dim != "tp") continue;
+    const double t = traced_comm_time(c, x, s.tp_group, scale);
+    lc.tp_fwd += t / 2;
+    lc.tp_bwd += t / 2;
+    lc.tp_bytes += static_cast<double>(x.bytes) * scale;
+  }
+  if (c.software.overlap.tp_comm && s.sp && s.tp > 1) {
+    const double all = lc.tp_fwd;
+    const double exposed = std::min(all, std::max(0.0, all - linear_fwd) + all / s.tp);
+    lc.tp_hidden = 2 * (all - exposed);
+    lc.tp_fwd = exposed;
+    lc.tp_bwd = exposed;
+  }
+  if (s.recompute == "full") lc.recompute = lc.fwd + lc.tp_fwd;
+  else if (s.recompute == "selective") lc.recompute = p.attention_recompute;
+  return lc;
+}
+
 LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) {
   TESSEL_CHECK(s.tp >= 1 && s.micro_batch >= 1, "layer_cost: tp {} and micro-batch {} must be positive", s.tp,
                s.micro_batch);
+  if (traceable(m, s)) return traced_layer_cost(m, c, s);
   const Precision prec = precision_for(c.dtype);
   TESSEL_CHECK(s.ep >= 1 && s.cp >= 1 && m.seq >= s.cp, "layer_cost: ep {} and cp {} must be positive, cp at most seq {}",
                s.ep, s.cp, m.seq);

@@ -1,0 +1,61 @@
+// Traced costs: the planner asks the runtime what a transformer block of a layout does, instead
+// of describing the block itself. The engine layer (above this one) installs a BlockTracer that
+// runs the model's training step in meta mode on one rank of a trace world (engine/trace.h):
+// every op's FLOPs, bytes and product sizes, every collective by mesh dim. A block's share is
+// the difference between the steps of a model with two blocks and with one; it is traced once
+// per distinct block layout (model, micro-batch, tp, sp, cp, ep, recompute) and cached, so a
+// search over tens of thousands of layouts traces a few dozen blocks.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tessel/ops/trace.h"
+#include "tessel/plan/cluster.h"
+#include "tessel/plan/cost_model.h"
+#include "tessel/plan/model_spec.h"
+
+namespace tessel::plan {
+
+// One kind of collective on one mesh dim's group in a traced step, as this rank issued it.
+struct TracedCollective {
+  std::string dim;   // tp | cp | ep | dp | pp | world
+  std::string kind;  // all_reduce, all_gather, reduce_scatter, all_to_all, send, recv, ...
+  int64_t calls = 0;
+  int64_t bytes = 0;
+  bool operator==(const TracedCollective&) const = default;
+};
+
+// A traced training step of `layers` blocks (one micro-batch, dp = pp = 1).
+struct StepTrace {
+  OpTrace ops;
+  std::vector<TracedCollective> comm;
+};
+
+using BlockTracer = std::function<StepTrace(const ModelSpec& m, const LayerShape& s, int layers)>;
+// Installs the tracer (the engine layer's install_block_tracer does); null removes it.
+void set_block_tracer(BlockTracer tracer);
+bool has_block_tracer();
+
+// One block of `m` laid out as `s`: its calls (the two-block step's less the one-block step's)
+// and its collectives per micro-batch. Traced without recompute (what recompute redoes is the
+// block's forward, or the attention's scores: traced_layer_cost adds it) and cached per
+// distinct (model, shape).
+struct BlockTrace {
+  std::vector<OpCallRecord> calls;
+  std::vector<TracedCollective> comm;
+};
+const BlockTrace& traced_block(const ModelSpec& m, const LayerShape& s);
+
+// layer_cost from a traced block: each call's time on the roofline of `c` (products at the
+// device's GEMM efficiency for their sizes, the rest at memory bandwidth, the software's
+// per-kernel overhead), the software's attention (fused, or unfused as Megatron 2021 ran it,
+// on the traced sdpa's shapes), forward work redone in the backward (recompute) kept apart, and
+// the tensor-, context- and expert-parallel collectives the block issued, timed by group span.
+LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s);
+// Whether layer_cost traces this block: a tracer is installed and the block is one a meta-mode
+// step can run (not a mixture of experts, whose routing is data; not context parallel yet).
+bool traceable(const ModelSpec& m, const LayerShape& s);
+
+}  // namespace tessel::plan
