@@ -43,6 +43,11 @@ struct CheckpointContent {
 struct CheckpointSaveOptions {
   int keep_last = 0;  // > 0: after publishing, remove all but the newest keep_last step folders
   int threads = 4;    // writer threads per rank
+  // The machine of every rank (folder_machines, peer_copies.h) when the ranks do not all see
+  // `dir` as one folder — an in-memory checkpoint in each machine's own tmpfs: each machine's
+  // folder gets its own ranks' pieces and, sent over the group, a peer copy of the pieces of the
+  // machine before it (a synchronous save only). Empty: every rank writes into one folder.
+  std::vector<int> machines;
 };
 
 // Collective over `group` (null: this process alone): writes DIR/step-NNNNNN/ and returns its

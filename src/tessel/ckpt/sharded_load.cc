@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 
+#include "tessel/ckpt/peer_copies.h"
 #include "tessel/ckpt/piece_io.h"
 #include "tessel/ckpt/safetensors.h"
 #include "tessel/core/log.h"
@@ -377,6 +378,22 @@ std::string CheckpointReader::check_pieces(const std::vector<const SavedPiece*>&
 }
 
 std::string checkpoint_incomplete(const std::string& step_dir) {
+  std::string why = checkpoint_files_incomplete(step_dir);
+  if (!why.empty()) return why;
+  // A machine's in-memory copy may hold only its own ranks' pieces and its peer copies.
+  try {
+    const fs::path manifest = fs::path(step_dir) / kManifestFile;
+    std::error_code ec;
+    if (fs::exists(manifest, ec)) return memory_copy_missing(Json::parse(read_text(manifest)), step_dir);
+  } catch (const std::exception& e) {
+    return fmt::format("bad {}: {}", kManifestFile, e.what());
+  }
+  return "";
+}
+
+namespace ckpt_io {
+
+std::string checkpoint_files_incomplete(const std::string& step_dir) {
   const fs::path d(step_dir);
   std::error_code ec;
   if (!fs::is_directory(d, ec)) return "not a folder";
@@ -413,6 +430,8 @@ std::string checkpoint_incomplete(const std::string& step_dir) {
   }
   return "";
 }
+
+}  // namespace ckpt_io
 
 int64_t checkpoint_step_of(const std::string& folder_name) { return step_of_folder(folder_name); }
 
