@@ -4,7 +4,7 @@ launchers on this machine play two machines of two Gloo processes each, and each
 memory folder (`train.memory_dir`), as each machine has its own tmpfs: a checkpoint goes to
 memory every step — each machine keeping its own ranks' pieces and a peer copy of the other's —
 and to disk only every 10 steps. RUNS times, node 1's launcher is killed (SIGKILL, its processes
-die with it) at a random step after the disk checkpoint of step 10: node 0 must go on alone from
+die with it) at a random step after the disk checkpoint of step 10 is out: node 0 must go on alone from
 the newest step in its memory, which holds node 1's pieces only as peer copies (the log must say
 so), newer than the disk's; then node 1 starts again (its memory folder stale) and the job grows
 back to 4 ranks. Both launchers must exit 0 and the metrics file must hold every step once with
@@ -36,10 +36,6 @@ def node(work, rank, port, name):
                 rank, port, name)
 
 
-def step_line(step):
-    return lambda l: l.startswith("[rank 0]") and f"info: step {step}/{steps}" in l
-
-
 with tempfile.TemporaryDirectory() as tmp:
     base = os.path.join(tmp, "base")
     os.makedirs(base)
@@ -62,9 +58,17 @@ with tempfile.TemporaryDirectory() as tmp:
         n1 = node(work, 1, port, "node 1")
         nodes = [n0, n1]
         logs = lambda: "".join(n.text() for n in nodes)
-        i = n0.wait_line(step_line(at_step))
+        # The disk checkpoint of step 10 is written in the background and published a few steps
+        # later (memory saves wait for it): kill only once it is out and a memory step after it is
+        # written (the memory save at a step boundary comes before the next step's line).
+        saved = n0.wait_line(lambda l: f"saved {os.path.join(work, 'ck', 'step-0000' + str(disk_every))}" in l)
+        if saved is None:
+            sys.exit(f"run {run}: the disk checkpoint of step {disk_every} never came\n{logs()}")
+        i = n0.wait_line(lambda l: l.startswith("[rank 0]") and (m := re.search(r"info: step (\d+)/", l)) is not None
+                         and int(m.group(1)) >= at_step, saved)
         if i is None:
             sys.exit(f"run {run}: step {at_step} never came\n{logs()}")
+        at_step = int(re.search(r"info: step (\d+)/", n0.lines[i][1]).group(1))
         n1.p.kill()
         killed = time.monotonic()
         j = n0.wait_line(lambda l: l.startswith("tessel launch: ") and "stopping the job" in l, i)
