@@ -18,14 +18,12 @@ job took to grow back.
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-from train_job import losses, train_command, workers
+from train_job import Node, free_port, losses, train_command, workers
 
 tessel, src = sys.argv[1], sys.argv[2]
 runs = int(sys.argv[3]) if len(sys.argv) > 3 else 4
@@ -35,49 +33,9 @@ token = "e1a571c0e1a571c0e1a571c0e1a571c0"
 train = train_command(tessel, src, steps, save_every=5)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Node:
-    """One launcher; its stderr lines are collected with their arrival times."""
-
-    def __init__(self, work, rank, port, name):
-        env = dict(os.environ, TESSEL_JOB_TOKEN=token)
-        self.p = subprocess.Popen([tessel, "launch", "--nnodes", "1:2", "--node-rank", str(rank), "--master",
-                                   f"127.0.0.1:{port}", "--nproc-per-node", "2", "--max-restarts", "3", "--timeout", "5",
-                                   "--kill-grace", "1", "--last-call", "1", "--", *train,
-                                   "--save", os.path.join(work, "ck"), "--metrics", os.path.join(work, "m.jsonl")],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, bufsize=1, env=env)
-        self.name, self.lines, self.cv = name, [], threading.Condition()
-        self.t = threading.Thread(target=self.read, daemon=True)
-        self.t.start()
-
-    def read(self):
-        for line in self.p.stderr:
-            with self.cv:
-                self.lines.append((time.monotonic(), line))
-                self.cv.notify_all()
-
-    def wait_line(self, pred, start=0, timeout=120):
-        """Index of the first line from `start` on that satisfies pred."""
-        deadline = time.monotonic() + timeout
-        with self.cv:
-            while True:
-                for i in range(start, len(self.lines)):
-                    if pred(self.lines[i][1]):
-                        return i
-                if self.p.poll() is not None and not self.t.is_alive():
-                    return None
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self.cv.wait(min(left, 0.2))
-
-    def text(self):
-        return "".join(f"{t:.3f} [{self.name}] {l}" for t, l in self.lines)
+def node(work, rank, port, name):
+    return Node(tessel, token, [*train, "--save", os.path.join(work, "ck"), "--metrics", os.path.join(work, "m.jsonl")],
+                rank, port, name)
 
 
 def step_line(step):
@@ -102,9 +60,9 @@ with tempfile.TemporaryDirectory() as tmp:
         os.makedirs(work)
         port = free_port()
         at_step = rng.randrange(2, 8)
-        n0 = Node(work, 0, port, "node 0")
+        n0 = node(work, 0, port, "node 0")
         time.sleep(0.2)
-        n1 = Node(work, 1, port, "node 1")
+        n1 = node(work, 1, port, "node 1")
         nodes = [n0, n1]
         logs = lambda: "".join(n.text() for n in nodes)
         i = n0.wait_line(step_line(at_step))
@@ -131,7 +89,7 @@ with tempfile.TemporaryDirectory() as tmp:
         if what == "node":
             n1.p.wait()
             rejoin = time.monotonic()
-            nodes.append(Node(work, 1, port, "node 1 again"))
+            nodes.append(node(work, 1, port, "node 1 again"))
             g = n0.wait_line(lambda l: "tessel launch: round 2: 2 nodes" in l, k)
             if g is None:
                 sys.exit(f"run {run}: the job did not grow back to 2 nodes\n{logs()}")

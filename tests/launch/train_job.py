@@ -1,10 +1,14 @@
-"""What the launch scripts (kill_rank.py, elastic.py) share: the small 4-rank Gloo training job
-they interrupt (GPT-2, dp2·tp2, ZeRO-2, a checkpoint in memory every step), the losses its
-metrics file holds, and a launcher's worker processes."""
+"""What the launch scripts (kill_rank.py, elastic.py, elastic_peer.py) share: the small 4-rank
+Gloo training job they interrupt (GPT-2, dp2·tp2, ZeRO-2, a checkpoint in memory every step), the
+losses its metrics file holds, a launcher's worker processes, and an elastic node (a launcher
+whose log lines are collected)."""
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 
 
 def train_command(tessel, src, steps, save_every):
@@ -33,3 +37,48 @@ def workers(launcher_pid):
     """The pids of a launcher's processes."""
     out = subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True).stdout.split()
     return [int(p) for p in out]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Node:
+    """One `tessel launch --nnodes 1:2` launcher of 2 processes running `command`; its stderr
+    lines are collected with their arrival times."""
+
+    def __init__(self, tessel, token, command, rank, port, name):
+        env = dict(os.environ, TESSEL_JOB_TOKEN=token)
+        self.p = subprocess.Popen([tessel, "launch", "--nnodes", "1:2", "--node-rank", str(rank), "--master",
+                                   f"127.0.0.1:{port}", "--nproc-per-node", "2", "--max-restarts", "3", "--timeout", "5",
+                                   "--kill-grace", "1", "--last-call", "1", "--", *command],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, bufsize=1, env=env)
+        self.name, self.lines, self.cv = name, [], threading.Condition()
+        self.t = threading.Thread(target=self.read, daemon=True)
+        self.t.start()
+
+    def read(self):
+        for line in self.p.stderr:
+            with self.cv:
+                self.lines.append((time.monotonic(), line))
+                self.cv.notify_all()
+
+    def wait_line(self, pred, start=0, timeout=120):
+        """Index of the first line from `start` on that satisfies pred."""
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while True:
+                for i in range(start, len(self.lines)):
+                    if pred(self.lines[i][1]):
+                        return i
+                if self.p.poll() is not None and not self.t.is_alive():
+                    return None
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cv.wait(min(left, 0.2))
+
+    def text(self):
+        return "".join(f"{t:.3f} [{self.name}] {l}" for t, l in self.lines)

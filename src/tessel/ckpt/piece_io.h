@@ -47,6 +47,8 @@ void write_durable(const fs::path& path, const std::string& text);  // checked t
 std::string read_text(const fs::path& path);                         // regular files only
 int64_t step_of_folder(const std::string& name);                    // N of step-N, or -1
 void remove_stale_temporaries(const fs::path& dir);                 // .step-*.tmp* of killed saves
+// checkpoint_incomplete without the check that the folder holds every piece (peer_copies.h).
+std::string checkpoint_files_incomplete(const std::string& step_dir);
 
 Json shape_json(const Shape& s);
 Shape json_shape(const Json& j);

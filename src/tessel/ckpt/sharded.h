@@ -43,6 +43,11 @@ struct CheckpointContent {
 struct CheckpointSaveOptions {
   int keep_last = 0;  // > 0: after publishing, remove all but the newest keep_last step folders
   int threads = 4;    // writer threads per rank
+  // The machine of every rank (folder_machines, peer_copies.h) when the ranks do not all see
+  // `dir` as one folder — an in-memory checkpoint in each machine's own tmpfs: each machine's
+  // folder gets its own ranks' pieces and, sent over the group, a peer copy of the pieces of the
+  // machine before it (a synchronous save only). Empty: every rank writes into one folder.
+  std::vector<int> machines;
 };
 
 // Collective over `group` (null: this process alone): writes DIR/step-NNNNNN/ and returns its
@@ -152,17 +157,6 @@ bool has_complete_checkpoint(const std::string& dir);
 // under it; newer incomplete ones are skipped with a warning naming why. Throws CheckpointError
 // when there is none. No piece is read (see CheckpointReader::read_verified).
 std::vector<std::string> checkpoint_candidates(const std::string& path, ProcessGroup* group);
-
-// The complete step folders under `dir` that every rank of `group` (null: alone) sees complete,
-// newest first, as (step, folder). Each rank lists its own and the ranks agree on the common
-// ones, so it is one collective however many folders there are, and ranks that see different
-// folders (a machine's own tmpfs) still agree. No piece is read.
-std::vector<std::pair<int64_t, std::string>> complete_steps_on_every_rank(const std::string& dir, ProcessGroup* group);
-
-// Whether every rank of `group` sees `dir` as the same folder (one machine, or a shared file
-// system), which a checkpoint needs: rank 0 creates it and leaves a random mark there, and every
-// rank looks for it. Collective; a machine's own tmpfs is not shared.
-bool folder_shared_by_group(const std::string& dir, ProcessGroup* group);
 
 // The step folder to resume from, collectively over `group` (null: alone): `path` itself when it
 // is a step folder (it must be complete), else the newest complete step folder under it whose

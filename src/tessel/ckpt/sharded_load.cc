@@ -7,14 +7,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <fstream>
 #include <map>
-#include <random>
-#include <sstream>
 #include <cstring>
 #include <memory>
 #include <mutex>
 
+#include "tessel/ckpt/peer_copies.h"
 #include "tessel/ckpt/piece_io.h"
 #include "tessel/ckpt/safetensors.h"
 #include "tessel/core/log.h"
@@ -377,6 +375,22 @@ std::string CheckpointReader::check_pieces(const std::vector<const SavedPiece*>&
 }
 
 std::string checkpoint_incomplete(const std::string& step_dir) {
+  std::string why = checkpoint_files_incomplete(step_dir);
+  if (!why.empty()) return why;
+  // A machine's in-memory copy may hold only its own ranks' pieces and its peer copies.
+  try {
+    const fs::path manifest = fs::path(step_dir) / kManifestFile;
+    std::error_code ec;
+    if (fs::exists(manifest, ec)) return memory_copy_missing(Json::parse(read_text(manifest)), step_dir);
+  } catch (const std::exception& e) {
+    return fmt::format("bad {}: {}", kManifestFile, e.what());
+  }
+  return "";
+}
+
+namespace ckpt_io {
+
+std::string checkpoint_files_incomplete(const std::string& step_dir) {
   const fs::path d(step_dir);
   std::error_code ec;
   if (!fs::is_directory(d, ec)) return "not a folder";
@@ -413,6 +427,8 @@ std::string checkpoint_incomplete(const std::string& step_dir) {
   }
   return "";
 }
+
+}  // namespace ckpt_io
 
 int64_t checkpoint_step_of(const std::string& folder_name) { return step_of_folder(folder_name); }
 
@@ -459,44 +475,6 @@ std::vector<std::string> checkpoint_candidates(const std::string& path, ProcessG
   }
   TESSEL_CHECK_AS(CheckpointError, !out.empty(), "no complete checkpoint (step-NNNNNN folder) under '{}'", path);
   return out;
-}
-
-std::vector<std::pair<int64_t, std::string>> complete_steps_on_every_rank(const std::string& dir, ProcessGroup* group) {
-  std::string mine;
-  std::error_code ec;
-  if (fs::is_directory(dir, ec))
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      const int64_t step = step_of_folder(e.path().filename().string());
-      if (step >= 0 && checkpoint_incomplete(e.path().string()).empty()) mine += std::to_string(step) + " ";
-    }
-  const std::vector<std::string> lists = group ? all_gather_strings(*group, mine) : std::vector<std::string>{mine};
-  std::map<int64_t, size_t> seen;
-  for (const std::string& list : lists) {
-    std::istringstream in(list);
-    for (int64_t step; in >> step;) ++seen[step];
-  }
-  std::vector<std::pair<int64_t, std::string>> out;
-  for (const auto& [step, n] : seen)
-    if (n == lists.size()) out.emplace_back(step, (fs::path(dir) / fmt::format("step-{:06d}", step)).string());
-  std::sort(out.rbegin(), out.rend());
-  return out;
-}
-
-bool folder_shared_by_group(const std::string& dir, ProcessGroup* group) {
-  if (group == nullptr || group->size() == 1) return true;
-  const fs::path mark_file = fs::path(dir) / ".tessel-shared-mark";
-  std::string mark;
-  if (group->rank() == 0) {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    mark = fmt::format("{:016x}", std::random_device{}() * 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(::getpid()));
-    std::ofstream(mark_file) << mark;
-  }
-  mark = all_gather_strings(*group, mark).front();
-  std::ifstream in(mark_file);
-  std::string seen;
-  std::getline(in, seen);
-  return all_ok(group, seen == mark);
 }
 
 std::string choose_checkpoint(const std::string& path, ProcessGroup* group, bool verify) {

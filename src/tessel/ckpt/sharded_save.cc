@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "tessel/ckpt/peer_copies.h"
 #include "tessel/ckpt/piece_io.h"
 #include "tessel/ckpt/safetensors.h"
 #include "tessel/ckpt/sharded.h"
@@ -178,6 +179,10 @@ struct PendingCheckpoint::Impl {
   ProcessGroup* group = nullptr;
   CheckpointSaveOptions options;
   int rank = 0, world = 1;
+  // With machines (options.machines): this rank's machine, its ranks, and whether this rank is its
+  // lowest (which does there what rank 0 does in a shared folder).
+  std::vector<int> local;
+  bool lead = true;
   fs::path root, tmp, final_dir;
   std::vector<TensorPlan> plans;
   std::vector<FilePlan> files;
@@ -201,7 +206,83 @@ struct PendingCheckpoint::Impl {
   std::vector<int> job_state;
   std::atomic<bool> failed{false};
   bool released = false;
+
+  void exchange_peer_copies();
+  Json held_here() const;
 };
+
+// Peer copies: this rank's pieces go to its peer rank on the next machine, which writes them
+// into its own machine's folder; the pieces of the ranks whose peer this rank is come in the
+// same way. Every rank takes part (even after its own write failed), so none waits in vain; a
+// failure is reported by publish() on every rank.
+void PendingCheckpoint::Impl::exchange_peer_copies() {
+  const std::vector<int>& machines = options.machines;
+  constexpr int kPeerTag = 0x7C000000;  // apart from the pipeline's tags
+  try {
+    TESSEL_CHECK_AS(CheckpointWriteError, !released,
+                    "checkpoint: peer copies are sent from the live tensors, so they need a synchronous save");
+    std::vector<WorkPtr> works;
+    struct Incoming {
+      size_t plan, piece;
+      int src, tag;
+      std::vector<char> bytes;
+    };
+    std::vector<Incoming> incoming;
+    for (int src = 0; src < world; ++src) {
+      if (src == rank || peer_copy_rank(machines, src) != rank) continue;
+      int tag = kPeerTag;  // src's j-th piece has tag kPeerTag + j, as src numbers its jobs
+      for (size_t i = 0; i < plans.size(); ++i)
+        for (size_t q = 0; q < plans[i].pieces.size(); ++q) {
+          if (plans[i].pieces[q].rank != src) continue;
+          const uint64_t n = static_cast<uint64_t>(shape_numel(plans[i].pieces[q].extent)) *
+                             safetensors_dtype_size(plans[i].dtype);
+          if (n > 0) incoming.push_back({i, q, src, tag, std::vector<char>(n)});
+          ++tag;
+        }
+    }
+    for (Incoming& in : incoming)
+      works.push_back(
+          group->recv_async(in.bytes.data(), static_cast<int64_t>(in.bytes.size()), DType::b8, in.src, in.tag));
+    const int peer = peer_copy_rank(machines, rank);
+    for (size_t j = 0; j < jobs.size(); ++j)
+      if (sources[j].nbytes() > 0)
+        works.push_back(group->send_async(sources[j].raw_data(), static_cast<int64_t>(sources[j].nbytes()), DType::b8,
+                                          peer, kPeerTag + static_cast<int>(j)));
+    for (WorkPtr& w : works) w->wait();
+    FdCache fds(O_WRONLY | O_CREAT);
+    for (const Incoming& in : incoming) {
+      const TensorPlan& p = plans[in.plan];
+      const PieceRef& piece_ref = p.pieces[in.piece];
+      const FilePlan& file = files[p.file];
+      const std::string path = (tmp / file.name).string();
+      const int fd = fds.get(path);
+      const uint64_t es = safetensors_dtype_size(p.dtype), base = file.header.size() + p.begin;
+      for_each_run(p.shape, piece_ref.offset, piece_ref.extent, [&](int64_t at, int64_t from, int64_t count) {
+        pwrite_all(fd, in.bytes.data() + static_cast<uint64_t>(from) * es, static_cast<uint64_t>(count) * es,
+                   base + static_cast<uint64_t>(at) * es, path);
+      });
+    }
+    fds.finish(/*sync=*/true);
+  } catch (const std::exception& e) {
+    if (write_error.empty()) write_error = fmt::format("rank {} (peer copies): {}", rank, e.what());
+    failed = true;
+  }
+}
+
+// manifest.json's "memory_copies" of this machine's folder: the saving ranks whose pieces it
+// holds, as its own ranks' and as peer copies.
+Json PendingCheckpoint::Impl::held_here() const {
+  Json::Array own, peer;
+  for (int r = 0; r < world; ++r) {
+    if (std::find(local.begin(), local.end(), r) != local.end()) own.emplace_back(static_cast<int64_t>(r));
+    else if (std::find(local.begin(), local.end(), peer_copy_rank(options.machines, r)) != local.end())
+      peer.emplace_back(static_cast<int64_t>(r));
+  }
+  Json out = Json::Object{};
+  out["own"] = Json(std::move(own));
+  out["peer"] = Json(std::move(peer));
+  return out;
+}
 
 PendingCheckpoint::PendingCheckpoint(const std::string& dir, const CheckpointContent& content, ProcessGroup* group,
                                      const CheckpointSaveOptions& options, bool snapshot)
@@ -215,6 +296,15 @@ PendingCheckpoint::PendingCheckpoint(const std::string& dir, const CheckpointCon
   m.world = group ? group->size() : 1;
   m.trainer = content.trainer;
   const int rank = m.rank, world = m.world;
+  if (!options.machines.empty()) {
+    TESSEL_CHECK(static_cast<int>(options.machines.size()) == world, "checkpoint: {} machine names for {} ranks",
+                 options.machines.size(), world);
+    for (int r = 0; r < world; ++r)
+      if (options.machines[static_cast<size_t>(r)] == options.machines[static_cast<size_t>(rank)]) m.local.push_back(r);
+    m.lead = m.local.front() == rank;
+  } else {
+    m.lead = rank == 0;
+  }
   m.root = fs::path(dir);
   m.tmp = m.root / fmt::format(".step-{:06d}.tmp", content.step);
   m.final_dir = m.root / fmt::format("step-{:06d}", content.step);
@@ -222,10 +312,10 @@ PendingCheckpoint::PendingCheckpoint(const std::string& dir, const CheckpointCon
   const fs::path& tmp = m.tmp;
   if (auto f = armed_fault("save", group ? group->ranks()[static_cast<size_t>(rank)] : 0, content.step))
     arm_save_fault(*f);
-  // Rank 0 clears what killed saves left and makes the folder; the gather that follows is the
-  // point after which every rank may write into it.
+  // Rank 0 (each machine's lowest rank, with machines) clears what killed saves left and makes the
+  // folder; the gather that follows is the point after which every rank may write into it.
   std::string setup_error;
-  if (rank == 0) {
+  if (m.lead) {
     try {
       std::error_code ec;
       fs::create_directories(root, ec);
@@ -253,7 +343,7 @@ PendingCheckpoint::PendingCheckpoint(const std::string& dir, const CheckpointCon
     const Json j = Json::parse(gathered[r]);
     const std::string err = j.at("error").as_string();
     if (!err.empty()) {
-      if (rank == 0) {
+      if (m.lead) {
         std::error_code ec;
         fs::remove_all(tmp, ec);
       }
@@ -306,7 +396,10 @@ void PendingCheckpoint::write(bool stage_first) {
   FdCache fds(O_WRONLY | O_CREAT);
   try {
     for (size_t f = 0; f < files.size(); ++f) {
-      if (static_cast<int>(f % static_cast<size_t>(world)) != rank) continue;
+      // A file's header is written by one rank of each folder: of the world, or of the machine.
+      if (m.local.empty() ? static_cast<int>(f % static_cast<size_t>(world)) != rank
+                          : m.local[f % m.local.size()] != rank)
+        continue;
       const std::string path = (tmp / files[f].name).string();
       const int fd = fds.get(path);
       TESSEL_CHECK_AS(CheckpointWriteError, ::ftruncate(fd, static_cast<off_t>(files[f].size)) == 0,
@@ -409,13 +502,14 @@ std::string PendingCheckpoint::publish() {
   TESSEL_CHECK(!m.published, "checkpoint at step {} was already published", m.step);
   m.published = true;
   ProcessGroup* group = m.group;
-  const int rank = m.rank, world = m.world;
+  const int world = m.world;
   const fs::path &root = m.root, &tmp = m.tmp, &final_dir = m.final_dir;
   const std::string& dir = m.dir;
   const std::vector<TensorPlan>& plans = m.plans;
   const std::vector<FilePlan>& files = m.files;
   const auto& jobs = m.jobs;
   const auto& sums = m.sums;
+  if (!m.options.machines.empty()) m.exchange_peer_copies();
   const std::string& write_error = m.write_error;
   const CheckpointSaveOptions& options = m.options;
   // Every rank learns whether every rank wrote; rank 0 records the pieces and publishes.
@@ -439,7 +533,7 @@ std::string PendingCheckpoint::publish() {
     }
   }
   std::string publish_error;
-  if (rank == 0 && failure.empty()) {
+  if (m.lead && failure.empty()) {
     try {
       Json index = Json::Object{};
       index["format"] = "tessel-checkpoint";
@@ -509,6 +603,7 @@ std::string PendingCheckpoint::publish() {
         listed[name] = e;
       }
       manifest["files"] = listed;
+      if (!m.options.machines.empty()) manifest["memory_copies"] = m.held_here();
       write_durable(tmp / kManifestFile, manifest.dump() + "\n");
       fsync_dir(tmp);
       std::error_code ec;
@@ -534,7 +629,7 @@ std::string PendingCheckpoint::publish() {
     }
   }
   if (!failure.empty() || !publish_error.empty()) {
-    if (rank == 0) {
+    if (m.lead) {
       std::error_code ec;
       fs::remove_all(tmp, ec);
     }

@@ -19,6 +19,8 @@
 
 #include "tessel/autograd/engine.h"
 #include "tessel/ckpt/checkpoint.h"
+#include "tessel/ckpt/peer_copies.h"
+#include "tessel/engine/memory_copies.h"
 #include "tessel/comm/thread_backend.h"
 #include "tessel/comm/world.h"
 #include "tessel/launch/signals.h"
@@ -146,6 +148,7 @@ struct Engine::State {
   std::unique_ptr<ParamGather> gather;  // ZeRO-3: each unit's parameters gathered around its use
   int64_t next_step = 0;                // the step a fit starts from
   int64_t bytes_read = 0;               // by the last load
+  MemoryCheckpoints in_memory;          // the in-memory checkpoints' folder and the ranks' machines
 
   bool lead() const { return world->rank() == 0; }
   int pp_rank() const { return static_cast<int>(layout->coord("pp")); }
@@ -209,10 +212,11 @@ struct Engine::State {
     return c;
   }
 
-  std::string save(const std::string& dir, int64_t keep_last = -1) {
+  std::string save(const std::string& dir, int64_t keep_last = -1, std::vector<int> machines = {}) {
     finish_save(true);
     return save_sharded_checkpoint(dir, checkpoint_content(), world.get(),
-                                   {.keep_last = static_cast<int>(keep_last >= 0 ? keep_last : cfg.train.keep_last)});
+                                   {.keep_last = static_cast<int>(keep_last >= 0 ? keep_last : cfg.train.keep_last),
+                                    .machines = std::move(machines)});
   }
 
   // A save written by a background thread from the live tensors: it plans at the step
@@ -275,14 +279,23 @@ struct Engine::State {
       if (memory.empty() && !optional) throw;  // (alike on every rank: they see the same folder)
     }
     if (!memory.empty()) {
-      std::vector<std::pair<int64_t, std::string>> merged = complete_steps_on_every_rank(memory, world.get());
+      // The newest step the machines' memory holds whole, own pieces and peer copies together,
+      // copied first to any machine that lacks some — unless it is older than the newest on disk.
+      const int64_t newest_on_disk =
+          dirs.empty() ? -1 : checkpoint_step_of(std::filesystem::path(dirs.front()).filename().string());
+      const std::vector<int> machines =
+          in_memory.machines.empty() ? std::vector<int>(static_cast<size_t>(world->size()), 0) : in_memory.machines;
+      std::vector<std::pair<int64_t, std::string>> merged =
+          memory_steps_held(memory, world.get(), machines, lead() && !quiet, newest_on_disk);
       for (const std::string& d : dirs) merged.emplace_back(checkpoint_step_of(std::filesystem::path(d).filename().string()), d);
       std::stable_sort(merged.begin(), merged.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
       dirs.clear();
       for (auto& [step, d] : merged)
         if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(std::move(d));
       if (lead() && !quiet && !dirs.empty() && dirs.front().rfind(memory, 0) == 0)
-        log_info("resuming from the in-memory checkpoint {} (newer than any in {})", dirs.front(), path);
+        log_info("resuming from the in-memory checkpoint {} (nothing newer in {})", dirs.front(), path);
+      else if (lead() && !quiet && !dirs.empty())
+        log_info("resuming from {} on disk: memory holds no newer step whole", dirs.front());
     }
     if (dirs.empty()) {
       TESSEL_CHECK_AS(CheckpointError, optional, "no complete checkpoint (step-NNNNNN folder) under '{}'{}", path,
@@ -549,19 +562,9 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
   const TrainOptions& base = options.base;
   // A folder it cannot write fails the run before its first step, not at its first save.
   if (!base.save_dir.empty()) check_checkpoint_dir(base.save_dir);
-  // The in-memory checkpoints' folder, when every rank can write it (one machine's tmpfs).
-  std::string memory;
-  if (t.memory_save_every > 0 && !base.memory_dir.empty()) {
-    if (folder_shared_by_group(base.memory_dir, s.world.get())) {
-      memory = base.memory_dir;
-      if (s.lead() && !base.quiet)
-        log_info("in-memory checkpoints every {} step{} in {}", t.memory_save_every, t.memory_save_every == 1 ? "" : "s",
-                 memory);
-    } else if (s.lead()) {
-      log_warn("train.memory_save_every: the ranks do not share {} (each machine has its own tmpfs), so there are no "
-               "in-memory checkpoints; restarts resume from --save", base.memory_dir);
-    }
-  }
+  // The in-memory checkpoints' folder: one machine's tmpfs, or each machine's own with peer copies.
+  s.in_memory = setup_memory_checkpoints(base.memory_dir, t.memory_save_every, s.world.get(), s.lead() && !base.quiet);
+  const std::string memory = s.in_memory.dir;
   if (!base.resume_dir.empty() && s.next_step == 0) s.load(base.resume_dir, base.quiet, memory, base.resume_optional);
   const int64_t start = s.next_step;
   ParallelTrainResult result;
@@ -704,7 +707,7 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
     // being written (which is as new) — alike on every rank.
     if (!memory.empty() && (step + 1) % t.memory_save_every == 0 && !disk_save && step + 1 != t.steps && !s.pending) {
       const auto t0 = Clock::now();
-      s.save(memory, 1);
+      s.save(memory, 1, s.in_memory.save_machines());
       result.memory_save_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
     if (stoppable) {
