@@ -20,6 +20,8 @@
 #   --queue TIME         bound on a packet's wait in the link's queue (beyond it: dropped) [5ms]
 #   --delay TIME         fixed one-way delay (veth: needs netem, else reported and skipped) [0]
 #   --mtu BYTES          the emulated link's MTU (emu only) [9000]
+#   --cc NAME            TCP congestion control inside the namespaces, one of the host's
+#                        net.ipv4.tcp_allowed_congestion_control (reno, bbr, ...) [the host's default]
 #   --min B, --max B     message sizes for the benchmark [64K, 16M]
 #   --iters N            iterations per size (0: adaptive) [0]
 #   --timeout S          the whole run is killed after S seconds [300]
@@ -28,7 +30,7 @@
 #
 # Servers listen only on the namespace addresses made here (the store on node 0's, each Gloo
 # rank on its namespace's); nothing is reachable from outside the two namespaces. The
-# namespaces (and with them the veth pair) are removed on every exit.
+# namespaces (and with them the link's devices) are removed on every exit, the emulator stopped first.
 set -u
 
 TESSEL=build/release/tessel
@@ -39,6 +41,7 @@ DELAY=0
 LINK=emu
 EMU=
 MTU=9000
+CC=
 MIN=65536
 MAX=16777216
 ITERS=0
@@ -52,6 +55,7 @@ while [ $# -gt 0 ]; do
     --link) LINK=$2; shift 2 ;;
     --emulator) EMU=$2; shift 2 ;;
     --mtu) MTU=$2; shift 2 ;;
+    --cc) CC=$2; shift 2 ;;
     --rate) RATE=$2; shift 2 ;;
     --queue) QUEUE=$2; shift 2 ;;
     --delay) DELAY=$2; shift 2 ;;
@@ -61,7 +65,7 @@ while [ $# -gt 0 ]; do
     --timeout) TIMEOUT=$2; shift 2 ;;
     --expect) EXPECT=$2; shift 2 ;;
     --check) shift; CHECK=("$@"); break ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "a2a_two_nodes.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -124,6 +128,12 @@ ip netns add "$NS1" 2>"$WORK/err" || skip "cannot create a network namespace: $(
 in0() { ip netns exec "$NS0" "$@"; }
 in1() { ip netns exec "$NS1" "$@"; }
 in0 ip link set lo up && in1 ip link set lo up || skip "cannot bring up loopback in the namespaces"
+if [ -n "$CC" ]; then
+  for ns in "$NS0" "$NS1"; do
+    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$CC" ||
+      { echo "a2a_two_nodes.sh: --cc $CC: a namespace may only use net.ipv4.tcp_allowed_congestion_control: $(sysctl -n net.ipv4.tcp_allowed_congestion_control)" >&2; exit 2; }
+  done
+fi
 if [ "$LINK" = emu ]; then
   # A TUN device in each namespace ($VA, $VB), the emulator relaying between them. It lives no
   # longer than this script (its parent), the namespaces, or the run's timeout.
