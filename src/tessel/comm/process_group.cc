@@ -618,8 +618,15 @@ void ProcessGroup::hierarchical_all_reduce(void* buf, int64_t count, DType dtype
 // Every byte crosses between nodes once, as in the flat form; inside the node it moves once
 // more. With per-rank counts, (k, j) learns how much each (k, l) sends to each (m, j) from a
 // small all_to_all of counts inside the node first (its own receive counts say the rest).
+//
+// Step 2's receives are posted before step 1 starts, as point-to-point receives on the
+// inter-node group: a receiver's "ready" notice (Gloo's transport sends data only to a posted
+// receive) then crosses the link while the node gathers, instead of after — half a round trip
+// between nodes off every call once the gather takes that long. Its sizes come from this rank's
+// own receive counts, known up front.
 void ProcessGroup::hierarchical_all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
                                              const std::vector<int64_t>& recv_counts, DType dtype, bool equal_counts) {
+  constexpr int kA2aTag = 0x7a2a;  // the inter-node group carries no other point-to-point traffic
   const int L = intra_node_->size(), N = inter_node_->size(), P = size();
   const size_t esz = dtype_size(dtype), uL = static_cast<size_t>(L), uN = static_cast<size_t>(N);
   auto member = [&](int k, int l) { return node_members_[static_cast<size_t>(k)][static_cast<size_t>(l)]; };
@@ -628,6 +635,37 @@ void ProcessGroup::hierarchical_all_to_all_v(const void* in, const std::vector<i
     send_at[r + 1] = send_at[r] + send_counts[r];
     recv_at[r + 1] = recv_at[r] + recv_counts[r];
   }
+  // Three staging buffers, kept by the group across calls: fresh ones would be page-faulted in
+  // on every call, which at megabytes costs more than the copies themselves.
+  auto staging = [&](int i, size_t bytes) {
+    std::vector<char>& b = a2a_staging_[static_cast<size_t>(i)];
+    if (b.size() < std::max<size_t>(bytes, 1)) b.resize(std::max<size_t>(bytes, 1));
+    return b.data();
+  };
+  // Step 2's receives first (see above): from the j-th rank of node m, the segments of its
+  // node's ranks (m, l) for this rank, in l order, into `landing` at node m's place. A fixed
+  // tag: the calls on this group run one at a time, each waits for all its transfers.
+  bool in_order = true;  // group ranks numbered node by node: received order is group-rank order
+  for (int m = 0; m < N && in_order; ++m)
+    for (int l = 0; l < L && in_order; ++l) in_order = member(m, l) == m * L + l;
+  {  // receiving straight into `out` while `in` is still to be read needs the two apart
+    const auto i0 = reinterpret_cast<std::uintptr_t>(in), o0 = reinterpret_cast<std::uintptr_t>(out);
+    const size_t in_bytes = static_cast<size_t>(send_at.back()) * esz, out_bytes = static_cast<size_t>(recv_at.back()) * esz;
+    if (in_bytes > 0 && out_bytes > 0 && i0 < o0 + out_bytes && o0 < i0 + in_bytes) in_order = false;
+  }
+  const int k = inter_node_->rank();
+  std::vector<int64_t> r2(uN, 0), landing_at(uN + 1, 0);
+  for (size_t m = 0; m < uN; ++m) {
+    for (size_t l = 0; l < uL; ++l) r2[m] += recv_counts[static_cast<size_t>(member(static_cast<int>(m), static_cast<int>(l)))];
+    landing_at[m + 1] = landing_at[m] + r2[m];
+  }
+  char* const landing = in_order ? static_cast<char*>(out) : staging(2, static_cast<size_t>(recv_at.back()) * esz);
+  std::vector<WorkPtr> transfers;
+  for (int m = 0; m < N; ++m)
+    if (m != k && r2[static_cast<size_t>(m)] > 0)
+      transfers.push_back(inter_node_->do_recv(landing + static_cast<size_t>(landing_at[static_cast<size_t>(m)]) * esz,
+                                               static_cast<size_t>(r2[static_cast<size_t>(m)]) * esz, m, kA2aTag));
+
   // mine[j][m]: what this rank sends (m, j); theirs[l][m]: what (k, l) sends (m, this local rank).
   std::vector<int64_t> mine(uL * uN), theirs(uL * uN);
   for (int j = 0; j < L; ++j)
@@ -643,13 +681,6 @@ void ProcessGroup::hierarchical_all_to_all_v(const void* in, const std::vector<i
       r1[j] += theirs[j * uN + m];
     }
   const int64_t sent = send_at.back(), held = total(r1);
-  // Three staging buffers, kept by the group across calls: fresh ones would be page-faulted in
-  // on every call, which at megabytes costs more than the copies themselves.
-  auto staging = [&](int i, size_t bytes) {
-    std::vector<char>& b = a2a_staging_[static_cast<size_t>(i)];
-    if (b.size() < std::max<size_t>(bytes, 1)) b.resize(std::max<size_t>(bytes, 1));
-    return b.data();
-  };
   char* const packed = staging(0, static_cast<size_t>(sent) * esz);
   char* p = packed;
   for (int j = 0; j < L; ++j)
@@ -667,21 +698,31 @@ void ProcessGroup::hierarchical_all_to_all_v(const void* in, const std::vector<i
   std::vector<int64_t> gathered_at(uL * uN + 1, 0);  // offsets in gathered, [l][m] order
   for (size_t i = 0; i < uL * uN; ++i) gathered_at[i + 1] = gathered_at[i] + theirs[i];
   char* const outgoing = staging(0, static_cast<size_t>(held) * esz);  // packed is no longer needed
-  std::vector<int64_t> s2(uN, 0), r2(uN, 0);
+  std::vector<int64_t> outgoing_at(uN + 1, 0);
   p = outgoing;
-  for (size_t m = 0; m < uN; ++m)
+  for (size_t m = 0; m < uN; ++m) {
     for (size_t l = 0; l < uL; ++l) {
       const size_t n = static_cast<size_t>(theirs[l * uN + m]) * esz;
       if (n > 0) std::memcpy(p, gathered + static_cast<size_t>(gathered_at[l * uN + m]) * esz, n);
       p += n;
-      s2[m] += theirs[l * uN + m];
-      r2[m] += recv_counts[static_cast<size_t>(member(static_cast<int>(m), static_cast<int>(l)))];
     }
-  bool in_order = true;  // group ranks numbered node by node: received order is group-rank order
-  for (int m = 0; m < N && in_order; ++m)
-    for (int l = 0; l < L && in_order; ++l) in_order = member(m, l) == m * L + l;
-  char* const landing = in_order ? static_cast<char*>(out) : staging(2, static_cast<size_t>(recv_at.back()) * esz);
-  inter_node_->all_to_all_v(outgoing, s2, landing, r2, dtype);
+    outgoing_at[m + 1] = (p - outgoing) / static_cast<std::ptrdiff_t>(esz);
+  }
+  // What stays on this node goes straight to its place; the rest to the j-th rank of node m
+  // (whose receive for it may have been waiting since before step 1).
+  const auto uk = static_cast<size_t>(k);
+  TESSEL_ASSERT(outgoing_at[uk + 1] - outgoing_at[uk] == r2[uk], "{}: {} elements kept on node {} but {} expected",
+                describe("hierarchical all_to_all"), outgoing_at[uk + 1] - outgoing_at[uk], k, r2[uk]);
+  if (r2[uk] > 0)
+    std::memcpy(landing + static_cast<size_t>(landing_at[uk]) * esz, outgoing + static_cast<size_t>(outgoing_at[uk]) * esz,
+                static_cast<size_t>(r2[uk]) * esz);
+  for (int m = 0; m < N; ++m) {
+    const auto um = static_cast<size_t>(m);
+    if (m != k && outgoing_at[um + 1] > outgoing_at[um])
+      transfers.push_back(inter_node_->do_send(outgoing + static_cast<size_t>(outgoing_at[um]) * esz,
+                                               static_cast<size_t>(outgoing_at[um + 1] - outgoing_at[um]) * esz, m, kA2aTag));
+  }
+  for (const WorkPtr& t : transfers) t->wait();
 
   // 3. Into group-rank order.
   if (in_order) return;
