@@ -47,6 +47,17 @@ rc=$?
 set -e
 [ "$rc" = 2 ] && grep -q "megatron-core-r0.8" "$tmp/bad.txt" || { cat "$tmp/bad.txt"; echo "rc $rc"; exit 1; }
 
+# --explain: the step taken apart, and one block op by op from its trace (and with --costs
+# listed, said to be listed).
+"$tessel" plan --model gpt-1.7b --cluster dgx-a100-80g:8 --global-batch 64 --layout dp=8,tp=1,pp=1,mbs=1 --explain \
+  > "$tmp/explain.txt"
+for want in "^Explained: gpt-1.7b" "communication exposed: tp" "as traced on rank 0" "linear +backward +4 " \
+    "sdpa +forward +1 "; do
+  grep -Eq "$want" "$tmp/explain.txt" || { cat "$tmp/explain.txt"; echo "--explain: no '$want'"; exit 1; }
+done
+"$tessel" plan --model gpt-1.7b --cluster dgx-a100-80g:8 --global-batch 64 --layout dp=8,tp=1,pp=1,mbs=1 --explain \
+  --costs listed | grep -q "costed from the cost model's list of ops: --costs listed"
+
 # One layout: the published 1T layout of Narayanan et al. 2021.
 "$tessel" plan --model gpt-1t --cluster dgx-a100-80g:3072 --global-batch 3072 \
   --layout dp=6,tp=8,pp=64,vpp=2,mbs=1,sharding_stage=0,sp=false,recompute=full | grep -q "dp=6,tp=8,pp=64,vpp=2"

@@ -106,6 +106,49 @@ void write_svg(const std::string& path, const std::vector<plan::Estimate>& plans
   out << "</svg>\n";
 }
 
+// --explain: the step of the first plan taken apart — the step's parts as the planner costs
+// them, and one dense block op by op and collective by collective from its trace.
+void print_explain(const plan::Estimate& e, const plan::ModelSpec& m, const plan::Cluster& c) {
+  std::printf("\nExplained: %s, %s on %s (software %s): %.4g s per step, the busiest pipeline rank\n",
+              m.name.c_str(), e.layout.str().c_str(), c.name.c_str(), c.software.name.c_str(), e.step_time);
+  std::printf("  compute %.4g s, pipeline bubble %.4g s, optimizer %.4g s\n", e.compute, e.bubble, e.optimizer);
+  std::printf("  communication exposed: tp %.4g s, ep %.4g s, cp %.4g s, pp %.4g s, dp %.4g s; hidden behind compute: "
+              "tp %.4g s, dp %.4g s, cp %.4g s\n",
+              e.tp_comm, e.ep_comm, e.cp_comm, e.pp_comm, e.dp_comm, e.tp_hidden, e.dp_hidden, e.cp_hidden);
+  std::printf("  memory per device: parameters %s GB, gradients %s GB, optimizer states %s GB, activations %s GB, other "
+              "%s GB, total %s GB\n",
+              gb(e.memory.params).c_str(), gb(e.memory.grads).c_str(), gb(e.memory.optimizer).c_str(),
+              gb(e.memory.activations).c_str(), gb(e.memory.other).c_str(), gb(e.memory.total()).c_str());
+  if (!plan::traceable(m, e.block)) {
+    std::printf("  (this block is costed from the cost model's list of ops: %s)\n",
+                !plan::has_block_tracer() ? "--costs listed"
+                : m.is_moe()              ? "mixture-of-experts routing is data, not traced yet"
+                                          : "context-parallel blocks are not traced yet");
+    return;
+  }
+  std::vector<plan::OpTime> ops;
+  const plan::LayerCost lc = plan::traced_layer_cost(m, c, e.block, &ops);
+  std::printf("  one block, one micro-batch of %lld sequences (tp %d%s), as traced on rank 0: forward %.4g ms, backward "
+              "%.4g ms, recompute %.4g ms\n",
+              static_cast<long long>(e.block.micro_batch), e.block.tp, e.block.sp ? " sp" : "", 1e3 * lc.fwd,
+              1e3 * (lc.bwd_input + lc.bwd_weight), 1e3 * lc.recompute);
+  std::stable_sort(ops.begin(), ops.end(), [](const plan::OpTime& a, const plan::OpTime& b) { return a.seconds > b.seconds; });
+  std::printf("    %-16s %-10s %6s %12s %12s %10s\n", "op", "pass", "calls", "GFLOP", "MB", "ms");
+  for (const plan::OpTime& o : ops)
+    if (o.seconds > 0)
+      std::printf("    %-16s %-10s %6lld %12.4g %12.4g %10.4g\n", o.op.c_str(), o.pass.c_str(),
+                  static_cast<long long>(o.calls), o.flops / 1e9, o.bytes / 1e6, 1e3 * o.seconds);
+  const plan::BlockTrace& bt = plan::traced_block(m, e.block);
+  if (!bt.comm.empty()) {
+    std::printf("    its collectives per micro-batch (as traced, f32): %-4s %-16s %6s %12s\n", "dim", "kind", "calls", "bytes");
+    for (const plan::TracedCollective& x : bt.comm)
+      std::printf("      %-4s %-16s %6lld %12lld\n", x.dim.c_str(), x.kind.c_str(), static_cast<long long>(x.calls),
+                  static_cast<long long>(x.bytes));
+    std::printf("    tensor-parallel exposed %.4g ms forward, %.4g ms backward, hidden %.4g ms (group of %d, %d per node)\n",
+                1e3 * lc.tp_fwd, 1e3 * lc.tp_bwd, 1e3 * lc.tp_hidden, e.block.tp_group.size, e.block.tp_group.per_node);
+  }
+}
+
 int run_published(const std::string& format) {
   Json all = Json::Array{};
   for (const plan::PublishedTable& t : plan::published_tables()) {
@@ -178,7 +221,7 @@ std::vector<Command> register_plan(CLI::App& app) {
     std::string model, cluster, format = "table", layout, svg, software, costs = "traced";
     int64_t global_batch = 0, seq_len = 0;
     int top = 5;
-    bool published = false, quiet = false;
+    bool published = false, quiet = false, explain = false;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -215,6 +258,9 @@ std::vector<Command> register_plan(CLI::App& app) {
   for (const char* name : {"--model", "--cluster", "--global-batch", "--seq-len", "--layout", "--svg", "--software"})
     published->excludes(cmd->get_option(name));  // the Table 1 rows fix all of these
   cmd->add_flag("--quiet", a->quiet, "no progress lines while measuring this machine");
+  cmd->add_flag("--explain", a->explain,
+                "take the (first) plan apart: compute, bubble, optimizer, each communication exposed and hidden, "
+                "memory by kind, and one block op by op with its collectives, from its trace (table format)");
   cmd->add_option("--costs", a->costs,
                   "where a block's costs come from: traced (the runtime's step run on shapes alone, the default) or "
                   "listed (the cost model's own list of a block's ops, the planner before tracing; mixture-of-experts "
@@ -315,6 +361,7 @@ std::vector<Command> register_plan(CLI::App& app) {
                            plan::parallel_yaml(e.layout).c_str());
              } else {
                print_table(plans, c);
+               if (a->explain) print_explain(plans.front(), m, c);
              }
              return 0;
            }}};

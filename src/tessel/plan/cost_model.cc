@@ -300,7 +300,7 @@ bool traceable(const ModelSpec& m, const LayerShape& s) {
   return has_block_tracer() && !m.is_moe() && !s.moe && s.cp == 1;
 }
 
-LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) {
+LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s, std::vector<OpTime>* breakdown) {
   const BlockTrace& bt = traced_block(m, s);
   const Precision prec = precision_for(c.dtype);
   const double scale = prec.activation / 4.0;  // traced in f32; the stack's activations are `prec`
@@ -333,6 +333,16 @@ LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerSha
       t = product_time(r, r.op == "sdpa" ? c.software.attention_efficiency : 1) + overhead * (r.backward ? 2 : 1);
     } else {
       t = p.stream(r.cost.bytes * scale) + overhead;
+    }
+    if (breakdown != nullptr) {
+      const std::string pass = r.backward ? "backward" : r.recompute ? "recompute" : "forward";
+      auto it = std::find_if(breakdown->begin(), breakdown->end(),
+                             [&](const OpTime& o) { return o.op == r.op && o.pass == pass; });
+      if (it == breakdown->end()) it = breakdown->insert(breakdown->end(), OpTime{r.op, pass});
+      it->calls += 1;
+      it->flops += r.cost.flops;
+      it->bytes += r.cost.bytes * scale;
+      it->seconds += t;
     }
     if (r.backward) {
       // A linear's backward is its input gradient and its weight gradient (apart for ZB-H1).

@@ -93,6 +93,7 @@ int in_flight(const Layout& l, int rank) {
 struct Prepared {
   Layout l;
   RankMapping mapping;
+  LayerShape shape;                      // a dense block's, as costed
   std::vector<double> f, b, w;           // per virtual stage, per micro-batch
   std::vector<double> tp_per_vstage;     // tensor-parallel collective time per micro-batch
   std::vector<double> ep_per_vstage;     // expert-parallel all_to_all time per micro-batch (exposed)
@@ -243,6 +244,7 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
     if (p.capacity >= l.pp) p.capacity = 0;
   }
   const GroupSpan pp_span = p.mapping.span("pp", l, c);
+  p.shape = shape;
 
   const CostKey key{shape.micro_batch,  shape.tp,          shape.sp,         shape.recompute,
                     shape.tp_group.size, shape.tp_group.per_node, shape.busy_devices_per_node,
@@ -370,6 +372,7 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
   Estimate e;
   e.layout = l;
   e.mapping = p.mapping;
+  e.block = p.shape;
   // The bucket for this layout's data-parallel group: what ZeRO stages 1 to 3 hold of
   // whole-size gradients while a bucket is packed and another is on the wire.
   const double bucket_bytes = bucket_bytes_for(c, p.mapping.span("dp", l, c));

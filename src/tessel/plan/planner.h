@@ -81,6 +81,7 @@ struct Estimate {
   double tp_hidden = 0, dp_hidden = 0, cp_hidden = 0;
   double expert_imbalance = 1;   // the busiest ep rank's expert load over the mean (moe_imbalance)
   MemoryBreakdown memory;        // per device, bytes (the busiest pipeline rank)
+  LayerShape block;              // how a dense block was costed (spans, micro-batch): --explain
   bool fits = true;
   bool simulated = false;        // the schedule was played (false: closed-form estimate)
   Json to_json() const;

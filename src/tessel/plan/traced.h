@@ -53,7 +53,16 @@ const BlockTrace& traced_block(const ModelSpec& m, const LayerShape& s);
 // per-kernel overhead), the software's attention (fused, or unfused as Megatron 2021 ran it,
 // on the traced sdpa's shapes), forward work redone in the backward (recompute) kept apart, and
 // the tensor-, context- and expert-parallel collectives the block issued, timed by group span.
-LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s);
+// One op of a traced block as costed: its calls, FLOPs, bytes (at the cluster's precision) and
+// seconds per micro-batch (forward; backward; rerun by recompute apart).
+struct OpTime {
+  std::string op;
+  std::string pass;  // forward | backward | recompute
+  int64_t calls = 0;
+  double flops = 0, bytes = 0, seconds = 0;
+};
+LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s,
+                            std::vector<OpTime>* breakdown = nullptr);
 // Whether layer_cost traces this block: a tracer is installed and the block is one a meta-mode
 // step can run (not a mixture of experts, whose routing is data; not context parallel yet).
 bool traceable(const ModelSpec& m, const LayerShape& s);
