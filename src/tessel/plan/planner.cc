@@ -527,7 +527,8 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
     const bool sharded_grads = dp > 1 && (l.sharding_stage >= 2 || (l.sharding_stage == 1 && l.micro_batches == 1));
     const double in_flight = 2 * bucket_bytes + p.largest_grad[ru] * prec.grad;
     mem.params = params * prec.param / (l.sharding_stage >= 3 ? dp : 1);
-    mem.grads = sharded_grads ? params * prec.grad / dp + in_flight : params * prec.grad;
+    // Buckets hold at most the stage's gradients: a small model's whole gradients fit in one.
+    mem.grads = sharded_grads ? std::min(params * prec.grad, params * prec.grad / dp + in_flight) : params * prec.grad;
     mem.optimizer = params * prec.optimizer / (l.sharding_stage >= 1 ? dp : 1);
     if (l.sharding_stage >= 3 && dp > 1) {
       mem.params += 2 * p.largest_unit[ru] * prec.param;
