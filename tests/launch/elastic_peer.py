@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from train_job import Node, free_port, losses, train_command
+from train_job import Node, free_port, losses, train_command, uninterrupted_losses
 
 tessel, src = sys.argv[1], sys.argv[2]
 runs = int(sys.argv[3]) if len(sys.argv) > 3 else 2
@@ -37,15 +37,7 @@ def node(work, rank, port, name):
 
 
 with tempfile.TemporaryDirectory() as tmp:
-    base = os.path.join(tmp, "base")
-    os.makedirs(base)
-    p = subprocess.run([tessel, "launch", "--nproc-per-node", "4", "--", *train, "--save", os.path.join(base, "ck"),
-                        "--metrics", os.path.join(base, "m.jsonl")], capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"the uninterrupted job failed:\n{p.stderr}")
-    want = losses(os.path.join(base, "m.jsonl"))
-    if sorted(want) != list(range(steps)):
-        sys.exit(f"the uninterrupted job logged steps {sorted(want)}")
+    want = uninterrupted_losses(tessel, train, tmp, steps)
 
     detections, recoveries = [], []
     for run in range(runs):

@@ -33,6 +33,22 @@ def losses(path):
     return out
 
 
+def uninterrupted_losses(tessel, train, tmp, steps, nproc=4):
+    """The losses of `train` run once without faults by one launcher of `nproc` processes (the
+    oracle every recovery is checked against); exits naming what went wrong."""
+    base = os.path.join(tmp, "base")
+    os.makedirs(base)
+    p = subprocess.run([tessel, "launch", "--nproc-per-node", str(nproc), "--", *train, "--save",
+                        os.path.join(base, "ck"), "--metrics", os.path.join(base, "m.jsonl")],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"the uninterrupted job failed:\n{p.stderr}")
+    want = losses(os.path.join(base, "m.jsonl"))
+    if sorted(want) != list(range(steps)):
+        sys.exit(f"the uninterrupted job logged steps {sorted(want)}")
+    return want
+
+
 def workers(launcher_pid):
     """The pids of a launcher's processes."""
     out = subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True).stdout.split()

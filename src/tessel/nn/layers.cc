@@ -95,6 +95,8 @@ Tensor SwiGlu::forward(const Tensor& x) const { return down_->forward(mul(silu(g
 
 Rope Rope::make(int64_t seq_len, int64_t head_dim, double theta, DType dtype) {
   TESSEL_CHECK(head_dim % 2 == 0, "rope: head dim {} must be even", head_dim);
+  if (meta_mode())  // tracing: the tables' shapes are all a step needs
+    return Rope{Tensor::empty({seq_len, head_dim}, dtype), Tensor::empty({seq_len, head_dim}, dtype)};
   std::vector<double> c(static_cast<size_t>(seq_len * head_dim)), s(c.size());
   int64_t half = head_dim / 2;
   for (int64_t t = 0; t < seq_len; ++t)
