@@ -146,23 +146,4 @@ plan::Estimate auto_layout(const RunConfig& config, int ranks, bool verbose, con
   return r.best.front();
 }
 
-void apply_layout(RunConfig& config, const plan::Layout& l) {
-  parallel::ParallelConfig& p = config.parallel;
-  p.dp = l.dp;
-  p.tp = l.tp;
-  p.pp = l.pp;
-  p.ep = l.ep;
-  p.cp = l.cp;
-  p.cp_method = l.cp_method;
-  p.vpp = l.vpp;
-  p.sharding_stage = l.sharding_stage;
-  p.sp = l.sp;
-  p.micro_batches = l.micro_batches;
-  p.schedule = l.schedule;
-  p.recompute = l.recompute;
-  p.bucket_mb = l.bucket_mb;
-  p.stage_layers.clear();
-  config.train.micro_batch = config.train.global_batch / l.micro_batches;
-}
-
 }  // namespace tessel

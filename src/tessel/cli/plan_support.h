@@ -5,6 +5,7 @@
 #include <string>
 
 #include "tessel/cli/config.h"
+#include "tessel/engine/trace.h"  // apply_layout
 #include "tessel/plan/planner.h"
 
 namespace tessel {
@@ -30,7 +31,5 @@ plan::Cluster local_cluster(int ranks, bool verbose, bool fresh = false);
 // throws when none fits. `cluster`: the machine as measured before (null: measure it now).
 plan::Estimate auto_layout(const RunConfig& config, int ranks, bool verbose, const plan::Cluster* cluster = nullptr);
 
-// Copies a planned layout into a config's parallel section.
-void apply_layout(RunConfig& config, const plan::Layout& layout);
 
 }  // namespace tessel

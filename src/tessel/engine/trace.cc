@@ -104,6 +104,25 @@ RunConfig block_trace_config(const plan::ModelSpec& m, const plan::LayerShape& s
   return cfg;
 }
 
+void apply_layout(RunConfig& config, const plan::Layout& l) {
+  parallel::ParallelConfig& p = config.parallel;
+  p.dp = l.dp;
+  p.tp = l.tp;
+  p.pp = l.pp;
+  p.ep = l.ep;
+  p.cp = l.cp;
+  p.cp_method = l.cp_method;
+  p.vpp = l.vpp;
+  p.sharding_stage = l.sharding_stage;
+  p.sp = l.sp;
+  p.micro_batches = l.micro_batches;
+  p.schedule = l.schedule;
+  p.recompute = l.recompute;
+  p.bucket_mb = l.bucket_mb;
+  p.stage_layers.clear();
+  config.train.micro_batch = config.train.global_batch / l.micro_batches;
+}
+
 void install_block_tracer() {
   if (plan::has_block_tracer()) return;  // keep the blocks traced so far
   plan::set_block_tracer([](const plan::ModelSpec& m, const plan::LayerShape& s, int layers) {
@@ -125,6 +144,16 @@ void install_block_tracer() {
       for (const auto& [kind, e] : g.stats.ops) out.comm.push_back(plan::TracedCollective{dim, kind, e.calls, e.bytes});
     }
     return out;
+  });
+  plan::set_step_memory_tracer([](const plan::ModelSpec& m, const plan::Layout& l, int64_t global_batch, int stage) {
+    RunConfig cfg = block_trace_config(m, plan::LayerShape{}, static_cast<int>(m.layers));
+    cfg.train.global_batch = global_batch;
+    apply_layout(cfg, l);
+    // The stage's first rank (dp, tp coordinate 0), two steps: the first makes the optimizer's states.
+    const int rank = static_cast<int>(parallel::Layout(cfg.parallel, 0).peer("pp", stage));
+    const RankMemory r = trace_rank_step(cfg, rank, 2).memory;
+    return plan::TracedMemory{static_cast<double>(r.params), static_cast<double>(r.grads),
+                              static_cast<double>(r.optimizer), static_cast<double>(r.total)};
   });
 }
 

@@ -13,6 +13,7 @@
 #include "tessel/comm/process_group.h"
 #include "tessel/engine/engine.h"
 #include "tessel/ops/trace.h"
+#include "tessel/plan/planner.h"
 #include "tessel/plan/traced.h"
 
 namespace tessel {
@@ -35,6 +36,9 @@ RankTrace trace_rank_step(const RunConfig& config, int rank, int steps = 2);
 // (gpt: tessel's GPT-2; llama), one micro-batch of s.micro_batch sequences, the layout's tp, sp,
 // cp, ep and recompute, dp = pp = 1, no data file (meta mode makes its tokens up).
 RunConfig block_trace_config(const plan::ModelSpec& m, const plan::LayerShape& s, int layers);
+// Copies a planned layout into a config's parallel section (and train.micro_batch).
+void apply_layout(RunConfig& config, const plan::Layout& layout);
+
 // Makes the planner cost layouts from traces of the runtime (plan::set_block_tracer), unless a
 // tracer is installed already: `tessel plan`, `--plan auto` and the tests call it.
 void install_block_tracer();

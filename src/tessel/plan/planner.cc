@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -548,9 +549,48 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
 
 }  // namespace
 
+namespace {
+
+std::mutex g_memory_tracer_mutex;
+StepMemoryTracer g_memory_tracer;
+
+// The traced memory of `e`'s layout in place of the formulas' (see StepMemoryTracer), where it
+// applies: the busiest pipeline stage's rank.
+void trace_memory(const ModelSpec& m, const Cluster& c, int64_t global_batch, Estimate& e) {
+  StepMemoryTracer tracer;
+  {
+    std::lock_guard lock(g_memory_tracer_mutex);
+    tracer = g_memory_tracer;
+  }
+  const Layout& l = e.layout;
+  if (!tracer || c.dtype != "f32" || m.is_moe() || l.cp > 1 || l.ep > 1) return;
+  MemoryBreakdown best;
+  for (int stage = 0; stage < l.pp; ++stage) {
+    const TracedMemory t = tracer(m, l, global_batch, stage);
+    MemoryBreakdown mem;
+    mem.params = t.params;
+    mem.grads = t.grads;
+    mem.optimizer = t.optimizer;
+    mem.activations = std::max(0.0, t.total - t.params - t.grads - t.optimizer);
+    mem.other = c.software.reserved_bytes + c.software.fragmentation * c.device.memory_bytes;
+    if (mem.total() > best.total()) best = mem;
+  }
+  e.memory = best;
+  e.fits = e.memory.total() <= c.device.memory_bytes;
+}
+
+}  // namespace
+
+void set_step_memory_tracer(StepMemoryTracer tracer) {
+  std::lock_guard lock(g_memory_tracer_mutex);
+  g_memory_tracer = std::move(tracer);
+}
+
 Estimate evaluate(const ModelSpec& m, const Cluster& c, const Layout& layout, int64_t global_batch, bool simulate) {
   validate(m);
-  return evaluate_with(m, c, layout, global_batch, simulate, nullptr);
+  Estimate e = evaluate_with(m, c, layout, global_batch, simulate, nullptr);
+  trace_memory(m, c, global_batch, e);
+  return e;
 }
 
 Json Estimate::to_json() const {
@@ -777,6 +817,10 @@ SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) 
     if (e.fits) played.push_back(std::move(e));
   }
   std::sort(played.begin(), played.end(), faster);
+  // The layouts reported get the runtime's traced memory where it applies; one that then does
+  // not fit is dropped.
+  for (Estimate& e : played) trace_memory(m, c, o.global_batch, e);
+  std::erase_if(played, [](const Estimate& e) { return !e.fits; });
   if (static_cast<int>(played.size()) > o.top) played.resize(static_cast<size_t>(o.top));
   result.best = std::move(played);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

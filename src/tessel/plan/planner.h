@@ -3,6 +3,7 @@
 // by parallel::simulate), memory per device — and searches all sensible layouts for the best.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,19 @@ struct PlanOptions {
 // `tp` for `m` (parallel::ParallelConfig::validate_cp, the config's and engine's checks), or ""
 // when it accepts it.
 std::string cp_refusal(const ModelSpec& m, int tp, int cp, const std::string& method);
+
+// Memory as the runtime holds it: the allocator's highest marks (bytes, by kind) over a traced
+// training step of the whole layout on one rank of pipeline stage `stage` (engine/trace.h; the
+// engine layer installs the tracer). The planner uses it for tessel's own f32 runtime — the
+// clusters it plans for thread ranks or processes of this program — in place of the formulas,
+// on the layouts it reports (evaluate, and search's best); mixture-of-experts and context-
+// parallel layouts keep the formulas for now.
+struct TracedMemory {
+  double params = 0, grads = 0, optimizer = 0, total = 0;
+};
+using StepMemoryTracer =
+    std::function<TracedMemory(const ModelSpec& m, const Layout& l, int64_t global_batch, int stage)>;
+void set_step_memory_tracer(StepMemoryTracer tracer);
 
 // Evaluates one layout. Throws Error naming what does not fit together (degrees vs devices,
 // heads vs tp, layers vs stages, batch vs dp x micro-batch, schedule constraints).
