@@ -240,6 +240,17 @@ void cp_comm(LayerCost& lc, const Cluster& c, const LayerShape& s, const ModelSp
   }
 }
 
+// The software's tp_comm overlap on a layer's tensor-parallel collectives (lc.tp_fwd, equal to
+// lc.tp_bwd): what the layer's forward linears cannot cover stays exposed, plus one chunk.
+void overlap_tp_comm(LayerCost& lc, const Cluster& c, const LayerShape& s, double linear_fwd) {
+  if (!c.software.overlap.tp_comm || !s.sp) return;
+  const double all = lc.tp_fwd;
+  const double exposed = std::min(all, std::max(0.0, all - linear_fwd) + all / s.tp);
+  lc.tp_hidden = 2 * (all - exposed);
+  lc.tp_fwd = exposed;
+  lc.tp_bwd = exposed;
+}
+
 // Tensor-parallel collectives of one layer: without sequence parallelism an all_reduce after
 // the attention and after the MLP (forward) and two in the backward; with it an all_gather
 // before and a reduce_scatter after each block — the same bytes, half the latency-bound work.
@@ -256,13 +267,7 @@ void tp_comm(LayerCost& lc, const Cluster& c, const LayerShape& s, double act_by
   lc.tp_fwd = 2 * one;
   lc.tp_bwd = 2 * one;
   lc.tp_bytes = 4 * act_bytes;
-  if (c.software.overlap.tp_comm && s.sp) {
-    const double all = 2 * one;
-    const double exposed = std::min(all, std::max(0.0, all - linear_fwd) + all / s.tp);
-    lc.tp_hidden = 2 * (all - exposed);
-    lc.tp_fwd = exposed;
-    lc.tp_bwd = exposed;
-  }
+  overlap_tp_comm(lc, c, s, linear_fwd);
 }
 
 }  // namespace
@@ -370,13 +375,7 @@ LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerSha
     lc.tp_bwd += t / 2;
     lc.tp_bytes += static_cast<double>(x.bytes) * scale;
   }
-  if (c.software.overlap.tp_comm && s.sp && s.tp > 1) {
-    const double all = lc.tp_fwd;
-    const double exposed = std::min(all, std::max(0.0, all - linear_fwd) + all / s.tp);
-    lc.tp_hidden = 2 * (all - exposed);
-    lc.tp_fwd = exposed;
-    lc.tp_bwd = exposed;
-  }
+  if (s.tp > 1) overlap_tp_comm(lc, c, s, linear_fwd);
   if (s.recompute == "full") lc.recompute = lc.fwd + lc.tp_fwd;
   else if (s.recompute == "selective") lc.recompute = p.attention_recompute;
   return lc;

@@ -1,0 +1,187 @@
+// The layout search: the candidates tessel train accepts, ranked by the closed-form estimate,
+// the best played through their schedules (planner.h).
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "tessel/core/error.h"
+#include "tessel/plan/evaluate.h"
+
+namespace tessel::plan {
+
+namespace {
+
+// Plans in the order they are offered: the fastest first; at the same predicted step time the
+// one leaving more memory free (ZeRO-2 beside ZeRO-1 often predicts the same time); then by
+// the layout's text, so the order never depends on the sort.
+bool faster(const Estimate& a, const Estimate& b) {
+  if (a.step_time != b.step_time) return a.step_time < b.step_time;
+  if (a.memory.total() != b.memory.total()) return a.memory.total() < b.memory.total();
+  return a.layout.str() < b.layout.str();
+}
+
+// Divisors of n in increasing order; 64-bit, so n near INT_MAX cannot wrap the counter (it
+// once did, then divided by zero).
+std::vector<int> divisors(int n) {
+  std::vector<int> low, high;
+  for (int64_t i = 1; i * i <= n; ++i) {
+    if (n % i != 0) continue;
+    low.push_back(static_cast<int>(i));
+    if (i * i != n) high.push_back(static_cast<int>(n / i));
+  }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
+}
+
+}  // namespace
+
+std::vector<Layout> candidate_layouts(const ModelSpec& m, const Cluster& c, const PlanOptions& o) {
+  validate(m);
+  TESSEL_CHECK(o.global_batch > 0, "plan: the global batch must be positive");
+  detail::check_cluster_counts(c);
+  detail::check_sizes(m, o.global_batch, std::min(o.max_micro_batch, o.global_batch));
+  const int n = c.devices();
+  // With fused attention selective recompute holds and costs what none does: not offered.
+  std::vector<std::string> recomputes = {"none", "selective", "full"};
+  if (c.software.fused_attention) recomputes = {"none", "full"};
+  if (!o.recompute.empty()) recomputes = o.recompute;
+  std::vector<Layout> out;
+  for (int tp : divisors(std::min(n, c.devices_per_node))) {
+    if (n % tp != 0 || m.heads % tp != 0 || m.kv_heads % tp != 0) continue;
+    // Context parallel: each degree by each method the runtime accepts for this model.
+    std::vector<std::pair<int, std::string>> contexts = {{1, "ring"}};
+    if (o.allow_cp)
+      for (int cp : divisors(n / tp)) {
+        if (cp == 1 || cp > m.seq) continue;
+        for (const char* method : {"ring", "all_to_all"})
+          if (cp_refusal(m, tp, cp, method).empty()) contexts.push_back({cp, method});
+      }
+    // Expert parallel: degrees dividing the experts (the runtime's rule), for sparse models.
+    struct Extra {
+      int cp;
+      std::string cp_method;
+      int ep;
+    };
+    std::vector<Extra> extras;
+    for (const auto& [cp, method] : contexts)
+      for (int ep : divisors(n / (tp * cp)))
+        if (ep == 1 || (o.allow_ep && m.is_moe() && m.experts % ep == 0)) extras.push_back({cp, method, ep});
+    for (const Extra& x : extras) {
+      const int cp = x.cp, ep = x.ep;
+      const std::string& cp_method = x.cp_method;
+      for (int pp : divisors(n / (tp * cp * ep))) {
+        if (pp > m.layers) continue;
+        const int dp = n / (tp * cp * ep * pp);
+        const int64_t shards = static_cast<int64_t>(dp) * ep;
+        for (int64_t mbs = 1; mbs <= o.max_micro_batch; mbs *= 2) {
+          if (o.global_batch % (shards * mbs) != 0) continue;
+          const int64_t micro = o.global_batch / (shards * mbs);
+          std::vector<std::pair<std::string, int>> schedules;
+          if (pp == 1) {
+            schedules.push_back({"1F1B", 1});
+          } else {
+            for (const std::string& s : o.schedules) {
+              if (s != "VPP") {
+                schedules.push_back({s, 1});
+                continue;
+              }
+              if (micro % pp != 0) continue;
+              for (int v = 2; v <= o.max_vpp; ++v)
+                if (static_cast<int64_t>(pp) * v <= m.layers && m.layers % (static_cast<int64_t>(pp) * v) == 0)
+                  schedules.push_back({"VPP", v});
+            }
+          }
+          for (const auto& [schedule, vpp] : schedules)
+            for (const std::string& rc : recomputes)
+              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp)
+                for (int stage = 0; stage <= (dp > 1 && o.allow_sharding ? 3 : 0); ++stage) {
+                  Layout l;
+                  l.dp = dp;
+                  l.tp = tp;
+                  l.pp = pp;
+                  l.vpp = vpp;
+                  l.micro_batch = mbs;
+                  l.micro_batches = micro;
+                  l.schedule = schedule;
+                  l.recompute = rc;
+                  l.sp = sp == 1;
+                  l.sharding_stage = stage;
+                  l.ep = ep;
+                  l.cp = cp;
+                  l.cp_method = cp_method;
+                  out.push_back(std::move(l));
+                }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::string cp_refusal(const ModelSpec& m, int tp, int cp, const std::string& method) {
+  if (cp <= 1) return "";
+  if (m.is_moe())
+    return fmt::format("cp {}: mixture-of-experts blocks route whole sequences, and tessel's runtime refuses context "
+                       "parallel for them",
+                       cp);
+  if (method == "ring") {
+    if (m.seq % (2 * cp) != 0)
+      return fmt::format("cp {} ring: the sequence length {} must be a multiple of 2 x cp = {} (each rank holds a "
+                         "chunk from each end)",
+                         cp, m.seq, 2 * cp);
+    if (m.dropout > 0)
+      return fmt::format("cp {} ring: dropout {} is not supported with the ring (use cp_method all_to_all)", cp,
+                         m.dropout);
+    return "";
+  }
+  if (method == "all_to_all") {
+    if (m.heads % (tp * cp) != 0 || m.kv_heads % (tp * cp) != 0)
+      return fmt::format("cp {} all_to_all: tp x cp = {} must divide the {} heads and {} kv heads", cp, tp * cp,
+                         m.heads, m.kv_heads);
+    if (m.seq % cp != 0) return fmt::format("cp {} all_to_all: the sequence length {} must be a multiple of cp", cp, m.seq);
+    return "";
+  }
+  return fmt::format("cp_method must be ring or all_to_all, got '{}'", method);
+}
+
+SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SearchResult result;
+  detail::CostCache cache;
+  std::vector<Estimate> feasible;
+  for (const Layout& l : candidate_layouts(m, c, o)) {
+    ++result.candidates;
+    Estimate e = detail::evaluate_with(m, c, l, o.global_batch, false, &cache);
+    if (!e.fits) continue;
+    ++result.feasible;
+    feasible.push_back(std::move(e));
+  }
+  std::sort(feasible.begin(), feasible.end(), faster);
+  // Play the schedules of the best candidates, fastest closed-form first, until enough are
+  // played or the next one cannot beat the k-th played by 20%.
+  std::vector<Estimate> played;
+  for (const Estimate& cand : feasible) {
+    if (result.simulated >= o.max_simulations) break;
+    if (static_cast<int>(played.size()) >= o.top) {
+      std::vector<double> times;
+      for (const Estimate& e : played) times.push_back(e.step_time);
+      std::nth_element(times.begin(), times.begin() + (o.top - 1), times.end());
+      if (cand.step_time > 1.2 * times[static_cast<size_t>(o.top - 1)]) break;
+    }
+    Estimate e = detail::evaluate_with(m, c, cand.layout, o.global_batch, true, &cache);
+    ++result.simulated;
+    if (e.fits) played.push_back(std::move(e));
+  }
+  std::sort(played.begin(), played.end(), faster);
+  // The layouts reported get the runtime's traced memory where it applies; one that then does
+  // not fit is dropped.
+  for (Estimate& e : played) detail::trace_memory(m, c, o.global_batch, e);
+  std::erase_if(played, [](const Estimate& e) { return !e.fits; });
+  if (static_cast<int>(played.size()) > o.top) played.resize(static_cast<size_t>(o.top));
+  result.best = std::move(played);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+}  // namespace tessel::plan
