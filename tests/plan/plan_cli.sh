@@ -57,6 +57,9 @@ for want in "^Explained: gpt-1.7b" "communication exposed: tp" "as traced on ran
 done
 "$tessel" plan --model gpt-1.7b --cluster dgx-a100-80g:8 --global-batch 64 --layout dp=8,tp=1,pp=1,mbs=1 --explain \
   --costs listed | grep -q "costed from the cost model's list of ops: --costs listed"
+rc=0
+"$tessel" plan --model gpt-1.7b --cluster dgx-a100-80g:8 --global-batch 64 --explain --format json > "$tmp/bad.txt" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "explain prints tables" "$tmp/bad.txt" || { cat "$tmp/bad.txt"; echo "--explain --format json: rc $rc"; exit 1; }
 
 # One layout: the published 1T layout of Narayanan et al. 2021.
 "$tessel" plan --model gpt-1t --cluster dgx-a100-80g:3072 --global-batch 3072 \

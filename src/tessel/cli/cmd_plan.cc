@@ -267,6 +267,11 @@ std::vector<Command> register_plan(CLI::App& app) {
                   "and context-parallel blocks are always listed)")
       ->check(CLI::IsMember({"traced", "listed"}));
   return {{cmd, [a, layout] {
+             if (a->explain && (a->published || a->format != "table"))
+               throw BadInput(a->published ? "--explain takes a plan apart; with --published there is none (give "
+                                             "--model and --cluster)"
+                                           : fmt::format("--explain prints tables; --format {} has no place for it "
+                                                         "(use the default --format table)", a->format));
              if (a->costs == "traced") install_block_tracer();
              else plan::set_block_tracer(nullptr);
              if (a->published) return run_published(a->format);
