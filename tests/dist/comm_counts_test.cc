@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "support/reference_trainer.h"
 #include "tessel/cli/config.h"
@@ -21,6 +22,7 @@
 #include "tessel/dist/mesh_comm.h"
 #include "tessel/engine/engine.h"
 #include "tessel/engine/trace.h"
+#include "tessel/parallel/layout.h"
 
 namespace tessel {
 namespace {
@@ -28,10 +30,14 @@ namespace {
 struct Layout {
   bool llama;
   int dp, tp, pp, stage, sp;
+  int cp = 1;                 // context parallel
+  const char* cp_method = "ring";
 };
 
 std::string name(const Layout& l) {
-  return fmt::format("{}-dp{}-tp{}-pp{}-z{}-sp{}", l.llama ? "llama" : "gpt2", l.dp, l.tp, l.pp, l.stage, l.sp);
+  std::string out = fmt::format("{}-dp{}-tp{}-pp{}-z{}-sp{}", l.llama ? "llama" : "gpt2", l.dp, l.tp, l.pp, l.stage, l.sp);
+  if (l.cp > 1) out += fmt::format("-cp{}-{}", l.cp, l.cp_method);
+  return out;
 }
 
 RunConfig config_for(const Layout& l) {
@@ -52,6 +58,8 @@ RunConfig config_for(const Layout& l) {
   cfg.parallel.pp = l.pp;
   cfg.parallel.sharding_stage = l.stage;
   cfg.parallel.sp = l.sp != 0;
+  cfg.parallel.cp = l.cp;
+  cfg.parallel.cp_method = l.cp_method;
   cfg.parallel.schedule = "1F1B";
   return cfg;
 }
@@ -170,8 +178,17 @@ std::map<int64_t, std::map<std::string, std::string>> real_step(const RunConfig&
 // The planner's source of truth: a step traced on one rank in meta mode, with no data and no
 // peers, issues exactly the collectives the real step's rank issued — per group, the same kinds,
 // calls and bytes.
+// Context parallel (ring and all_to_all), alone and with dp, tp + sp and pp.
+const std::vector<Layout> kCpLayouts = {
+    Layout{true, 1, 1, 1, 0, 0, 2, "ring"},  Layout{true, 1, 1, 1, 0, 0, 2, "all_to_all"},
+    Layout{true, 2, 1, 1, 1, 0, 2, "ring"},  Layout{true, 1, 2, 1, 0, 1, 2, "ring"},
+    Layout{true, 1, 2, 1, 0, 0, 2, "ring"},
+    Layout{false, 1, 1, 2, 0, 0, 2, "all_to_all"}};
+
 TEST(CommCounts, TracedStepIssuesWhatTheRealStepIssued) {
-  for (const Layout& l : kLayouts) {
+  std::vector<Layout> layouts = kLayouts;
+  layouts.insert(layouts.end(), kCpLayouts.begin(), kCpLayouts.end());
+  for (const Layout& l : layouts) {
     SCOPED_TRACE(name(l));
     RunConfig cfg = config_for(l);
     cfg.data.val_fraction = 0;  // a training step alone (the last step of the run above also evaluates)
@@ -188,7 +205,8 @@ TEST(CommCounts, TracedStepIssuesWhatTheRealStepIssued) {
 // memory the trace's allocator counted is the real run's (rank 0: the result's).
 TEST(CommCounts, TracedStepComputesWhatTheRealStepComputed) {
   for (Layout l : {Layout{false, 1, 1, 1, 0, 0}, Layout{true, 1, 1, 1, 0, 0}, Layout{false, 2, 2, 1, 3, 1},
-                   Layout{true, 1, 2, 2, 0, 1}, Layout{false, 2, 1, 2, 2, 0}}) {
+                   Layout{true, 1, 2, 2, 0, 1}, Layout{false, 2, 1, 2, 2, 0}, kCpLayouts[0], kCpLayouts[1],
+                   kCpLayouts[3]}) {
     SCOPED_TRACE(name(l));
     RunConfig cfg = config_for(l);
     cfg.data.val_fraction = 0;
@@ -231,6 +249,111 @@ TEST(CommCounts, TracedStepComputesWhatTheRealStepComputed) {
         }
         EXPECT_EQ(got.size(), w.size()) << "rank " << rank << ": the trace has ops the real step did not run";
       }
+    }
+  }
+}
+
+// A mixture of experts (Mixtral tiny, four experts, two per token): its routing is data, so a
+// traced step routes as a balanced router would (every expert tokens x top_k / experts rows).
+// Every group's collectives still match the real step's in kind and calls on every rank, and in
+// bytes, except what the token exchange over ep carries: a rank sends all its tokens' rows out
+// (its own share included) whatever the router chose, but what comes back from the others is
+// their routing — so for ep's all_to_alls the bytes are compared summed over the group, which no
+// routing changes. The compute is compared the same way: each op's calls on every rank, its
+// FLOPs and bytes summed over the world (each rank's grouped products follow its tokens).
+RunConfig moe_config(int dp, int ep, int tp, bool sp) {
+  std::vector<std::string> sets = {"train.steps=3", "train.warmup=1", "train.global_batch=8", "train.seq_len=16",
+                                   "train.save_every=0", "train.threads=1", "log.every=1000", "data.val_fraction=0",
+                                   fmt::format("train.micro_batch={}", 2 * dp * ep),
+                                   "model.num_hidden_layers=2", "model.hidden_size=32", "model.num_attention_heads=4",
+                                   "model.num_key_value_heads=2", "model.intermediate_size=64",
+                                   "model.max_position_embeddings=32", "model.num_local_experts=4"};
+  RunConfig cfg = load_run_config(std::string(TESSEL_SOURCE_DIR) + "/configs/mixtral-tiny.yaml", sets);
+  cfg.parallel.dp = dp;
+  cfg.parallel.ep = ep;
+  cfg.parallel.tp = tp;
+  cfg.parallel.sp = sp;
+  cfg.parallel.schedule = "1F1B";
+  return cfg;
+}
+
+TEST(CommCounts, TracedMixtureOfExpertsStepIssuesWhatTheRealStepIssued) {
+  for (auto [dp, ep, tp, sp] : {std::tuple{2, 1, 1, false}, std::tuple{1, 2, 1, false}, std::tuple{2, 2, 1, false},
+                                std::tuple{1, 2, 2, true}}) {
+    SCOPED_TRACE(fmt::format("mixtral-dp{}-ep{}-tp{}-sp{}", dp, ep, tp, sp));
+    const RunConfig cfg = moe_config(dp, ep, tp, sp);
+    // Per rank, the real step's and the traced step's groups; summed over ranks, the ep
+    // exchange's bytes.
+    std::mutex m;
+    std::map<int64_t, std::vector<std::vector<GroupStats>>> cumulative;
+    std::map<int64_t, OpTrace> real_ops;
+    ParallelTrainOptions opts{.base = TrainOptions{.progress = false, .quiet = true}};
+    opts.on_step = [&](const StepRecord& rec) {
+      std::vector<GroupStats> st = world_group()->stats_by_group();
+      std::lock_guard lock(m);
+      if (rec.step == 1) {
+        reset_op_trace();
+        rank_context().trace_ops = true;
+      }
+      if (rec.step == 2) real_ops[current_world_rank()] = op_trace();
+      cumulative[current_world_rank()].push_back(std::move(st));
+    };
+    train_parallel_threads(cfg, static_cast<int>(cfg.parallel.world_size()), opts);
+    int64_t real_exchange = 0, traced_exchange = 0;
+    std::map<std::string, OpTally> real_sum, traced_sum;
+    for (const auto& [rank, v] : cumulative) {
+      SCOPED_TRACE(fmt::format("rank {}", rank));
+      const RankTrace t = trace_rank_step(cfg, static_cast<int>(rank), 3);
+      std::map<std::string, CommStats> want, got;
+      std::vector<int> ep_ranks;  // this rank's expert-parallel group
+      const parallel::Layout layout(cfg.parallel, rank);
+      if (ep > 1)
+        for (int64_t i = 0; i < ep; ++i) ep_ranks.push_back(static_cast<int>(layout.peer("ep", i)));
+      std::string ep_group;
+      for (const GroupStats& g : v.back()) {
+        CommStats d = g.stats;
+        for (const GroupStats& b : v[v.size() - 2])
+          if (b.name == g.name) d = d - b.stats;
+        if (!d.ops.empty()) want[g.name] = d;
+        if (ep > 1 && g.ranks == ep_ranks) ep_group = g.name;
+      }
+      for (const GroupStats& g : t.groups) got[g.name] = g.stats;
+      ASSERT_EQ(got.size(), want.size());
+      for (auto& [name, w] : want) {
+        ASSERT_TRUE(got.count(name)) << name;
+        CommStats& x = got[name];
+        const bool exchange = name == ep_group && w.ops.count("all_to_all");
+        if (exchange) {
+          real_exchange += w.ops["all_to_all"].bytes;
+          traced_exchange += x.ops["all_to_all"].bytes;
+          EXPECT_EQ(x.ops["all_to_all"].calls, w.ops["all_to_all"].calls) << name;
+          w.ops.erase("all_to_all");
+          x.ops.erase("all_to_all");
+        }
+        EXPECT_EQ(x.str(), w.str()) << name;
+      }
+      const OpTrace& r = real_ops[rank];
+      for (bool bwd : {false, true}) {
+        const auto& wo = bwd ? r.backward : r.forward;
+        const auto& go = bwd ? t.ops.backward : t.ops.forward;
+        EXPECT_EQ(go.size(), wo.size()) << (bwd ? "backward" : "forward");
+        for (const auto& [op, x] : wo) {
+          auto it = go.find(op);
+          ASSERT_NE(it, go.end()) << op << (bwd ? " (backward)" : "") << " ran but is not in the trace";
+          EXPECT_EQ(it->second.calls, x.calls) << op;
+          const std::string key = op + (bwd ? " backward" : "");
+          real_sum[key].flops += x.flops, real_sum[key].bytes += x.bytes;
+          traced_sum[key].flops += it->second.flops, traced_sum[key].bytes += it->second.bytes;
+        }
+      }
+    }
+    EXPECT_EQ(traced_exchange, real_exchange);
+    if (ep > 1) {
+      EXPECT_GT(real_exchange, 0);
+    }
+    for (const auto& [op, x] : real_sum) {
+      EXPECT_DOUBLE_EQ(traced_sum[op].flops, x.flops) << op;
+      EXPECT_DOUBLE_EQ(traced_sum[op].bytes, x.bytes) << op;
     }
   }
 }

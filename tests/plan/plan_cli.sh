@@ -57,6 +57,18 @@ for want in "^Explained: gpt-1.7b" "communication exposed: tp" "as traced on ran
 done
 "$tessel" plan --model gpt-1.7b --cluster dgx-a100-80g:8 --global-batch 64 --layout dp=8,tp=1,pp=1,mbs=1 --explain \
   --costs listed | grep -q "costed from the cost model's list of ops: --costs listed"
+# A mixture of experts' sparse block (traced with a balanced router) and a context-parallel one.
+"$tessel" plan --model mixtral-8x7b --cluster dgx-h100:64 --global-batch 256 \
+  --layout dp=2,ep=8,pp=4,vpp=8,sharding_stage=1 --explain > "$tmp/explain.txt"
+for want in "one sparse block, .*ep 8" "grouped_matmul +backward +3 " "ep +all_to_all +5 " \
+    "expert-parallel exposed [0-9.]+ ms forward"; do
+  grep -Eq "$want" "$tmp/explain.txt" || { cat "$tmp/explain.txt"; echo "--explain (moe): no '$want'"; exit 1; }
+done
+"$tessel" plan --model llama3-8b --cluster dgx-h100:16 --global-batch 16 --seq-len 32768 \
+  --layout tp=8,cp=2,recompute=full --explain > "$tmp/explain.txt"
+for want in "cp 2 ring\), as traced" "cp +send +4 " "context-parallel \(ring\) exposed .* hidden behind the attention [0-9.]+ ms"; do
+  grep -Eq "$want" "$tmp/explain.txt" || { cat "$tmp/explain.txt"; echo "--explain (cp): no '$want'"; exit 1; }
+done
 rc=0
 "$tessel" plan --model gpt-1.7b --cluster dgx-a100-80g:8 --global-batch 64 --explain --format json > "$tmp/bad.txt" 2>&1 || rc=$?
 [ "$rc" = 2 ] && grep -q "explain prints tables" "$tmp/bad.txt" || { cat "$tmp/bad.txt"; echo "--explain --format json: rc $rc"; exit 1; }

@@ -23,8 +23,10 @@ plan::ModelSpec tiny(bool llama) {
   return llama ? plan::llama_spec("llama-tiny", 2, 32, 4, 2, 64, 256, 16) : plan::gpt_spec("gpt-tiny", 2, 32, 4, 256, 16);
 }
 
-// Rank 0's bytes on its tp group in one real training step of `layers` blocks (thread ranks).
-std::map<std::string, int64_t> real_tp_bytes(const plan::ModelSpec& m, const plan::LayerShape& s, int layers) {
+// The bytes on mesh dim `dim`'s group in one real training step of `layers` blocks (thread
+// ranks): rank 0's, or summed over every rank.
+std::map<std::string, int64_t> real_bytes(const plan::ModelSpec& m, const plan::LayerShape& s, int layers,
+                                          const std::string& dim = "tp", bool every_rank = false) {
   RunConfig cfg = block_trace_config(m, s, layers);
   cfg.data.path = std::string(TESSEL_SOURCE_DIR) + "/data/kjv.txt";
   cfg.train.steps = 2;
@@ -33,12 +35,12 @@ std::map<std::string, int64_t> real_tp_bytes(const plan::ModelSpec& m, const pla
   std::map<std::string, int64_t> before;
   ParallelTrainOptions opts{.base = TrainOptions{.progress = false, .quiet = true}};
   opts.on_step = [&](const StepRecord& rec) {
-    if (current_world_rank() != 0) return;
-    const parallel::Layout layout(cfg.parallel, 0);
-    const std::string tp = layout.group("tp")->name();
+    if (current_world_rank() != 0 && !every_rank) return;
+    const parallel::Layout layout(cfg.parallel, current_world_rank());
+    const std::string group = layout.group(dim)->name();
     std::lock_guard lock(mu);
     for (const GroupStats& g : world_group()->stats_by_group()) {
-      if (g.name != tp) continue;
+      if (g.name != group) continue;
       for (const auto& [kind, e] : g.stats.ops) (rec.step == 0 ? before[kind] : out[kind]) += e.bytes;
     }
   };
@@ -59,7 +61,7 @@ TEST(TracedCosts, ALayersTensorParallelTrafficIsWhatRealStepsCount) {
       s.micro_batch = 2;
       s.tp = 2;
       s.sp = sp;
-      std::map<std::string, int64_t> two = real_tp_bytes(m, s, 2), one = real_tp_bytes(m, s, 1);
+      std::map<std::string, int64_t> two = real_bytes(m, s, 2), one = real_bytes(m, s, 1);
       std::map<std::string, int64_t> real;
       for (const auto& [kind, b] : two)
         if (b - one[kind] != 0) real[kind] = b - one[kind];
@@ -76,6 +78,59 @@ TEST(TracedCosts, ALayersTensorParallelTrafficIsWhatRealStepsCount) {
       for (const auto& [kind, b] : real) total += b;
       EXPECT_DOUBLE_EQ(plan::layer_cost(m, c, s).tp_bytes, static_cast<double>(total));
     }
+}
+
+// A sparse block (Mixtral's, four experts, two per token) over ep = 2: traced with a balanced
+// router, its dispatch and combine (and their gradients) carry per rank what the real steps'
+// exchanges carry on average over the expert ranks — the router of a real step sends more to one
+// rank than the other, but every row comes back — and the layer cost charges those bytes.
+TEST(TracedCosts, ASparseLayersExpertTrafficIsWhatRealStepsCountOnAverage) {
+  install_block_tracer();
+  const plan::ModelSpec m = plan::mixtral_spec("mixtral-tiny", 2, 32, 4, 2, 64, 256, 16, 4, 2);
+  plan::LayerShape s;
+  s.micro_batch = 2;
+  s.moe = true;
+  s.ep = 2;
+  std::map<std::string, int64_t> two = real_bytes(m, s, 2, "ep", true), one = real_bytes(m, s, 1, "ep", true);
+  const double real = static_cast<double>(two["all_to_all"] - one["all_to_all"]) / s.ep;
+  ASSERT_GT(real, 0);
+  double charged = 0;
+  for (const plan::TracedCollective& x : plan::traced_block(m, s).comm)
+    if (x.dim == "ep" && x.kind == "all_to_all") charged += static_cast<double>(x.bytes);
+  // The token counts ahead of the rows (an i64 per expert, each way) are the same either way.
+  EXPECT_DOUBLE_EQ(charged, real);
+  plan::Cluster c = plan::cluster_preset("dgx-a100-80g:8");
+  c.dtype = "f32";
+  s.ep_group = plan::GroupSpan{2, 2};
+  const plan::LayerCost lc = plan::layer_cost(m, c, s);
+  EXPECT_DOUBLE_EQ(lc.ep_bytes, real);
+  EXPECT_GT(lc.ep_fwd, 0);
+  EXPECT_GT(lc.imbalance, 1);
+}
+
+// A context-parallel block (Llama tiny, cp = 2): the ring's key/value and gradient messages, or
+// the all_to_all reshards to head shards and back, that the layer cost charges are what the comm
+// layer counts between real steps of a two-block and a one-block model on rank 0's cp group.
+TEST(TracedCosts, AContextParallelLayersTrafficIsWhatRealStepsCount) {
+  install_block_tracer();
+  for (const char* method : {"ring", "all_to_all"}) {
+    SCOPED_TRACE(method);
+    const plan::ModelSpec m = tiny(true);
+    plan::LayerShape s;
+    s.micro_batch = 2;
+    s.cp = 2;
+    s.cp_method = method;
+    std::map<std::string, int64_t> two = real_bytes(m, s, 2, "cp"), one = real_bytes(m, s, 1, "cp");
+    const std::string kind = s.cp_method == "ring" ? "send" : "all_to_all";
+    const double real = static_cast<double>(two[kind] - one[kind]);
+    ASSERT_GT(real, 0);
+    plan::Cluster c = plan::cluster_preset("dgx-a100-80g:8");
+    c.dtype = "f32";
+    s.cp_group = plan::GroupSpan{2, 2};
+    const plan::LayerCost lc = plan::layer_cost(m, c, s);
+    EXPECT_DOUBLE_EQ(lc.cp_bytes, real);
+    EXPECT_GT(lc.cp_fwd + lc.cp_hidden, 0);
+  }
 }
 
 TEST(TracedCosts, FullRecomputeRerunsTheBlocksForward) {

@@ -119,33 +119,47 @@ void print_explain(const plan::Estimate& e, const plan::ModelSpec& m, const plan
               "%s GB, total %s GB\n",
               gb(e.memory.params).c_str(), gb(e.memory.grads).c_str(), gb(e.memory.optimizer).c_str(),
               gb(e.memory.activations).c_str(), gb(e.memory.other).c_str(), gb(e.memory.total()).c_str());
-  if (!plan::traceable(m, e.block)) {
-    std::printf("  (this block is costed from the cost model's list of ops: %s)\n",
-                !plan::has_block_tracer() ? "--costs listed"
-                : m.is_moe()              ? "mixture-of-experts routing is data, not traced yet"
-                                          : "context-parallel blocks are not traced yet");
+  // A mixture of experts: one of its sparse blocks.
+  plan::LayerShape block = e.block;
+  block.moe = m.is_moe();
+  if (!plan::traceable(m, block)) {
+    std::printf("  (this block is costed from the cost model's list of ops: --costs listed)\n");
     return;
   }
   std::vector<plan::OpTime> ops;
-  const plan::LayerCost lc = plan::traced_layer_cost(m, c, e.block, &ops);
-  std::printf("  one block, one micro-batch of %lld sequences (tp %d%s), as traced on rank 0: forward %.4g ms, backward "
-              "%.4g ms, recompute %.4g ms\n",
-              static_cast<long long>(e.block.micro_batch), e.block.tp, e.block.sp ? " sp" : "", 1e3 * lc.fwd,
+  const plan::LayerCost lc = plan::traced_layer_cost(m, c, block, &ops);
+  std::string dims = fmt::format("tp {}{}", block.tp, block.sp ? " sp" : "");
+  if (block.moe && block.ep > 1) dims += fmt::format(", ep {}", block.ep);
+  if (block.cp > 1) dims += fmt::format(", cp {} {}", block.cp, block.cp_method);
+  std::printf("  one %sblock, one micro-batch of %lld sequences (%s), as traced on rank 0: forward %.4g ms, "
+              "backward %.4g ms, recompute %.4g ms\n",
+              block.moe ? "sparse " : "", static_cast<long long>(block.micro_batch), dims.c_str(), 1e3 * lc.fwd,
               1e3 * (lc.bwd_input + lc.bwd_weight), 1e3 * lc.recompute);
+  if (block.moe)
+    std::printf("  its experts traced with a balanced router (tokens x top_k / experts rows each); the busiest "
+                "expert rank's load is %.4g times that (the model's imbalance)\n", lc.imbalance);
   std::stable_sort(ops.begin(), ops.end(), [](const plan::OpTime& a, const plan::OpTime& b) { return a.seconds > b.seconds; });
   std::printf("    %-16s %-10s %6s %12s %12s %10s\n", "op", "pass", "calls", "GFLOP", "MB", "ms");
   for (const plan::OpTime& o : ops)
     if (o.seconds > 0)
       std::printf("    %-16s %-10s %6lld %12.4g %12.4g %10.4g\n", o.op.c_str(), o.pass.c_str(),
                   static_cast<long long>(o.calls), o.flops / 1e9, o.bytes / 1e6, 1e3 * o.seconds);
-  const plan::BlockTrace& bt = plan::traced_block(m, e.block);
+  const plan::BlockTrace& bt = plan::traced_block(m, block);
   if (!bt.comm.empty()) {
     std::printf("    its collectives per micro-batch (as traced, f32): %-4s %-16s %6s %12s\n", "dim", "kind", "calls", "bytes");
     for (const plan::TracedCollective& x : bt.comm)
       std::printf("      %-4s %-16s %6lld %12lld\n", x.dim.c_str(), x.kind.c_str(), static_cast<long long>(x.calls),
                   static_cast<long long>(x.bytes));
     std::printf("    tensor-parallel exposed %.4g ms forward, %.4g ms backward, hidden %.4g ms (group of %d, %d per node)\n",
-                1e3 * lc.tp_fwd, 1e3 * lc.tp_bwd, 1e3 * lc.tp_hidden, e.block.tp_group.size, e.block.tp_group.per_node);
+                1e3 * lc.tp_fwd, 1e3 * lc.tp_bwd, 1e3 * lc.tp_hidden, block.tp_group.size, block.tp_group.per_node);
+    if (block.moe && block.ep > 1)
+      std::printf("    expert-parallel exposed %.4g ms forward, %.4g ms backward (group of %d, %d per node)\n",
+                  1e3 * lc.ep_fwd, 1e3 * lc.ep_bwd, block.ep_group.size, block.ep_group.per_node);
+    if (block.cp > 1)
+      std::printf("    context-parallel (%s) exposed %.4g ms forward, %.4g ms backward, hidden behind the attention "
+                  "%.4g ms (group of %d, %d per node)\n",
+                  block.cp_method.c_str(), 1e3 * lc.cp_fwd, 1e3 * lc.cp_bwd, 1e3 * lc.cp_hidden, block.cp_group.size,
+                  block.cp_group.per_node);
   }
 }
 
@@ -263,8 +277,7 @@ std::vector<Command> register_plan(CLI::App& app) {
                 "memory by kind, and one block op by op with its collectives, from its trace (table format)");
   cmd->add_option("--costs", a->costs,
                   "where a block's costs come from: traced (the runtime's step run on shapes alone, the default) or "
-                  "listed (the cost model's own list of a block's ops, the planner before tracing; mixture-of-experts "
-                  "and context-parallel blocks are always listed)")
+                  "listed (the cost model's own list of a block's ops, the planner before tracing)")
       ->check(CLI::IsMember({"traced", "listed"}));
   return {{cmd, [a, layout] {
              if (a->explain && (a->published || a->format != "table"))

@@ -39,6 +39,8 @@
 #include "tessel/ops/inplace.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ops/op.h"
+#include "tessel/ops/registry.h"
+#include "tessel/ops/trace.h"
 
 namespace tessel {
 
@@ -75,6 +77,19 @@ struct RingState {
   double scale = 0.0;
   int64_t T = 0, c = 0;  // global sequence, chunk
 };
+
+// A block pair's call in this rank's op trace (ops/trace.h), in a real step with trace_ops on
+// and in a traced one alike: sdpa's cost and product sizes on the pair's shapes, forward or
+// backward. (The merges by LSE are the ring's own loops, a few passes over the output.)
+void trace_block(const Tensor& q, const Tensor& k, const Tensor& v, const RingState& st, bool backward) {
+  if (!tracing_ops()) return;
+  const OpDef& op = op_by_name("sdpa");
+  const std::vector<TensorMeta> in = {q.meta(), k.meta(), v.meta()};
+  const Attrs attrs{{"causal", st.causal}, {"scale", st.scale}};
+  const std::vector<TensorMeta> out = infer_op(op, in, attrs);
+  const Cost cost = backward ? backward_cost(op, in, out, attrs, {true, true, true}) : op.cost(MetaCall{op, in, attrs}, out);
+  trace_cost(op.name, cost, backward, product_sizes(op, in, attrs));
+}
 
 // The global chunk index of local half `half` (0 or 1) on cp rank `r` of `n`.
 int64_t chunk_of(int64_t r, int64_t n, int64_t half) { return half == 0 ? r : 2 * n - 1 - r; }
@@ -144,10 +159,12 @@ std::vector<Tensor> ring_forward(RingState& st, const std::shared_ptr<ProcessGro
         for (int64_t kh = 0; kh < 2; ++kh) {
           const int64_t gq = chunk_of(r, n, qh), gk = chunk_of(src, n, kh);
           if (!pair_visible(st.causal, gq, gk)) continue;
+          const Tensor qb = half_of(q, 2, qh, c), kb = half_of(k, 2, kh, c), vb = half_of(v, 2, kh, c);
+          trace_block(qb, kb, vb, st, false);
+          if (meta_mode()) continue;  // a traced step: shapes only, acc keeps its own
           // Named tensors, not a structured binding: clang 14 (the fuzz build) cannot capture those.
-          const std::array<Tensor, 2> block = sdpa_block_forward(
-              half_of(q, 2, qh, c), half_of(k, 2, kh, c), half_of(v, 2, kh, c), st.docs, st.causal, st.scale,
-              {gq * c, gk * c, st.T});
+          const std::array<Tensor, 2> block =
+              sdpa_block_forward(qb, kb, vb, st.docs, st.causal, st.scale, {gq * c, gk * c, st.T});
           const Tensor &o = block[0], &l = block[1];
           TESSEL_DISPATCH_FLOAT(q.dtype(), "sdpa", [&]<typename T>() { merge<T>(acc, acc_lse, o, l, qh * c); });
         }
@@ -190,12 +207,17 @@ std::array<Tensor, 3> ring_backward(const RingState& st, const std::shared_ptr<P
         for (int64_t kh = 0; kh < 2; ++kh) {
           const int64_t gq = chunk_of(r, n, qh), gk = chunk_of(src, n, kh);
           if (!pair_visible(st.causal, gq, gk)) continue;
-          const auto [gq_, gk_, gv_] = sdpa_block_backward(
-              half_of(q, 2, qh, c), half_of(k, 2, kh, c), half_of(v, 2, kh, c), half_of(st.out, 2, qh, c),
-              half_of(st.lse, 2, qh, c), half_of(dout, 2, qh, c), st.docs, st.causal, st.scale, {gq * c, gk * c, st.T});
-          add_(half_of(dq, 2, qh, c), gq_);
-          add_(half_of(dk, 2, kh, c), gk_);
-          add_(half_of(dv, 2, kh, c), gv_);
+          const Tensor qb = half_of(q, 2, qh, c), kb = half_of(k, 2, kh, c), vb = half_of(v, 2, kh, c);
+          trace_block(qb, kb, vb, st, true);
+          const std::array<Tensor, 3> g =
+              meta_mode() ? std::array<Tensor, 3>{Tensor::empty(qb.meta()), Tensor::empty(kb.meta()),
+                                                  Tensor::empty(vb.meta())}
+                          : sdpa_block_backward(qb, kb, vb, half_of(st.out, 2, qh, c), half_of(st.lse, 2, qh, c),
+                                                half_of(dout, 2, qh, c), st.docs, st.causal, st.scale,
+                                                {gq * c, gk * c, st.T});
+          add_(half_of(dq, 2, qh, c), g[0]);
+          add_(half_of(dk, 2, kh, c), g[1]);
+          add_(half_of(dv, 2, kh, c), g[2]);
         }
     }
     stats.compute_s += seconds_since(t_compute);

@@ -64,8 +64,6 @@ RankTrace trace_rank_step(const RunConfig& config, int rank, int steps) {
 }
 
 RunConfig block_trace_config(const plan::ModelSpec& m, const plan::LayerShape& s, int layers) {
-  TESSEL_CHECK(!m.is_moe(), "traced costs: model {} is a mixture of experts, which a meta-mode step cannot route "
-               "(its token counts are data)", m.name);
   RunConfig cfg;
   if (m.arch == "gpt") {
     cfg.model.arch = "gpt2";
@@ -86,6 +84,18 @@ RunConfig block_trace_config(const plan::ModelSpec& m, const plan::LayerShape& s
     l.intermediate_size = m.ffn;
     l.vocab_size = m.vocab;
     l.max_position_embeddings = m.seq;
+    if (m.is_moe() && s.moe) {
+      // Every block sparse (the block traced is a sparse one); a dense block of a mixture of
+      // experts (s.moe false) is a Llama block of width ffn.
+      cfg.model.arch = "mixtral";
+      nn::MoeConfig& e = l.moe;
+      e.num_experts = m.experts;
+      e.top_k = m.top_k;
+      e.expert_hidden = m.ffn;
+      e.capacity_factor = m.capacity_factor;
+      e.shared_expert_hidden = m.shared_ffn;
+      l.moe_every = 1;
+    }
   }
   cfg.train.steps = 1;
   cfg.train.seq_len = m.seq;
@@ -98,9 +108,11 @@ RunConfig block_trace_config(const plan::ModelSpec& m, const plan::LayerShape& s
   p.sp = s.sp;
   p.cp = s.cp;
   p.cp_method = s.cp_method;
-  p.ep = s.ep;
+  p.ep = s.moe ? s.ep : 1;
   p.recompute = s.recompute;
   p.micro_batches = 1;
+  // Expert-parallel ranks split the batch: each of them gets s.micro_batch sequences.
+  cfg.train.global_batch = cfg.train.micro_batch = s.micro_batch * p.ep;
   return cfg;
 }
 
@@ -146,7 +158,10 @@ void install_block_tracer() {
     return out;
   });
   plan::set_step_memory_tracer([](const plan::ModelSpec& m, const plan::Layout& l, int64_t global_batch, int stage) {
-    RunConfig cfg = block_trace_config(m, plan::LayerShape{}, static_cast<int>(m.layers));
+    plan::LayerShape whole;
+    whole.moe = m.is_moe();
+    RunConfig cfg = block_trace_config(m, whole, static_cast<int>(m.layers));
+    cfg.model.llama.moe_every = m.moe_every;  // the model's own dense and sparse blocks
     cfg.train.global_batch = global_batch;
     apply_layout(cfg, l);
     // The stage's first rank (dp, tp coordinate 0), two steps: the first makes the optimizer's states.

@@ -83,7 +83,7 @@ Tensor MoeBlock::forward(const Tensor& x) const {
                                  {.top_k = k, .scores = c_.scores, .renormalize = c_.renormalize,
                                   .capacity_factor = c_.capacity_factor, .group_tokens = T});
   MoeStep& step = moe_step();
-  if (step.record && rank_context().backward_depth == 0 && (!ec || ec->reports_stats)) {
+  if (step.record && !meta_mode() && rank_context().backward_depth == 0 && (!ec || ec->reports_stats)) {
     MoeLayerStats& s = step.layers[layer_];
     s.tokens_per_expert.resize(static_cast<size_t>(E), 0.0);
     for (int64_t e = 0; e < E; ++e) s.tokens_per_expert[static_cast<size_t>(e)] += static_cast<double>(r.counts[static_cast<size_t>(e)]);

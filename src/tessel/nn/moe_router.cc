@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "tessel/core/context.h"
 #include "tessel/core/error.h"
 #include "tessel/core/view.h"
 #include "tessel/ops/ops.h"
@@ -33,9 +34,22 @@ Routing route_tokens(const Tensor& logits, const RouterOptions& o) {
   const int64_t G = o.group_tokens > 0 ? o.group_tokens : T, groups = T > 0 ? T / G : 0;
   TESSEL_CHECK(o.group_tokens >= 0 && (T == 0 || T % G == 0),
                "moe router: {} tokens do not split into routing groups of {}", T, o.group_tokens);
-  const Tensor ex = view::contiguous(experts);
-  const std::vector<double> sv = view::contiguous(top).to_doubles();
-  const int64_t* pe = ex.data<int64_t>();
+  // In meta mode (a traced step: shapes, no values) the choices are those of a perfectly
+  // balanced router — assignment a goes to expert a mod E, so every expert gets T·k/E of them
+  // and a token's k choices are k different experts — with equal scores: what a router the
+  // balancing loss keeps even does on average. The planner models the imbalance apart.
+  const bool meta = meta_mode();
+  std::vector<int64_t> balanced;
+  std::vector<double> sv;
+  const Tensor ex = meta ? Tensor() : view::contiguous(experts);
+  if (meta) {
+    balanced.resize(static_cast<size_t>(T * k));
+    for (int64_t a = 0; a < T * k; ++a) balanced[static_cast<size_t>(a)] = a % E;
+    sv.assign(static_cast<size_t>(T * k), 0.0);
+  } else {
+    sv = view::contiguous(top).to_doubles();
+  }
+  const int64_t* pe = meta ? balanced.data() : ex.data<int64_t>();
   const int64_t capacity = o.capacity_factor > 0
                                ? static_cast<int64_t>(std::ceil(o.capacity_factor * static_cast<double>(G * k) /
                                                                 static_cast<double>(E)))
@@ -50,7 +64,7 @@ Routing route_tokens(const Tensor& logits, const RouterOptions& o) {
     for (int64_t a = g * G * k; a < (g + 1) * G * k; ++a) chosen[static_cast<size_t>(pe[a])].push_back(a);
     for (int64_t e = 0; e < E; ++e) {
       std::vector<int64_t>& list = chosen[static_cast<size_t>(e)];
-      f.data<double>()[g * E + e] = static_cast<double>(list.size()) / static_cast<double>(G * k);
+      if (!meta) f.data<double>()[g * E + e] = static_cast<double>(list.size()) / static_cast<double>(G * k);
       if (static_cast<int64_t>(list.size()) > capacity) {
         std::vector<int64_t> by_score = list;
         std::stable_sort(by_score.begin(), by_score.end(), [&](int64_t a, int64_t b) {
@@ -71,7 +85,7 @@ Routing route_tokens(const Tensor& logits, const RouterOptions& o) {
   r.dropped_fraction = T * k > 0 ? static_cast<double>(r.dropped) / static_cast<double>(T * k) : 0.0;
   if (r.dropped > 0) {
     Tensor mask = Tensor::empty({T, k}, DType::f64);
-    std::copy(keep.begin(), keep.end(), mask.data<double>());
+    if (!meta) std::copy(keep.begin(), keep.end(), mask.data<double>());
     weights = mul(weights, cast(mask, weights.dtype()));
   }
   r.weights = weights;

@@ -1,6 +1,8 @@
 // Sharded data loading.
 #include "tessel/parallel/data.h"
 
+#include "tessel/core/context.h"
+
 #include <numeric>
 
 #include "tessel/core/shape.h"
@@ -29,6 +31,7 @@ Tensor take_columns(const Tensor& x, const std::vector<int64_t>& cols) {
   const int64_t rows = src.size(0), S = src.size(1), n = static_cast<int64_t>(cols.size());
   TESSEL_ASSERT(src.dtype() == DType::i64, "take_columns: token ids are i64");
   Tensor out = Tensor::empty({rows, n}, src.dtype());
+  if (meta_mode()) return out;  // a traced step: the shape is what counts
   const int64_t* ps = src.data<int64_t>();
   int64_t* po = out.data<int64_t>();
   for (int64_t r = 0; r < rows; ++r)
@@ -65,8 +68,9 @@ std::vector<MicroBatch> ShardedLoader::batch(int64_t step) const {
     cols.assign(first, first + split_size(S, cp, at_cp));
     if (c.cp_method == "ring") {
       Tensor pos = Tensor::empty({rows, static_cast<int64_t>(cols.size())}, DType::i64);
-      for (int64_t r = 0; r < rows; ++r)
-        std::copy(cols.begin(), cols.end(), pos.data<int64_t>() + r * static_cast<int64_t>(cols.size()));
+      if (!meta_mode())
+        for (int64_t r = 0; r < rows; ++r)
+          std::copy(cols.begin(), cols.end(), pos.data<int64_t>() + r * static_cast<int64_t>(cols.size()));
       positions = dtensor_from_local(pos, mesh, layout_.ids_placements(), global);
     }
   }

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "tessel/autograd/function.h"
+#include "tessel/core/context.h"
 #include "tessel/core/error.h"
 #include "tessel/core/profile.h"
 #include "tessel/core/view.h"
@@ -64,7 +65,14 @@ std::shared_ptr<const nn::ExpertComm> expert_comm(const Layout& layout, const Pr
     };
     c->exchange_counts = [group](const std::vector<int64_t>& counts) {
       std::vector<int64_t> out(counts.size());
-      group->all_to_all(counts.data(), out.data(), static_cast<int64_t>(counts.size()) / group->size(), DType::i64);
+      const int64_t per_rank = static_cast<int64_t>(counts.size()) / group->size();
+      group->all_to_all(counts.data(), out.data(), per_rank, DType::i64);
+      if (meta_mode()) {
+        // A traced step has no peers to hear from: each sends what this rank sends its experts
+        // (the router routes as a balanced one in meta mode, the same on every rank).
+        const int64_t mine = group->rank() * per_rank;
+        for (size_t i = 0; i < out.size(); ++i) out[i] = counts[static_cast<size_t>(mine) + i % static_cast<size_t>(per_rank)];
+      }
       return out;
     };
   }

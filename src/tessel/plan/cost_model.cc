@@ -301,10 +301,6 @@ double traced_comm_time(const Cluster& c, const TracedCollective& x, GroupSpan g
 
 }  // namespace
 
-bool traceable(const ModelSpec& m, const LayerShape& s) {
-  return has_block_tracer() && !m.is_moe() && !s.moe && s.cp == 1;
-}
-
 LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s, std::vector<OpTime>* breakdown) {
   const BlockTrace& bt = traced_block(m, s);
   const Precision prec = precision_for(c.dtype);
@@ -316,7 +312,14 @@ LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerSha
     const double dim = r.op == "sdpa" ? r.m : gemm_size(c.calibration, r.m, r.n, r.k);
     return std::max(r.cost.flops / (c.peak() * p.share * p.gemm_eff(dim) * kind_efficiency), p.stream(r.cost.bytes * scale));
   };
-  double linear_fwd = 0;
+  double linear_fwd = 0, attn_fwd = 0, attn_bwd = 0;
+  // A sparse block's experts: traced with a balanced router (every expert T·k/E rows); the
+  // busiest expert-parallel rank has `imbalance` times that (moe_imbalance), and every rank
+  // waits for it at the combine.
+  if (m.is_moe() && s.moe) {
+    const double tokens = static_cast<double>(s.micro_batch * (m.seq / std::max(1, s.cp)));
+    lc.imbalance = moe_imbalance(m, tokens * static_cast<double>(m.top_k), s.ep);
+  }
   for (const OpCallRecord& r : bt.calls) {
     if (view_op(r.op)) continue;
     const bool product = r.m > 0;
@@ -336,6 +339,7 @@ LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerSha
       }
     } else if (product) {
       t = product_time(r, r.op == "sdpa" ? c.software.attention_efficiency : 1) + overhead * (r.backward ? 2 : 1);
+      if (r.op == "grouped_matmul") t *= lc.imbalance;
     } else {
       t = p.stream(r.cost.bytes * scale) + overhead;
     }
@@ -349,6 +353,7 @@ LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerSha
       it->bytes += r.cost.bytes * scale;
       it->seconds += t;
     }
+    if (r.op == "sdpa" && !r.recompute) (r.backward ? attn_bwd : attn_fwd) += t;
     if (r.backward) {
       // A linear's backward is its input gradient and its weight gradient (apart for ZB-H1).
       const bool weight = r.op == "linear" || r.op == "grouped_matmul";
@@ -360,7 +365,7 @@ LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerSha
       lc.fwd += t;
       lc.flops_fwd += r.cost.flops;
       if (r.op != "sdpa" || c.software.fused_attention) lc.kernels += 1;
-      if (r.op == "linear") linear_fwd += t;
+      if (r.op == "linear" || r.op == "grouped_matmul") linear_fwd += t;
     }
   }
   // Recompute, as the runtime's: full reruns the block's forward (its collectives too),
@@ -369,14 +374,44 @@ LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerSha
   // Tensor-parallel collectives, as the block issued them; half in the forward, half in the
   // backward (their mirror images), with the software's overlap as layer_cost has it.
   for (const TracedCollective& x : bt.comm) {
-    if (x.dim != "tp") continue;
-    const double t = traced_comm_time(c, x, s.tp_group, scale);
-    lc.tp_fwd += t / 2;
-    lc.tp_bwd += t / 2;
-    lc.tp_bytes += static_cast<double>(x.bytes) * scale;
+    if (x.dim == "tp") {
+      const double t = traced_comm_time(c, x, s.tp_group, scale);
+      lc.tp_fwd += t / 2;
+      lc.tp_bwd += t / 2;
+      lc.tp_bytes += static_cast<double>(x.bytes) * scale;
+    } else if (x.dim == "ep" && x.kind == "all_to_all") {
+      // Dispatch and combine (and the counts ahead of them) in the forward, their gradients in
+      // the backward: all exposed, as layer_cost has them. (The block's all_reduces over ep are
+      // its dense weights' gradients, summed once a step: the planner's data-parallel part.)
+      const double t = traced_comm_time(c, x, s.ep_group, scale);
+      lc.ep_fwd += t / 2;
+      lc.ep_bwd += t / 2;
+      lc.ep_bytes += static_cast<double>(x.bytes) * scale;
+    } else if (x.dim == "cp" && x.kind == "all_to_all") {
+      // All-to-all context parallel: the reshards of q, k, v to head shards and of the output
+      // back (forward), their mirror images (backward); all exposed.
+      const double t = traced_comm_time(c, x, s.cp_group, scale);
+      lc.cp_fwd += t / 2;
+      lc.cp_bwd += t / 2;
+      lc.cp_bytes += static_cast<double>(x.bytes) * scale;
+    } else if (x.dim == "cp" && x.kind == "send" && x.calls > 0) {
+      // The ring: cp - 1 steps each way, a key/value block per step in the forward, the block
+      // and its gradient accumulator side by side in the backward, each under the attention of
+      // the block in hand (a cp-th of the traced attention per step): what it cannot cover is
+      // exposed, as layer_cost has it, with the messages' size from the trace.
+      const double block = static_cast<double>(x.bytes) / static_cast<double>(x.calls) * scale;
+      const bool across = s.cp_group.per_node < s.cp_group.size;
+      const double steps = s.cp - 1;
+      const double x_fwd = p2p_time(c, block, across), x_bwd = p2p_time(c, 2 * block, across);
+      const double c_fwd = attn_fwd / s.cp, c_bwd = attn_bwd / s.cp;
+      lc.cp_fwd += steps * std::max(0.0, x_fwd - c_fwd);
+      lc.cp_bwd += steps * std::max(0.0, x_bwd - c_bwd);
+      lc.cp_hidden += steps * (std::min(x_fwd, c_fwd) + std::min(x_bwd, c_bwd));
+      lc.cp_bytes += static_cast<double>(x.bytes) * scale;
+    }
   }
   if (s.tp > 1) overlap_tp_comm(lc, c, s, linear_fwd);
-  if (s.recompute == "full") lc.recompute = lc.fwd + lc.tp_fwd;
+  if (s.recompute == "full") lc.recompute = lc.fwd + lc.tp_fwd + lc.ep_fwd + lc.cp_fwd;
   else if (s.recompute == "selective") lc.recompute = p.attention_recompute;
   return lc;
 }

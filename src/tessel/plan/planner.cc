@@ -579,7 +579,7 @@ void trace_memory(const ModelSpec& m, const Cluster& c, int64_t global_batch, Es
     tracer = g_memory_tracer;
   }
   const Layout& l = e.layout;
-  if (!tracer || c.dtype != "f32" || m.is_moe() || l.cp > 1 || l.ep > 1) return;
+  if (!tracer || c.dtype != "f32") return;
   MemoryBreakdown best;
   for (int stage = 0; stage < l.pp; ++stage) {
     const TracedMemory t = tracer(m, l, global_batch, stage);

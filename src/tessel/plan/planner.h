@@ -110,8 +110,8 @@ std::string cp_refusal(const ModelSpec& m, int tp, int cp, const std::string& me
 // training step of the whole layout on one rank of pipeline stage `stage` (engine/trace.h; the
 // engine layer installs the tracer). The planner uses it for tessel's own f32 runtime — the
 // clusters it plans for thread ranks or processes of this program — in place of the formulas,
-// on the layouts it reports (evaluate, and search's best); mixture-of-experts and context-
-// parallel layouts keep the formulas for now.
+// on the layouts it reports (evaluate, and search's best); a mixture of experts is traced with
+// a balanced router.
 struct TracedMemory {
   double params = 0, grads = 0, optimizer = 0, total = 0;
 };

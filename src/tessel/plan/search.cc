@@ -7,6 +7,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/plan/evaluate.h"
+#include "tessel/plan/traced.h"
 
 namespace tessel::plan {
 
@@ -148,14 +149,19 @@ std::string cp_refusal(const ModelSpec& m, int tp, int cp, const std::string& me
 SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   SearchResult result;
-  detail::CostCache cache;
+  detail::CostCache cache, played_cache;
   std::vector<Estimate> feasible;
-  for (const Layout& l : candidate_layouts(m, c, o)) {
-    ++result.candidates;
-    Estimate e = detail::evaluate_with(m, c, l, o.global_batch, false, &cache);
-    if (!e.fits) continue;
-    ++result.feasible;
-    feasible.push_back(std::move(e));
+  {
+    // Screening in closed form: context-parallel blocks from the listed model (traced below for
+    // the candidates played).
+    ListedContextParallelScope listed_cp;
+    for (const Layout& l : candidate_layouts(m, c, o)) {
+      ++result.candidates;
+      Estimate e = detail::evaluate_with(m, c, l, o.global_batch, false, &cache);
+      if (!e.fits) continue;
+      ++result.feasible;
+      feasible.push_back(std::move(e));
+    }
   }
   std::sort(feasible.begin(), feasible.end(), faster);
   // Play the schedules of the best candidates, fastest closed-form first, until enough are
@@ -169,7 +175,7 @@ SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) 
       std::nth_element(times.begin(), times.begin() + (o.top - 1), times.end());
       if (cand.step_time > 1.2 * times[static_cast<size_t>(o.top - 1)]) break;
     }
-    Estimate e = detail::evaluate_with(m, c, cand.layout, o.global_batch, true, &cache);
+    Estimate e = detail::evaluate_with(m, c, cand.layout, o.global_batch, true, &played_cache);
     ++result.simulated;
     if (e.fits) played.push_back(std::move(e));
   }

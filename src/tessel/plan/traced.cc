@@ -23,8 +23,11 @@ Tracing& tracing() {
 
 // Everything a block's trace depends on (recompute aside: blocks are traced without it).
 std::string block_key(const ModelSpec& m, const LayerShape& s) {
+  const std::string moe = m.is_moe() && s.moe ? fmt::format("moe {},{},{},{},ep {}", m.experts, m.top_k, m.shared_ffn,
+                                                           m.capacity_factor, s.ep)
+                                              : "dense";
   return fmt::format("{}|{}|{},{},{},{},{},{},{}|{}|{}|{}|{},{}|{}", m.arch, m.name, m.hidden, m.heads, m.kv_heads,
-                     m.ffn, m.vocab, m.seq, m.dropout, s.micro_batch, s.tp, s.sp, s.cp, s.cp_method, s.ep);
+                     m.ffn, m.vocab, m.seq, m.dropout, s.micro_batch, s.tp, s.sp, s.cp, s.cp_method, moe);
 }
 
 std::string call_key(const OpCallRecord& r) {
@@ -35,7 +38,14 @@ std::string call_key(const OpCallRecord& r) {
 // What the optimizer does per step; the planner costs the update apart (per parameter).
 bool optimizer_op(const std::string& op) { return op == "adamw_update" || op == "sgd_update" || op == "sum_squares"; }
 
+thread_local bool t_listed_cp = false;
+
 }  // namespace
+
+ListedContextParallelScope::ListedContextParallelScope() : previous_(t_listed_cp) { t_listed_cp = true; }
+ListedContextParallelScope::~ListedContextParallelScope() { t_listed_cp = previous_; }
+
+bool traceable(const ModelSpec& /*m*/, const LayerShape& s) { return has_block_tracer() && !(s.cp > 1 && t_listed_cp); }
 
 void set_block_tracer(BlockTracer tracer) {
   Tracing& t = tracing();

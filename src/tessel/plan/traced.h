@@ -63,8 +63,26 @@ struct OpTime {
 };
 LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s,
                             std::vector<OpTime>* breakdown = nullptr);
-// Whether layer_cost traces this block: a tracer is installed and the block is one a meta-mode
-// step can run (not a mixture of experts, whose routing is data; not context parallel yet).
+// Whether layer_cost traces this block: a tracer is installed (and, for a context-parallel
+// block, no ListedContextParallelScope lives). A sparse block is traced with a balanced router —
+// in meta mode the router sends each expert tokens x top_k / experts rows — and the busiest
+// expert rank's excess (moe_imbalance) is applied to its grouped products.
 bool traceable(const ModelSpec& m, const LayerShape& s);
+
+// While it lives (on this thread), context-parallel blocks are costed from the cost model's list
+// (layer_cost's own): a search screens its tens of thousands of candidates in closed form this
+// way — a traced cp block runs the ring's cp steps on a mesh of tp x cp ranks, and the degrees a
+// long sequence admits reach the thousands — and then costs the candidates whose schedules it
+// plays, the ones it reports, from traces.
+class ListedContextParallelScope {
+ public:
+  ListedContextParallelScope();
+  ~ListedContextParallelScope();
+  ListedContextParallelScope(const ListedContextParallelScope&) = delete;
+  ListedContextParallelScope& operator=(const ListedContextParallelScope&) = delete;
+
+ private:
+  bool previous_;
+};
 
 }  // namespace tessel::plan

@@ -142,8 +142,15 @@ std::vector<int64_t> ProcessMesh::group_along(int64_t dim, int64_t rank) const {
 
 std::vector<std::vector<int64_t>> ProcessMesh::groups_along(int64_t dim) const {
   std::vector<std::vector<int64_t>> out;
-  for (int64_t id : data().ids)
-    if (coord(id)[static_cast<size_t>(dim)] == 0) out.push_back(group_along(dim, id));
+  int64_t stride = 1;
+  for (int64_t d = dim + 1; d < ndim(); ++d) stride *= data().shape[static_cast<size_t>(d)];
+  const int64_t size = data().shape.at(static_cast<size_t>(dim));
+  for (size_t p = 0; p < data().ids.size(); ++p) {
+    if (static_cast<int64_t>(p) / stride % size != 0) continue;
+    std::vector<int64_t> group;
+    for (int64_t i = 0; i < size; ++i) group.push_back(data().ids[p + static_cast<size_t>(i * stride)]);
+    out.push_back(std::move(group));
+  }
   return out;
 }
 
@@ -158,9 +165,13 @@ ProcessMesh ProcessMesh::sub_mesh(int64_t dim, int64_t index) const {
       shape.push_back(data().shape[d]);
       names.push_back(data().names[d]);
     }
+  // The ids in row-major order: position p sits at index (p / stride) % size along `dim` (no
+  // search per id: meshes of thousands of ranks are sliced while a step is traced).
+  int64_t stride = 1;
+  for (int64_t d = dim + 1; d < ndim(); ++d) stride *= data().shape[static_cast<size_t>(d)];
   std::vector<int64_t> ids;
-  for (int64_t id : data().ids)
-    if (coord(id)[static_cast<size_t>(dim)] == index) ids.push_back(id);
+  for (size_t p = 0; p < data().ids.size(); ++p)
+    if (static_cast<int64_t>(p) / stride % data().shape[static_cast<size_t>(dim)] == index) ids.push_back(data().ids[p]);
   return ProcessMesh(shape, ids, names);
 }
 

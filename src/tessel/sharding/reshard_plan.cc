@@ -330,17 +330,26 @@ std::shared_ptr<const CostTable> cost_table(const DistAttr& src, const Shape& sh
 
 double reshard_cost(const DistAttr& src, const Placements& dst, const Shape& shape, DType dtype) {
   if (src.placements == dst) return 0;
-  // Tables per source, bounded: a long run with many shapes clears them now and then.
-  thread_local std::unordered_map<std::string, std::shared_ptr<const CostTable>> tables;
+  // Tables per source, shared by every thread (a table depends on the mesh's shape, not on
+  // its ranks: the planner's traced steps, each on a thread of its own, reuse them) and
+  // bounded: a long run with many shapes clears them now and then.
+  static std::mutex mutex;
+  static std::unordered_map<std::string, std::shared_ptr<const CostTable>> tables;
   std::string key = fmt::format("{}|{}|{}|{}", fmt::join(src.mesh.shape(), "x"), placements_str(src.placements),
                                 shape_str(shape), dtype);
-  auto it = tables.find(key);
-  if (it == tables.end()) {
-    src.check(shape, "reshard source");
-    if (tables.size() > 20'000) tables.clear();
-    it = tables.emplace(std::move(key), cost_table(src, shape, dtype)).first;
+  std::shared_ptr<const CostTable> table;
+  {
+    std::lock_guard lock(mutex);
+    if (auto it = tables.find(key); it != tables.end()) table = it->second;
   }
-  const CostTable* t = it->second.get();
+  if (!table) {
+    src.check(shape, "reshard source");
+    std::shared_ptr<const CostTable> made = cost_table(src, shape, dtype);
+    std::lock_guard lock(mutex);
+    if (tables.size() > 20'000) tables.clear();
+    table = tables.emplace(std::move(key), std::move(made)).first->second;
+  }
+  const CostTable* t = table.get();
   const int64_t code = t != nullptr ? t->code(dst) : -1;
   if (code >= 0) {
     const double c = t->cost[static_cast<size_t>(code)];
