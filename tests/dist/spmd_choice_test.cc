@@ -272,6 +272,26 @@ TEST(SpmdChoice, NoDearerThanThePeersAndValuesMatchOneRank) {
   for (const std::string& f : failures) ADD_FAILURE() << f;
 }
 
+// A dim shorter than the mesh dim (a batch of one over two ranks) is not sharded by a rule's
+// choice: its pieces would be one row and none. A softmax over a sharded last dim must move it,
+// and every other label costs the same all_to_all; the first label, the batch, used to win —
+// with tensor and context parallel at micro-batch 1 that sent a block's activations back and
+// forth over cp around its norms and projections.
+TEST(SpmdChoice, ADimShorterThanTheMeshDimIsNotSharded) {
+  for (const char* mesh_shape : {"2", "1x2"}) {
+    SCOPED_TRACE(mesh_shape);
+    const bool two = std::string(mesh_shape) == "1x2";
+    const Row r{"softmax:-1", mesh_shape, "1,8,4", two ? "[S(1),S(2)]" : "[S(2)]", "", ""};
+    const ProcessMesh mesh = ProcessMesh::iota(parse_shape(r.mesh));
+    const OpCase c = op_case(r);
+    const Serial s = serial_run(c);
+    const SpmdAudit::Decision d = decision_of(c, s, mesh, placement_list(r.in));
+    const size_t m = two ? 1 : 0;  // the mesh dim of two ranks
+    EXPECT_FALSE(d.decision.inputs[0][m].is_shard(0)) << combo_str(d.decision.inputs);
+    EXPECT_TRUE(d.decision.inputs[0][m].is_shard(1)) << combo_str(d.decision.inputs);
+  }
+}
+
 // max over a sharded dim with the maximum on two ranks: the gradient reaches only the first
 // in the global order, as on one rank; argmax names that first position.
 TEST(SpmdChoice, MaxAndMinOverAShardedDimRouteTheGradientToTheFirstSelected) {

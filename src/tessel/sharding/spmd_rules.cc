@@ -153,7 +153,19 @@ SpmdDecision label_rule(const SpmdCall& c, const LabelRule& rule) {
         if (!partial.empty() && partial.front() == 0) ch.push_back({Choice::keep_one, 0});
         break;
     }
-    for (size_t l = 0; l < labels.size(); ++l) ch.push_back({Choice::label, static_cast<int>(l)});
+    // A label shorter than the mesh dim (a batch of one over two ranks) would leave ranks with
+    // empty pieces and the rest with all the work: not offered, unless an input is sharded so
+    // on this mesh dim already (keeping it costs no move).
+    for (size_t l = 0; l < labels.size(); ++l) {
+      bool held = false;
+      for (size_t i = 0; i < n && !held; ++i) {
+        const Placement& p = current(i, m);
+        held = p.is_shard() && p.dim < static_cast<int64_t>(rule.inputs[i].size()) &&
+               rule.inputs[i][static_cast<size_t>(p.dim)] == labels[l];
+      }
+      if (label_size[l] < mesh.dim_size(m) && !held) continue;
+      ch.push_back({Choice::label, static_cast<int>(l)});
+    }
     ch.push_back({Choice::replicate, 0});
     total *= ch.size();
   }
