@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Local fidelity of the planner: predicted step time beside the measured one for the hybrid
-layouts tessel runs on this machine (GPT-2 tiny, thread backend, up to 8 ranks).
+layouts tessel runs on this machine (GPT-2 tiny, thread backend, up to 8 ranks; and context
+parallel on Llama tiny and expert parallel on Mixtral tiny).
 
 One round of a layout: `tessel cluster detect --ranks N` measures the machine, `tessel train`
 runs the layout, and detect measures again; `tessel plan --layout ... --format json` predicts
@@ -47,7 +48,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs/gpt2-tiny.yaml")
 
-# (dp, tp, pp, vpp, sharding_stage, sp, micro_batches, schedule, recompute)
+# (dp, tp, pp, vpp, sharding_stage, sp, micro_batches, schedule, recompute[, config, cp, cp_method, ep]):
+# GPT-2 tiny unless a config is named.
 LAYOUTS = [
     (2, 1, 1, 1, 0, False, 1, "1F1B", "none"),
     (1, 2, 1, 1, 0, False, 1, "1F1B", "none"),
@@ -67,7 +69,28 @@ LAYOUTS = [
     (8, 1, 1, 1, 0, False, 1, "1F1B", "none"),
     (2, 1, 1, 1, 3, False, 1, "1F1B", "none"),
     (4, 1, 1, 1, 3, False, 1, "1F1B", "none"),
+    # Context parallel (Llama tiny) and expert parallel (Mixtral tiny): their blocks are traced too.
+    (1, 1, 1, 1, 0, False, 1, "1F1B", "none", "llama-tiny", 2, "ring", 1),
+    (2, 1, 1, 1, 0, False, 1, "1F1B", "none", "llama-tiny", 2, "all_to_all", 1),
+    (1, 2, 1, 1, 0, True, 1, "1F1B", "none", "llama-tiny", 2, "ring", 1),
+    (1, 1, 1, 1, 0, False, 1, "1F1B", "none", "mixtral-tiny", 1, "ring", 2),
+    (2, 1, 1, 1, 1, False, 1, "1F1B", "none", "mixtral-tiny", 1, "ring", 2),
 ]
+
+
+def full(spec):
+    """A layout with its config, cp, cp_method and ep (GPT-2 tiny, 1, ring, 1 where not given)."""
+    return tuple(spec) + ("gpt2-tiny", 1, "ring", 1)[len(spec) - 9:] if len(spec) < 13 else tuple(spec)
+
+
+def config_of(spec):
+    return os.path.join(ROOT, f"configs/{full(spec)[9]}.yaml")
+
+
+def ranks_of(spec):
+    dp, tp, pp = spec[:3]
+    cp, ep = full(spec)[10], full(spec)[12]
+    return dp * tp * pp * cp * ep
 QUICK = [LAYOUTS[i] for i in (0, 1, 3, 10, 13)]
 
 
@@ -112,15 +135,27 @@ def percent(share):
     return "-" if share is None else f"{100 * share:.0f}%"
 
 
-def layout_text(dp, tp, pp, vpp, stage, sp, mb, schedule, recompute):
-    mbs = 16 // (dp * mb)
-    return (f"dp={dp},tp={tp},pp={pp},vpp={vpp},mbs={mbs},sharding_stage={stage},sp={str(sp).lower()},"
+def layout_text(*spec):
+    dp, tp, pp, vpp, stage, sp, mb, schedule, recompute, _, cp, cp_method, ep = full(spec)
+    mbs = 16 // (dp * ep * mb)
+    text = (f"dp={dp},tp={tp},pp={pp},vpp={vpp},mbs={mbs},sharding_stage={stage},sp={str(sp).lower()},"
             f"recompute={recompute},schedule={schedule}")
+    if ep > 1:
+        text += f",ep={ep}"
+    if cp > 1:
+        text += f",cp={cp},cp_method={cp_method}"
+    return text
 
 
-def predict(args, cluster, layout):
+def label(spec):
+    """The layout as the table shows it: the model where it is not GPT-2 tiny."""
+    model = full(spec)[9]
+    return layout_text(*spec) + ("" if model == "gpt2-tiny" else f" [{model}]")
+
+
+def predict(args, cluster, layout, config):
     """(step time in s, memory of the fullest rank in bytes) the planner predicts."""
-    plan = json.loads(run([args.tessel, "plan", "--model", CONFIG, "--cluster", cluster, "--layout", layout,
+    plan = json.loads(run([args.tessel, "plan", "--model", config, "--cluster", cluster, "--layout", layout,
                            "--format", "json"], "tessel plan"))
     best = plan["plans"][0]
     return best["step_time_s"], best["memory_gb"]["total"] * 1e9
@@ -128,23 +163,27 @@ def predict(args, cluster, layout):
 
 def one_round(args, tmp, spec):
     """Detect, train, detect: the mean of the two predictions and the mean measured step time."""
-    dp, tp, pp, vpp, stage, sp, mb, schedule, recompute = spec
-    ranks = dp * tp * pp
+    dp, tp, pp, vpp, stage, sp, mb, schedule, recompute, _, cp, cp_method, ep = full(spec)
+    ranks = ranks_of(spec)
     layout = layout_text(*spec)
+    config = config_of(spec)
     predictions = []
 
     def detect_and_predict():
         path = os.path.join(tmp, f"local-{ranks}.yaml")
         run([args.tessel, "cluster", "detect", "--ranks", str(ranks), "-q", "-o", path], "cluster detect")
-        predictions.append(predict(args, path, layout))
+        predictions.append(predict(args, path, layout, config))
 
     detect_and_predict()
     metrics = os.path.join(tmp, "metrics.jsonl")
-    cmd = [args.tessel, "train", CONFIG, "--metrics", metrics, "--nproc", str(ranks)]
-    for s in [f"train.steps={args.steps}", "train.warmup=0", "train.save_every=0", f"parallel.dp={dp}",
-              f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.vpp={vpp}", f"parallel.sharding_stage={stage}",
-              f"parallel.sp={str(sp).lower()}", f"parallel.micro_batches={mb}", f"parallel.schedule={schedule}",
-              f"parallel.recompute={recompute}"]:
+    cmd = [args.tessel, "train", config, "--metrics", metrics, "--nproc", str(ranks)]
+    sets = [f"train.steps={args.steps}", "train.warmup=0", "train.save_every=0", f"parallel.dp={dp}",
+            f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.vpp={vpp}", f"parallel.sharding_stage={stage}",
+            f"parallel.sp={str(sp).lower()}", f"parallel.micro_batches={mb}", f"parallel.schedule={schedule}",
+            f"parallel.recompute={recompute}", f"parallel.ep={ep}", f"parallel.cp={cp}"]
+    if cp > 1:
+        sets.append(f"parallel.cp_method={cp_method}")
+    for s in sets:
         cmd += ["--set", s]
     before, t0, stat0 = os.times(), time.monotonic(), cpu_times()
     _, log = run(cmd, "tessel train", want_stderr=True)
@@ -173,7 +212,7 @@ def choose_layouts(text):
     for i in picked:
         if not 0 <= i < len(LAYOUTS):
             sys.exit(f"error: --layouts index {i} is not in 0..{len(LAYOUTS) - 1}; the layouts are:\n" +
-                     "\n".join(f"  {j}: {layout_text(*spec)}" for j, spec in enumerate(LAYOUTS)))
+                     "\n".join(f"  {j}: {label(spec)}" for j, spec in enumerate(LAYOUTS)))
     return [LAYOUTS[i] for i in dict.fromkeys(picked)]  # a repeated index runs once
 
 
@@ -183,7 +222,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2, help="steps left out of the mean (default 2)")
     ap.add_argument("--repeats", type=int, default=3, help="rounds per layout (default 3)")
     ap.add_argument("--layouts", default="all",
-                    help="all (the 18 layouts), quick (5 of them) or comma-separated indices into the 18 (default all)")
+                    help=f"all (the {len(LAYOUTS)} layouts), quick (5 of them) or comma-separated indices into them "
+                         "(default all)")
     ap.add_argument("--tessel", default=os.path.join(ROOT, "build/release/tessel"), help="the tessel binary")
     args = ap.parse_args()
     if not os.path.exists(args.tessel):
@@ -199,16 +239,15 @@ def main():
             predicted, measured, busy, steal, mem_pred, mem_meas = one_round(args, tmp, spec)
             rounds[spec].append((predicted, measured, busy, steal, mem_pred, mem_meas))
             done = r * len(layouts) + i + 1
-            print(f"[{done}/{total}] {layout_text(*spec)}: predicted {predicted:.4f} s, measured {measured:.4f} s, "
+            print(f"[{done}/{total}] {label(spec)}: predicted {predicted:.4f} s, measured {measured:.4f} s, "
                   f"memory {mem_pred / 2**20:.1f} vs {mem_meas / 2**20:.1f} MiB, cpu {100 * busy:.0f}%, "
                   f"steal {percent(steal)}", file=sys.stderr, flush=True)
-    print(f"GPT-2 tiny ({CONFIG}), thread backend; mean step time over steps {args.warmup}..{args.steps - 1}; "
+    print(f"GPT-2 tiny ({CONFIG}) unless named, thread backend; mean step time over steps {args.warmup}..{args.steps - 1}; "
           f"medians of {args.repeats} rounds")
-    print(f"{'layout':<72} {'ranks':>5} {'predicted s':>12} {'measured s':>11} {'pred/meas':>10} {'range':>11} {'cpu':>5} "
+    print(f"{'layout':<86} {'ranks':>5} {'predicted s':>12} {'measured s':>11} {'pred/meas':>10} {'range':>11} {'cpu':>5} "
           f"{'steal':>6} {'mem pred MiB':>13} {'mem meas MiB':>13} {'mem ratio':>10}")
     ratios, mem_ratios, by_stage = [], [], {}
     for spec in layouts:
-        dp, tp, pp = spec[:3]
         per_round = [p / m for p, m, *_ in rounds[spec]]
         predicted = statistics.median(p for p, *_ in rounds[spec])
         measured = statistics.median(r[1] for r in rounds[spec])
@@ -222,7 +261,7 @@ def main():
         ratio = statistics.median(per_round)
         ratios.append(ratio)
         spread = f"{min(per_round):.2f}-{max(per_round):.2f}"
-        print(f"{layout_text(*spec):<72} {dp * tp * pp:>5} {predicted:>12.4f} {measured:>11.4f} {ratio:>9.2f}x "
+        print(f"{label(spec):<86} {ranks_of(spec):>5} {predicted:>12.4f} {measured:>11.4f} {ratio:>9.2f}x "
               f"{spread:>11} {100 * busy:>4.0f}% {percent(steal):>6} {mem_pred / 2**20:>13.1f} {mem_meas / 2**20:>13.1f} "
               f"{mem_pred / mem_meas:>9.2f}x")
     within = sum(1 for r in ratios if abs(r - 1) <= 0.2)
