@@ -13,6 +13,7 @@
 #include "tessel/dist/mesh_comm.h"
 #include "tessel/engine/trace.h"
 #include "tessel/plan/cluster.h"
+#include "tessel/plan/planner.h"
 #include "tessel/plan/traced.h"
 
 using namespace tessel;
@@ -131,6 +132,62 @@ TEST(TracedCosts, AContextParallelLayersTrafficIsWhatRealStepsCount) {
     EXPECT_DOUBLE_EQ(lc.cp_bytes, real);
     EXPECT_GT(lc.cp_fwd + lc.cp_hidden, 0);
   }
+}
+
+// tessel's own runtime (an f32 cluster): a layout the planner reports is costed with its traced
+// step's data-parallel and pipeline traffic. Those collectives — what dp_comm and pp_comm are
+// timed from — are what the comm layer counts on the same rank in a real step of the layout,
+// kind by kind, calls and bytes.
+TEST(TracedCosts, TheStepsDataAndPipelineTrafficChargedIsWhatARealStepCounts) {
+  install_block_tracer();
+  for (bool llama : {false, true})
+    for (auto [text, devices] : {std::pair{"dp=2", 2}, {"dp=2,sharding_stage=2", 2}, {"dp=2,pp=2,sharding_stage=1", 4},
+                                 {"dp=1,tp=2,pp=2,sp=true", 4}, {"dp=4,sharding_stage=3", 4},
+                                 {"dp=2,tp=2,pp=2,sharding_stage=3,sp=true", 8}}) {
+      SCOPED_TRACE(fmt::format("{} {}", llama ? "llama" : "gpt", text));
+      const plan::ModelSpec m = tiny(llama);
+      const int64_t batch = 8;
+      const plan::Layout layout = plan::parse_layout(text, batch, devices);
+      plan::Cluster c = plan::cluster_preset(fmt::format("dgx-a100-80g:{}", layout.devices()));
+      c.dtype = "f32";
+      const plan::Estimate e = plan::evaluate(m, c, layout, batch);
+      ASSERT_GE(e.traced_rank, 0);
+      // The same layout, really trained (two steps; the second one's counts).
+      plan::LayerShape whole;
+      RunConfig cfg = block_trace_config(m, whole, static_cast<int>(m.layers));
+      cfg.train.global_batch = batch;
+      apply_layout(cfg, e.layout);
+      cfg.data.path = std::string(TESSEL_SOURCE_DIR) + "/data/kjv.txt";
+      cfg.train.steps = 2;
+      std::mutex mu;
+      std::vector<GroupStats> first, second;
+      ParallelTrainOptions opts{.base = TrainOptions{.progress = false, .quiet = true}};
+      opts.on_step = [&](const StepRecord& rec) {
+        if (current_world_rank() != e.traced_rank) return;
+        std::lock_guard lock(mu);
+        (rec.step == 0 ? first : second) = world_group()->stats_by_group();
+      };
+      train_parallel_threads(cfg, static_cast<int>(cfg.parallel.world_size()), opts);
+      RankTrace real;
+      real.rank = e.traced_rank;
+      for (GroupStats g : second) {
+        for (const GroupStats& b : first)
+          if (b.name == g.name) g.stats = g.stats - b.stats;
+        if (!g.stats.ops.empty()) real.groups.push_back(std::move(g));
+      }
+      auto charged = [](const std::vector<plan::TracedCollective>& all) {
+        std::map<std::string, std::pair<int64_t, int64_t>> out;  // "dim kind" -> calls, bytes
+        for (const plan::TracedCollective& x : all)
+          if (x.dim == "dp" || x.dim == "pp") out[x.dim + " " + x.kind] = {x.calls, x.bytes};
+        return out;
+      };
+      const auto want = charged(collectives_by_dim(real, cfg.parallel));
+      EXPECT_EQ(charged(e.step_collectives), want);
+      EXPECT_FALSE(want.empty());
+      if (layout.dp > 1) {
+        EXPECT_GT(e.dp_comm + e.dp_hidden, 0);
+      }
+    }
 }
 
 TEST(TracedCosts, FullRecomputeRerunsTheBlocksForward) {

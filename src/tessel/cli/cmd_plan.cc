@@ -119,6 +119,14 @@ void print_explain(const plan::Estimate& e, const plan::ModelSpec& m, const plan
               "%s GB, total %s GB\n",
               gb(e.memory.params).c_str(), gb(e.memory.grads).c_str(), gb(e.memory.optimizer).c_str(),
               gb(e.memory.activations).c_str(), gb(e.memory.other).c_str(), gb(e.memory.total()).c_str());
+  if (!e.step_collectives.empty()) {
+    std::printf("  the step's collectives as traced on world rank %d (tessel's runtime; dp and pp traffic is timed from "
+                "them): %-5s %-16s %6s %12s\n",
+                e.traced_rank, "dim", "kind", "calls", "bytes");
+    for (const plan::TracedCollective& x : e.step_collectives)
+      std::printf("      %-5s %-16s %6lld %12lld\n", x.dim.c_str(), x.kind.c_str(), static_cast<long long>(x.calls),
+                  static_cast<long long>(x.bytes));
+  }
   // A mixture of experts: one of its sparse blocks.
   plan::LayerShape block = e.block;
   block.moe = m.is_moe();

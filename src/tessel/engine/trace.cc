@@ -135,6 +135,23 @@ void apply_layout(RunConfig& config, const plan::Layout& l) {
   config.train.micro_batch = config.train.global_batch / l.micro_batches;
 }
 
+std::vector<plan::TracedCollective> collectives_by_dim(const RankTrace& t, const parallel::ParallelConfig& config) {
+  std::vector<plan::TracedCollective> out;
+  const parallel::Layout layout(config, t.rank);
+  for (const GroupStats& g : t.groups) {
+    std::string dim = g.ranks.size() == 1 ? "self" : "world";
+    for (std::string_view d : parallel::ParallelConfig::kMeshDims) {
+      if (g.name == "world") break;  // the world's own calls (loss, norm), even when it is one dim's size
+      if (!layout.has_dim(d) || layout.degree(d) != static_cast<int64_t>(g.ranks.size()) || g.ranks.size() == 1) continue;
+      bool same = true;
+      for (int64_t i = 0; i < layout.degree(d) && same; ++i) same = layout.peer(d, i) == g.ranks[static_cast<size_t>(i)];
+      if (same) dim = std::string(d);
+    }
+    for (const auto& [kind, e] : g.stats.ops) out.push_back(plan::TracedCollective{dim, kind, e.calls, e.bytes});
+  }
+  return out;
+}
+
 void install_block_tracer() {
   if (plan::has_block_tracer()) return;  // keep the blocks traced so far
   plan::set_block_tracer([](const plan::ModelSpec& m, const plan::LayerShape& s, int layers) {
@@ -142,22 +159,10 @@ void install_block_tracer() {
     const RankTrace t = trace_rank_step(cfg, 0, 1);
     plan::StepTrace out;
     out.ops = t.ops;
-    // Each group by the mesh dim whose rank-0 group has its members (a group of one: "self").
-    const parallel::Layout layout(cfg.parallel, 0);
-    for (const GroupStats& g : t.groups) {
-      std::string dim = g.ranks.size() == 1 ? "self" : "world";
-      for (std::string_view d : parallel::ParallelConfig::kMeshDims) {
-        if (g.name == "world") break;  // the world's own calls (loss, norm), even when it is one dim's size
-        if (!layout.has_dim(d) || layout.degree(d) != static_cast<int64_t>(g.ranks.size()) || g.ranks.size() == 1) continue;
-        bool same = true;
-        for (int64_t i = 0; i < layout.degree(d) && same; ++i) same = layout.peer(d, i) == g.ranks[static_cast<size_t>(i)];
-        if (same) dim = std::string(d);
-      }
-      for (const auto& [kind, e] : g.stats.ops) out.comm.push_back(plan::TracedCollective{dim, kind, e.calls, e.bytes});
-    }
+    out.comm = collectives_by_dim(t, cfg.parallel);
     return out;
   });
-  plan::set_step_memory_tracer([](const plan::ModelSpec& m, const plan::Layout& l, int64_t global_batch, int stage) {
+  plan::set_step_tracer([](const plan::ModelSpec& m, const plan::Layout& l, int64_t global_batch, int stage) {
     plan::LayerShape whole;
     whole.moe = m.is_moe();
     RunConfig cfg = block_trace_config(m, whole, static_cast<int>(m.layers));
@@ -166,9 +171,14 @@ void install_block_tracer() {
     apply_layout(cfg, l);
     // The stage's first rank (dp, tp coordinate 0), two steps: the first makes the optimizer's states.
     const int rank = static_cast<int>(parallel::Layout(cfg.parallel, 0).peer("pp", stage));
-    const RankMemory r = trace_rank_step(cfg, rank, 2).memory;
-    return plan::TracedMemory{static_cast<double>(r.params), static_cast<double>(r.grads),
-                              static_cast<double>(r.optimizer), static_cast<double>(r.total)};
+    const RankTrace t = trace_rank_step(cfg, rank, 2);
+    const RankMemory& r = t.memory;
+    plan::TracedStep out;
+    out.memory = plan::TracedMemory{static_cast<double>(r.params), static_cast<double>(r.grads),
+                                    static_cast<double>(r.optimizer), static_cast<double>(r.total)};
+    out.comm = collectives_by_dim(t, cfg.parallel);
+    out.rank = rank;
+    return out;
   });
 }
 

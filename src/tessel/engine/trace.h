@@ -39,6 +39,10 @@ RunConfig block_trace_config(const plan::ModelSpec& m, const plan::LayerShape& s
 // Copies a planned layout into a config's parallel section (and train.micro_batch).
 void apply_layout(RunConfig& config, const plan::Layout& layout);
 
+// A traced rank's collectives by the mesh dim whose group (on that rank) has the group's members
+// ("world" for the world's own calls, "self" for a group of one).
+std::vector<plan::TracedCollective> collectives_by_dim(const RankTrace& t, const parallel::ParallelConfig& config);
+
 // Makes the planner cost layouts from traces of the runtime (plan::set_block_tracer), unless a
 // tracer is installed already: `tessel plan`, `--plan auto` and the tests call it.
 void install_block_tracer();

@@ -281,8 +281,8 @@ bool view_op(const std::string& op) {
   return op == "reshape" || op == "permute" || op == "expand" || op == "split" || op == "slice";
 }
 
-// Collective time of what a block issued on one mesh dim's group (CommStats bytes: the buffer of
-// an all_reduce, each rank's input of an all_gather, the full input of a reduce_scatter).
+}  // namespace
+
 double traced_comm_time(const Cluster& c, const TracedCollective& x, GroupSpan g, double scale) {
   if (x.bytes <= 0) return 0;
   // A block adds calls, or bytes to a call every step makes anyway (one all_reduce of the
@@ -298,8 +298,6 @@ double traced_comm_time(const Cluster& c, const TracedCollective& x, GroupSpan g
   else one = all_reduce_time(c, per, g);  // broadcast, reduce and the rest: at most an all_reduce's
   return one * calls;
 }
-
-}  // namespace
 
 LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s, std::vector<OpTime>* breakdown) {
   const BlockTrace& bt = traced_block(m, s);

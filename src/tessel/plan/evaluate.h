@@ -21,10 +21,13 @@ using CostCache = std::map<CostKey, std::array<LayerCost, 4>>;
 // Refuse sizes whose products would wrap 64-bit element counts, and device counts past 2^20.
 void check_sizes(const ModelSpec& m, int64_t global_batch, int64_t micro_batch);
 void check_cluster_counts(const Cluster& c);
-// evaluate() with a cost cache (null: none) and without the traced memory.
+// evaluate() with a cost cache (null: none); with a traced step of the layout (tessel's own
+// runtime), its data-parallel and pipeline traffic from the trace instead of the closed forms.
 Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layout, int64_t global_batch, bool simulate,
-                       CostCache* cache);
-// Replaces e's memory with the runtime's traced memory where it applies (StepMemoryTracer).
-void trace_memory(const ModelSpec& m, const Cluster& c, int64_t global_batch, Estimate& e);
+                       CostCache* cache, const TracedStep* step = nullptr);
+// Re-evaluates e from the runtime's traced steps of its layout where they apply (StepTracer):
+// the traffic of the stage holding the most parameters, the memory of the fullest stage.
+void trace_step(const ModelSpec& m, const Cluster& c, int64_t global_batch, bool simulate, CostCache* cache,
+                Estimate& e);
 
 }  // namespace tessel::plan::detail

@@ -201,7 +201,16 @@ void check_layout(const ModelSpec& m, const Cluster& c, Layout& l, int64_t globa
 }
 
 
-Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCache* cache) {
+// The pipeline message of a traced step: the bytes of one send on the pp group, or 0.
+double traced_p2p_bytes(const std::vector<TracedCollective>* step) {
+  if (step == nullptr) return 0;
+  for (const TracedCollective& x : *step)
+    if (x.dim == "pp" && x.kind == "send" && x.calls > 0) return static_cast<double>(x.bytes) / static_cast<double>(x.calls);
+  return 0;
+}
+
+Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCache* cache,
+                 const std::vector<TracedCollective>* step) {
   Prepared p;
   p.l = l;
   const Precision prec = precision_for(c.dtype);
@@ -274,7 +283,9 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
   const LayerCost& head = costs[3];
   p.imbalance = m.is_moe() ? sc.imbalance : 1;
   // Megatron's scatter/gather: each tensor-parallel rank sends 1/tp of the activation.
-  p.p2p = l.pp > 1 ? p2p_time(c, act_bytes / l.tp, pp_span.per_node == 1) : 0;
+  // (tessel's own runtime, traced: the message its step sends.)
+  const double message = traced_p2p_bytes(step) > 0 ? traced_p2p_bytes(step) : act_bytes / l.tp;
+  p.p2p = l.pp > 1 ? p2p_time(c, message, pp_span.per_node == 1) : 0;
 
   // ZeRO-3 gathers a stage's parameters before its forward and again before its backward.
   const GroupSpan dp_span = p.mapping.span("dp", l, c);
@@ -376,10 +387,10 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
 namespace detail {
 
 Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layout, int64_t global_batch, bool simulate,
-                       CostCache* cache) {
+                       CostCache* cache, const TracedStep* step) {
   Layout l = layout;
   check_layout(m, c, l, global_batch);
-  const Prepared p = prepare(m, c, l, cache);
+  const Prepared p = prepare(m, c, l, cache, step != nullptr ? &step->comm : nullptr);
   const Precision prec = precision_for(c.dtype);
   Estimate e;
   e.layout = l;
@@ -467,8 +478,23 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
   const double params_max = p.params_per_rank[fullest];
   const double experts_max = p.expert_params_per_rank[fullest], dense_max = params_max - experts_max;
   double dp_comm = 0, dp_hidden = 0;
-  if (replicas.size > 1) {
-    double reduce = 0, gather = 0;
+  double reduce = 0, gather = 0;
+  if (step != nullptr) {
+    // tessel's own runtime: the step's traced collectives (f32, the cluster's precision) — the
+    // gradients' all_reduces and reduce_scatters over dp, and their sums over ep, cp and the pp
+    // pair of a tied embedding; ZeRO 1-2's all_gather of the updated parameters (ZeRO 3's
+    // gathers, per micro-batch, are in the stages' forward and backward above).
+    for (const TracedCollective& x : step->comm) {
+      const bool sums = x.kind == "all_reduce" || x.kind == "reduce_scatter";
+      if (x.dim == "dp" && sums) reduce += traced_comm_time(c, x, dp_span, 1.0);
+      else if (x.dim == "dp" && x.kind == "all_gather" && l.sharding_stage <= 2)
+        gather += traced_comm_time(c, x, dp_span, 1.0);
+      else if ((x.dim == "ep" || x.dim == "cp" || x.dim == "pp") && x.kind == "all_reduce")
+        reduce += traced_comm_time(c, x, p.mapping.span(x.dim, l, c), 1.0);
+    }
+    e.step_collectives = step->comm;
+    e.traced_rank = step->rank;
+  } else if (replicas.size > 1) {
     auto group = [&](double n, GroupSpan g) {
       if (g.size <= 1 || n <= 0) return;
       if (l.sharding_stage == 0) reduce += all_reduce_time(c, n * prec.grad, g);
@@ -478,6 +504,8 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
     };
     group(dense_max, replicas);
     group(experts_max, dp_span);
+  }
+  if (reduce + gather > 0) {
     // One micro-batch's forward and backward on the busiest pipeline rank.
     double fwd_one = 0, bwd_one = 0;
     for (int r = 0; r < ranks; ++r) {
@@ -562,32 +590,38 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
 
 namespace {
 
-std::mutex g_memory_tracer_mutex;
-StepMemoryTracer g_memory_tracer;
-
+std::mutex g_step_tracer_mutex;
+StepTracer g_step_tracer;
 
 }  // namespace
 
 namespace detail {
 
-// The traced memory of `e`'s layout in place of the formulas' (see StepMemoryTracer), where it
-// applies: the busiest pipeline stage's rank.
-void trace_memory(const ModelSpec& m, const Cluster& c, int64_t global_batch, Estimate& e) {
-  StepMemoryTracer tracer;
+// The runtime's traced step in place of the closed forms where it applies (see StepTracer): one
+// rank of each pipeline stage traced; the data-parallel and pipeline traffic from the stage
+// holding the most parameters, the memory of the fullest stage.
+void trace_step(const ModelSpec& m, const Cluster& c, int64_t global_batch, bool simulate, CostCache* cache,
+                Estimate& e) {
+  StepTracer tracer;
   {
-    std::lock_guard lock(g_memory_tracer_mutex);
-    tracer = g_memory_tracer;
+    std::lock_guard lock(g_step_tracer_mutex);
+    tracer = g_step_tracer;
   }
-  const Layout& l = e.layout;
   if (!tracer || c.dtype != "f32") return;
+  const Layout l = e.layout;  // with the bucket evaluate_with chose for it
+  std::vector<TracedStep> stages;
+  for (int stage = 0; stage < l.pp; ++stage) stages.push_back(tracer(m, l, global_batch, stage));
+  const TracedStep& heaviest = *std::max_element(stages.begin(), stages.end(), [](const TracedStep& a, const TracedStep& b) {
+    return a.memory.params < b.memory.params;
+  });
+  e = evaluate_with(m, c, l, global_batch, simulate, cache, &heaviest);
   MemoryBreakdown best;
-  for (int stage = 0; stage < l.pp; ++stage) {
-    const TracedMemory t = tracer(m, l, global_batch, stage);
+  for (const TracedStep& t : stages) {
     MemoryBreakdown mem;
-    mem.params = t.params;
-    mem.grads = t.grads;
-    mem.optimizer = t.optimizer;
-    mem.activations = std::max(0.0, t.total - t.params - t.grads - t.optimizer);
+    mem.params = t.memory.params;
+    mem.grads = t.memory.grads;
+    mem.optimizer = t.memory.optimizer;
+    mem.activations = std::max(0.0, t.memory.total - t.memory.params - t.memory.grads - t.memory.optimizer);
     mem.other = c.software.reserved_bytes + c.software.fragmentation * c.device.memory_bytes;
     if (mem.total() > best.total()) best = mem;
   }
@@ -597,15 +631,15 @@ void trace_memory(const ModelSpec& m, const Cluster& c, int64_t global_batch, Es
 
 }  // namespace detail
 
-void set_step_memory_tracer(StepMemoryTracer tracer) {
-  std::lock_guard lock(g_memory_tracer_mutex);
-  g_memory_tracer = std::move(tracer);
+void set_step_tracer(StepTracer tracer) {
+  std::lock_guard lock(g_step_tracer_mutex);
+  g_step_tracer = std::move(tracer);
 }
 
 Estimate evaluate(const ModelSpec& m, const Cluster& c, const Layout& layout, int64_t global_batch, bool simulate) {
   validate(m);
   Estimate e = detail::evaluate_with(m, c, layout, global_batch, simulate, nullptr);
-  detail::trace_memory(m, c, global_batch, e);
+  detail::trace_step(m, c, global_batch, simulate, nullptr, e);
   return e;
 }
 

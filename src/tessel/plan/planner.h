@@ -11,6 +11,7 @@
 #include "tessel/plan/cluster.h"
 #include "tessel/plan/cost_model.h"
 #include "tessel/plan/model_spec.h"
+#include "tessel/plan/traced.h"
 
 namespace tessel::plan {
 
@@ -82,6 +83,13 @@ struct Estimate {
   double tp_hidden = 0, dp_hidden = 0, cp_hidden = 0;
   double expert_imbalance = 1;   // the busiest ep rank's expert load over the mean (moe_imbalance)
   MemoryBreakdown memory;        // per device, bytes (the busiest pipeline rank)
+  // tessel's own runtime (an f32 cluster, the step tracer installed), the layouts it reports:
+  // the traced step's collectives of the rank whose data-parallel and pipeline traffic the
+  // step time charges (world rank `traced_rank`, the first of the stage holding the most
+  // parameters). Its dp and pp entries (and the gradient sums over ep and cp) are what dp_comm
+  // and pp_comm are timed from. Empty where the closed forms are used.
+  std::vector<TracedCollective> step_collectives;
+  int traced_rank = -1;
   LayerShape block;              // how a dense block was costed (spans, micro-batch): --explain
   bool fits = true;
   bool simulated = false;        // the schedule was played (false: closed-form estimate)
@@ -112,12 +120,19 @@ std::string cp_refusal(const ModelSpec& m, int tp, int cp, const std::string& me
 // clusters it plans for thread ranks or processes of this program — in place of the formulas,
 // on the layouts it reports (evaluate, and search's best); a mixture of experts is traced with
 // a balanced router.
+// The same step gives the step's collectives, by mesh dim (dp, pp, tp, ...; plan/traced.h):
+// the planner charges the data-parallel reduction and gather and the pipeline's messages of
+// those layouts from them, in place of its closed forms.
 struct TracedMemory {
   double params = 0, grads = 0, optimizer = 0, total = 0;
 };
-using StepMemoryTracer =
-    std::function<TracedMemory(const ModelSpec& m, const Layout& l, int64_t global_batch, int stage)>;
-void set_step_memory_tracer(StepMemoryTracer tracer);
+struct TracedStep {
+  TracedMemory memory;
+  std::vector<TracedCollective> comm;
+  int rank = 0;  // the world rank traced
+};
+using StepTracer = std::function<TracedStep(const ModelSpec& m, const Layout& l, int64_t global_batch, int stage)>;
+void set_step_tracer(StepTracer tracer);
 
 // Evaluates one layout. Throws Error naming what does not fit together (degrees vs devices,
 // heads vs tp, layers vs stages, batch vs dp x micro-batch, schedule constraints).

@@ -179,11 +179,11 @@ SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) 
     ++result.simulated;
     if (e.fits) played.push_back(std::move(e));
   }
-  std::sort(played.begin(), played.end(), faster);
-  // The layouts reported get the runtime's traced memory where it applies; one that then does
-  // not fit is dropped.
-  for (Estimate& e : played) detail::trace_memory(m, c, o.global_batch, e);
+  // The layouts reported get the runtime's traced step where it applies (its data-parallel and
+  // pipeline traffic, its memory); one that then does not fit is dropped.
+  for (Estimate& e : played) detail::trace_step(m, c, o.global_batch, true, &played_cache, e);
   std::erase_if(played, [](const Estimate& e) { return !e.fits; });
+  std::sort(played.begin(), played.end(), faster);
   if (static_cast<int>(played.size()) > o.top) played.resize(static_cast<size_t>(o.top));
   result.best = std::move(played);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -33,6 +33,13 @@ struct StepTrace {
   std::vector<TracedCollective> comm;
 };
 
+// The time of traced collectives on one mesh dim's group of span `g`, their bytes scaled by
+// `scale` (the cluster's precision over the trace's f32). CommStats' bytes: the buffer of an
+// all_reduce, each rank's input of an all_gather, the full input of a reduce_scatter, what a
+// rank sends of an all_to_all. A collective with bytes and no calls (a per-step sum that grew)
+// is timed for its bytes alone.
+double traced_comm_time(const Cluster& c, const TracedCollective& x, GroupSpan g, double scale);
+
 using BlockTracer = std::function<StepTrace(const ModelSpec& m, const LayerShape& s, int layers)>;
 // Installs the tracer (the engine layer's install_block_tracer does); null removes it.
 void set_block_tracer(BlockTracer tracer);
