@@ -59,17 +59,20 @@ inline void store(T* p, const Vec<T>& v) {
 
 // C = alpha · acc + beta · C, small_gemm's epilogue: ep(i, j, acc, n, c) receives the sum
 // acc of C(i, j..j+n-1) (n <= lanes; the lanes past n are 0) and where that part of C sits.
-template <typename T>
+// Beta known to be 0 or 1 (Beta 0 or 1) or any (-1); a known one computes the same values.
+template <typename T, int Beta = -1>
 struct AlphaBeta {
   T alpha, beta;
   void operator()(int64_t, int64_t, Vec<T> acc, int64_t n, T* c) const {
     Vec<T> r = acc * alpha;
+    const bool add = Beta == 1 || (Beta == -1 && beta != T(0));
+    const T bt = Beta == 1 ? T(1) : beta;
     if (n == kLanes<T>) {
-      if (beta != T(0)) r += beta * load(c);
+      if (add) r += bt * load(c);
       store(c, r);
       return;
     }
-    for (int64_t e = 0; e < n; ++e) c[e] = beta != T(0) ? r[e] + beta * c[e] : r[e];
+    for (int64_t e = 0; e < n; ++e) c[e] = add ? r[e] + bt * c[e] : r[e];
   }
 };
 
@@ -162,7 +165,11 @@ void small_gemm_ep(int64_t M, int64_t N, int64_t K, const T* a, int64_t sa_row, 
 template <typename T>
 void small_gemm(int64_t M, int64_t N, int64_t K, T alpha, const T* a, int64_t sa_row, int64_t sa_col, const T* b,
                 int64_t ldb, T beta, T* c, int64_t ldc) {
-  small_gemm_ep(M, N, K, a, sa_row, sa_col, b, ldb, c, ldc, small_gemm_detail::AlphaBeta<T>{alpha, beta});
+  // (beta 0 and 1, attention's, each with its own epilogue: no test of beta per vector.)
+  using small_gemm_detail::AlphaBeta;
+  if (beta == T(0)) small_gemm_ep(M, N, K, a, sa_row, sa_col, b, ldb, c, ldc, AlphaBeta<T, 0>{alpha, beta});
+  else if (beta == T(1)) small_gemm_ep(M, N, K, a, sa_row, sa_col, b, ldb, c, ldc, AlphaBeta<T, 1>{alpha, beta});
+  else small_gemm_ep(M, N, K, a, sa_row, sa_col, b, ldb, c, ldc, AlphaBeta<T>{alpha, beta});
 }
 
 }  // namespace tessel::kernels
