@@ -3,7 +3,8 @@
 // scalar fast::exp to within rounding, and the edges attention relies on — e^0 exactly 1 (a
 // rescale by a max that did not move is skipped), -inf and anything below the range exactly 0
 // (masked scores), +inf above it, and NaN kept. fast::exp2_16 (2^x, for attention's scores
-// in base 2) the same against exp2 in double, with the same edges.
+// in base 2) the same against exp2 in double, with the same edges, and exp2_16_finite (no
+// clamps) equal to it wherever x is finite.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -95,6 +96,20 @@ TEST(FastMath, Exp2x16EdgesAreExact) {
   EXPECT_EQ(y[11], 1024.0f);
   EXPECT_EQ(y[12], std::exp2(-149.0f));  // the smallest subnormal
   EXPECT_NEAR(y[13], std::sqrt(2.0), 2e-7 * std::sqrt(2.0));
+}
+
+// exp2_16_finite, exp2_16 without the clamps: the same values for every finite x, far below
+// and above the range included (vscalefps takes any exponent).
+TEST(FastMath, Exp2x16FiniteMatchesExp2x16) {
+  std::vector<float> x;
+  for (double v = -3000.0; v < 3000.0; v += 0.37) x.push_back(static_cast<float>(v));
+  while (x.size() % 16 != 0) x.push_back(-0.25f);
+  const std::vector<float> want = exp2_16_of(x);
+  for (size_t i = 0; i < x.size(); i += 16) {
+    float got[16];
+    _mm512_storeu_ps(got, fast::exp2_16_finite(_mm512_loadu_ps(x.data() + i)));
+    for (size_t e = 0; e < 16; ++e) ASSERT_EQ(got[e], want[i + e]) << "x = " << x[i + e];
+  }
 }
 #else
 TEST(FastMath, Exp16MatchesLibmAcrossTheRange) { GTEST_SKIP() << "fast::exp16 needs AVX-512"; }

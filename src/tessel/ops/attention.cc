@@ -306,7 +306,8 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const Heads<T>& q
     }
     // The running max grows to cover this block; alpha = e^(m_old - m_new) rescales what came
     // before.
-    online_softmax(st, kBlockQ, bc, rows, m, l, base, alpha);
+    if (ov == Overlap::full) online_softmax<T, true>(st, kBlockQ, bc, rows, m, l, base, alpha);
+    else online_softmax<T>(st, kBlockQ, bc, rows, m, l, base, alpha);
     // acc[rows, D] = alpha ⊙ acc + P[rows, bc] @ v[j0:j1, D]  (P read transposed out of st);
     // a full pair rescales in the product's epilogue, a partial pair first (rows whose max
     // stayed put are left alone: a factor of exactly 1) and then adds by strips of queries,

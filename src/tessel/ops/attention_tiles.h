@@ -132,7 +132,9 @@ T dot(const T* __restrict a, const T* __restrict b, int64_t n) {
 // m_new), l = l·alpha + Σ_c e^(s - m_new) in key order, and st becomes e^(s - m_new). A row
 // that has seen no key yet (m = -inf) takes 0 as its base: e^(-inf - 0) = 0. On AVX-512 a
 // group of 16 rows keeps its max and sum in registers through the block.
-template <typename T>
+// Finite: every score is finite (a fully visible pair), so the exponentials of the scores
+// need no clamps.
+template <typename T, bool Finite = false>
 void online_softmax(T* __restrict st, int64_t ld, int64_t bc, int64_t rows, T* __restrict m, T* __restrict l,
                     T* __restrict base, T* __restrict alpha) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
@@ -149,7 +151,8 @@ void online_softmax(T* __restrict st, int64_t ld, int64_t bc, int64_t rows, T* _
       __m512 sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, l + r), a);
       for (int64_t c = 0; c < bc; ++c) {
         T* x = st + c * ld + r;
-        const __m512 e = fast::exp2_16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x), b));
+        const __m512 y = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, x), b);
+        const __m512 e = Finite ? fast::exp2_16_finite(y) : fast::exp2_16(y);
         _mm512_mask_storeu_ps(x, k, e);
         sum = _mm512_add_ps(sum, e);
       }
@@ -211,7 +214,8 @@ struct ExpShifted {
   void operator()(int64_t i, int64_t, Vec<T> acc, int64_t n, T* c) const {
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<T, float>) {
-      const __m512 e = fast::exp2_16(_mm512_fmsub_ps(acc, _mm512_set1_ps(scale), _mm512_set1_ps(L[i])));
+      // (Finite: every score of a fully visible pair and every row's LSE are.)
+      const __m512 e = fast::exp2_16_finite(_mm512_fmsub_ps(acc, _mm512_set1_ps(scale), _mm512_set1_ps(L[i])));
       _mm512_mask_storeu_ps(c, lanes_below(n), e);
       return;
     }
