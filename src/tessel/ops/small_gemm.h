@@ -10,6 +10,7 @@
 // p = 0..K-1 (deterministic: no dependence on threads or timing).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -111,8 +112,14 @@ template <typename T, int NV, typename Ep>
 inline void tile_column(int64_t M, int64_t K, const T* a, int64_t sa_row, int64_t sa_col, const T* b, int64_t ldb, T* c,
                         int64_t ldc, int64_t j0, const Ep& ep) {
   int64_t i = 0;
-  for (; i + kTileRows <= M; i += kTileRows)
+  for (; i + kTileRows <= M; i += kTileRows) {
+    // A row-major A is read a row at a time per tile: its next tile's rows are fetched into
+    // L1 now, while this tile's multiply-adds run, not when the next tile stalls on them.
+    if (sa_col == 1)
+      for (int64_t r = i + kTileRows; r < std::min<int64_t>(M, i + 2 * kTileRows); ++r)
+        for (int64_t p = 0; p < K; p += 64 / static_cast<int64_t>(sizeof(T))) __builtin_prefetch(a + r * sa_row + p, 0, 3);
     tile<T, kTileRows, NV>(K, a + i * sa_row, sa_row, sa_col, b, ldb, c + i * ldc, ldc, i, j0, ep);
+  }
   const T* ai = a + i * sa_row;
   T* ci = c + i * ldc;
   switch (M - i) {
