@@ -31,11 +31,17 @@
 // and out, dq, dk, dv are written laid out [B, T, H, D] in memory, so merging the heads
 // afterwards is a view (dq, dk and dv of a fused projection's heads share one buffer laid
 // out like it instead, and a contiguous input gets a contiguous gradient). The block
-// products run on kernels::small_gemm; a partly visible block pair (the causal diagonal)
-// runs them in strips of 16 over what each strip sees. Where does the time go (f32, one
-// thread, T = 1k, D = 64, bench/attention_bench): about 80% in the seven 64×64×64 block
-// products per block pair (S and P·V forward; S again, dV, dP, dQ and dK backward), which
-// run near the core's FMA peak; the exponentials (fast::exp16) and the rest share the other 20%.
+// products run on kernels::small_gemm; a fully visible pair does its elementwise work in
+// their epilogues (small_gemm_ep: P = 2^(s - LSE), dS = P ⊙ (dP - D), the rescale of the
+// forward's accumulator) while the sums are in registers, and f32 exponentiates in base 2
+// (attention_tiles.h); a partly visible block pair (the causal diagonal) runs the products in
+// strips of 16 over what each strip sees, with separate elementwise passes. Where does the
+// time go (f32, one thread, T = 1k, D = 64, bench/attention_bench, ~315 ms forward +
+// backward): ~80% in the seven 64×64×64 block products of the fully visible pairs (S and P·V
+// forward; S again, dV, dP, dQ and dK backward) at ~225 GFLOP/s in place (~250 with their
+// operands in L1, a core's FMA peak ~270); ~10% in the diagonal pairs (7.6% of the products);
+// ~3% in the forward's online softmax; the rest in the first touch of the fresh outputs and
+// gradients, transposes, D and bookkeeping (docs/attention.md, "Measured").
 #include "tessel/ops/attention.h"
 
 #include <algorithm>

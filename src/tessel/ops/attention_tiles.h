@@ -1,6 +1,7 @@
 // The vectorised pieces of the fused attention kernel (ops/attention.cc): register transposes
 // of 16 × 16 tiles, a fixed-order dot product, the forward's online-softmax step over a
-// key-major score tile and the backward's masked exponentials. f32 on AVX-512 runs them 16
+// key-major score tile, the backward's masked exponentials and the epilogues that do a fully
+// visible block pair's elementwise work inside its products. f32 on AVX-512 runs them 16
 // lanes at a time; every other type and target runs the plain loops. Which lanes an element
 // takes never changes its value, so results do not depend on the target's vector width beyond
 // what the plain loops would give. Internal to the ops layer.
@@ -130,7 +131,9 @@ T dot(const T* __restrict a, const T* __restrict b, int64_t n) {
 // One block of the forward's online softmax over the key-major scores st[c·ld + r]
 // (key c < bc, query r < rows): the running max m grows to the block's, alpha = e^(m_old -
 // m_new), l = l·alpha + Σ_c e^(s - m_new) in key order, and st becomes e^(s - m_new). A row
-// that has seen no key yet (m = -inf) takes 0 as its base: e^(-inf - 0) = 0. On AVX-512 a
+// that has seen no key yet (m = -inf) takes 0 as its base: e^(-inf - 0) = 0. (e^ is
+// exp_base, and s and m are in the kernel's base: for f32 that is 2^ of scores scaled by
+// log2(e), the same values as e^ of the scores themselves.) On AVX-512 a
 // group of 16 rows keeps its max and sum in registers through the block.
 // Finite: every score is finite (a fully visible pair), so the exponentials of the scores
 // need no clamps.
