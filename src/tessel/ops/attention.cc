@@ -31,11 +31,17 @@
 // and out, dq, dk, dv are written laid out [B, T, H, D] in memory, so merging the heads
 // afterwards is a view (dq, dk and dv of a fused projection's heads share one buffer laid
 // out like it instead, and a contiguous input gets a contiguous gradient). The block
-// products run on kernels::small_gemm; a partly visible block pair (the causal diagonal)
-// runs them in strips of 16 over what each strip sees. Where does the time go (f32, one
-// thread, T = 1k, D = 64, bench/attention_bench): about 80% in the seven 64×64×64 block
-// products per block pair (S and P·V forward; S again, dV, dP, dQ and dK backward), which
-// run near the core's FMA peak; the exponentials (fast::exp16) and the rest share the other 20%.
+// products run on kernels::small_gemm; a fully visible pair does its elementwise work in
+// their epilogues (small_gemm_ep: P = 2^(s - LSE), dS = P ⊙ (dP - D), the rescale of the
+// forward's accumulator) while the sums are in registers, and f32 exponentiates in base 2
+// (attention_tiles.h); a partly visible block pair (the causal diagonal) runs the products in
+// strips of 16 over what each strip sees, with separate elementwise passes. Where does the
+// time go (f32, one thread, T = 1k, D = 64, bench/attention_bench, ~315 ms forward +
+// backward): ~80% in the seven 64×64×64 block products of the fully visible pairs (S and P·V
+// forward; S again, dV, dP, dQ and dK backward) at ~225 GFLOP/s in place (~250 with their
+// operands in L1, a core's FMA peak ~270); ~10% in the diagonal pairs (7.6% of the products);
+// ~3% in the forward's online softmax; the rest in the first touch of the fresh outputs and
+// gradients, transposes, D and bookkeeping (docs/attention.md, "Measured").
 #include "tessel/ops/attention.h"
 
 #include <algorithm>
@@ -268,6 +274,7 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const Heads<T>& q
                    ForwardScratch<T>& w) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   const int64_t kvh = h / d.group(), D = d.D;
+  const T scale2 = scale * kLogBase<T>;
   T* __restrict st = w.st.data();
   T* __restrict m = w.m.data();
   T* __restrict l = w.l.data();
@@ -283,16 +290,17 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const Heads<T>& q
     const int64_t j1 = std::min(j0 + kBlockK, d.S), bc = j1 - j0;
     const Overlap ov = overlap(vis, t0, rows, j0, j1);
     if (ov == Overlap::none) continue;
-    // st[bc, rows] = k[j0:j1, D] @ qt[D, rows] · scale; a partial pair by strips of keys
+    // st[bc, rows] = k[j0:j1, D] @ qt[D, rows] · scale, in the kernel's base (scale2); a
+    // partial pair by strips of keys
     const T* kj = k.at(b, kvh) + j0 * k.ld;
     if (ov == Overlap::full) {
-      small_gemm<T>(bc, rows, D, scale, kj, k.ld, 1, w.qt.data(), kBlockQ, T(0), st, kBlockQ);
+      small_gemm<T>(bc, rows, D, scale2, kj, k.ld, 1, w.qt.data(), kBlockQ, T(0), st, kBlockQ);
     } else {
       for (int64_t c0 = 0; c0 < bc; c0 += kStrip) {
         const int64_t c1 = std::min(bc, c0 + kStrip);
         const Span r = rows_seeing(vis, t0, rows, j0, c0, c1);
         if (r.size() > 0)
-          small_gemm<T>(c1 - c0, r.size(), D, scale, kj + c0 * k.ld, k.ld, 1, w.qt.data() + r.lo, kBlockQ, T(0),
+          small_gemm<T>(c1 - c0, r.size(), D, scale2, kj + c0 * k.ld, k.ld, 1, w.qt.data() + r.lo, kBlockQ, T(0),
                         st + c0 * kBlockQ + r.lo, kBlockQ);
       }
       const int64_t* lo = vis.lo.data() + t0;
@@ -302,19 +310,21 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const Heads<T>& q
         for (int64_t r = 0; r < rows; ++r) row[r] = j0 + c >= lo[r] && j0 + c < hi[r] ? row[r] : kNegInf;
       }
     }
-    // The running max grows to cover this block; e^(m_old - m_new) rescales what came before
-    // (rows whose max stayed put, most of them after the first few blocks, are left alone:
-    // a factor of exactly 1).
-    online_softmax(st, kBlockQ, bc, rows, m, l, base, alpha);
-    for (int64_t r = 0; r < rows; ++r)
-      if (alpha[r] != T(1))
-        for (int64_t e = 0; e < D; ++e) w.acc[static_cast<size_t>(r * D + e)] *= alpha[r];
-    // acc[rows, D] += P[rows, bc] @ v[j0:j1, D]  (P read transposed out of st); a partial
-    // pair by strips of queries, each over the keys it sees
+    // The running max grows to cover this block; alpha = e^(m_old - m_new) rescales what came
+    // before.
+    if (ov == Overlap::full) online_softmax<T, true>(st, kBlockQ, bc, rows, m, l, base, alpha);
+    else online_softmax<T>(st, kBlockQ, bc, rows, m, l, base, alpha);
+    // acc[rows, D] = alpha ⊙ acc + P[rows, bc] @ v[j0:j1, D]  (P read transposed out of st);
+    // a full pair rescales in the product's epilogue, a partial pair first (rows whose max
+    // stayed put are left alone: a factor of exactly 1) and then adds by strips of queries,
+    // each over the keys it sees
     const T* vj = v.at(b, kvh) + j0 * v.ld;
     if (ov == Overlap::full) {
-      small_gemm<T>(rows, D, bc, T(1), st, 1, kBlockQ, vj, v.ld, T(1), w.acc.data(), D);
+      kernels::small_gemm_ep<T>(rows, D, bc, st, 1, kBlockQ, vj, v.ld, w.acc.data(), D, RescaleAdd<T>{alpha});
     } else {
+      for (int64_t r = 0; r < rows; ++r)
+        if (alpha[r] != T(1))
+          for (int64_t e = 0; e < D; ++e) w.acc[static_cast<size_t>(r * D + e)] *= alpha[r];
       for (int64_t r0 = 0; r0 < rows; r0 += kStrip) {
         const int64_t r1 = std::min(rows, r0 + kStrip);
         const Span c = keys_seen(vis, t0, r0, r1, j0, bc);
@@ -328,7 +338,7 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const Heads<T>& q
   for (int64_t r = 0; r < rows; ++r) {
     const T inv = l[r] > T(0) ? T(1) / l[r] : T(0);
     for (int64_t e = 0; e < D; ++e) o[r * out.ld + e] = w.acc[static_cast<size_t>(r * D + e)] * inv;
-    lse[t0 + r] = l[r] > T(0) ? m[r] + std::log(l[r]) : kNegInf;
+    lse[t0 + r] = lse_of(m[r], l[r]);
   }
 }
 
@@ -364,13 +374,14 @@ std::vector<Tensor> sdpa_forward(const OpCall& c) {
 // ---------------------------------------------------------------- backward
 
 // Scratch of one backward task: the key block's k and v transposed, the block pair's P and
-// dP (then dS), row-major [rows, kBlockK], and the key block's dK and dV accumulators.
+// dP (then dS), row-major [rows, kBlockK], the key block's dK and dV accumulators and the
+// query block's LSE in the kernel's base.
 template <typename T>
 struct BackwardScratch {
-  std::vector<T> kt, vt, p, ds, dk, dv;
+  std::vector<T> kt, vt, p, ds, dk, dv, lse;
   explicit BackwardScratch(int64_t D)
       : kt(static_cast<size_t>(D * kBlockK)), vt(kt.size()), p(static_cast<size_t>(kBlockQ * kBlockK)), ds(p.size()),
-        dk(static_cast<size_t>(kBlockK * D)), dv(dk.size()) {}
+        dk(static_cast<size_t>(kBlockK * D)), dv(dk.size()), lse(kBlockQ) {}
 };
 
 struct BackwardArgs {
@@ -393,6 +404,7 @@ void backward_key_block(const Dims& d, T scale, const Visible& vis, const Heads<
   std::fill(w.dv.begin(), w.dv.end(), T(0));
   T* __restrict p = w.p.data();
   T* __restrict ds = w.ds.data();
+  const T scale2 = scale * kLogBase<T>;  // the scores' scale in the kernel's base
   for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
     const T* lse_h = lse + (b * d.H + h) * d.T;
     const T* delta_h = delta + (b * d.H + h) * d.T;
@@ -403,21 +415,18 @@ void backward_key_block(const Dims& d, T scale, const Visible& vis, const Heads<
       const T* qi = q.at(b, h) + t0 * q.ld;
       const T* gi = dO.at(b, h) + t0 * dO.ld;
       T* dqi = want.dq ? dq.at(b, h) + t0 * dq.ld : nullptr;
+      T* __restrict L = w.lse.data();  // the rows' LSE in the kernel's base
+      for (int64_t r = 0; r < rows; ++r) L[r] = lse_h[t0 + r] * kLogBase<T>;
       if (ov == Overlap::full) {
-        // s[rows, bc] = q[rows, D] @ kt[D, bc] · scale, then P = e^(s - LSE)
-        small_gemm<T>(rows, bc, D, scale, qi, q.ld, 1, w.kt.data(), kBlockK, T(0), p, kBlockK);
-        for (int64_t r = 0; r < rows; ++r) exp_shifted_within(p + r * kBlockK, lse_h[t0 + r], bc, 0, bc);
+        // P[rows, bc] = e^(q[rows, D] @ kt[D, bc] · scale - LSE), the exponentials in the
+        // product's epilogue
+        kernels::small_gemm_ep<T>(rows, bc, D, qi, q.ld, 1, w.kt.data(), kBlockK, p, kBlockK, ExpShifted<T>{scale2, L});
         // dV[bc, D] += P^T[bc, rows] @ dO[rows, D]
         if (want.dv) small_gemm<T>(bc, D, rows, T(1), p, 1, kBlockK, gi, dO.ld, T(1), w.dv.data(), D);
         if (!need_ds) continue;
-        // dP[rows, bc] = dO[rows, D] @ vt[D, bc], then dS = P ⊙ (dP - D)
-        small_gemm<T>(rows, bc, D, T(1), gi, dO.ld, 1, w.vt.data(), kBlockK, T(0), ds, kBlockK);
-        for (int64_t r = 0; r < rows; ++r) {
-          const T dr = delta_h[t0 + r];
-          T* __restrict drow = ds + r * kBlockK;
-          const T* __restrict prow = p + r * kBlockK;
-          for (int64_t c = 0; c < bc; ++c) drow[c] = prow[c] * (drow[c] - dr);
-        }
+        // dS[rows, bc] = P ⊙ (dO[rows, D] @ vt[D, bc] - D), in the product's epilogue
+        kernels::small_gemm_ep<T>(rows, bc, D, gi, dO.ld, 1, w.vt.data(), kBlockK, ds, kBlockK,
+                                  ProbsTimesShifted<T>{p, kBlockK, delta_h + t0});
         // dQ[rows, D] += dS[rows, bc] @ k[bc, D] · scale
         if (want.dq) small_gemm<T>(rows, D, bc, scale, ds, kBlockK, 1, kj, k.ld, T(1), dqi, dq.ld);
         // dK[bc, D] += dS^T[bc, rows] @ q[rows, D] · scale
@@ -437,11 +446,11 @@ void backward_key_block(const Dims& d, T scale, const Visible& vis, const Heads<
       for (int64_t r0 = 0, i = 0; r0 < rows; r0 += kStrip, ++i) {
         const Span c = seen[static_cast<size_t>(i)];
         if (c.size() > 0)
-          small_gemm<T>(std::min(kStrip, rows - r0), c.size(), D, scale, qi + r0 * q.ld, q.ld, 1, w.kt.data() + c.lo,
+          small_gemm<T>(std::min(kStrip, rows - r0), c.size(), D, scale2, qi + r0 * q.ld, q.ld, 1, w.kt.data() + c.lo,
                         kBlockK, T(0), p + r0 * kBlockK + c.lo, kBlockK);
       }
       for (int64_t r = 0; r < rows; ++r)
-        exp_shifted_within(p + r * kBlockK, lse_h[t0 + r], bc, vis.lo[static_cast<size_t>(t0 + r)] - j0,
+        exp_shifted_within(p + r * kBlockK, L[r], bc, vis.lo[static_cast<size_t>(t0 + r)] - j0,
                            vis.hi[static_cast<size_t>(t0 + r)] - j0);
       if (want.dv)
         for (int64_t c0 = 0, i = 0; c0 < bc; c0 += kStrip, ++i) {

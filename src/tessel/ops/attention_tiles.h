@@ -1,12 +1,14 @@
 // The vectorised pieces of the fused attention kernel (ops/attention.cc): register transposes
 // of 16 × 16 tiles, a fixed-order dot product, the forward's online-softmax step over a
-// key-major score tile and the backward's masked exponentials. f32 on AVX-512 runs them 16
+// key-major score tile, the backward's masked exponentials and the epilogues that do a fully
+// visible block pair's elementwise work inside its products. f32 on AVX-512 runs them 16
 // lanes at a time; every other type and target runs the plain loops. Which lanes an element
 // takes never changes its value, so results do not depend on the target's vector width beyond
 // what the plain loops would give. Internal to the ops layer.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -16,8 +18,30 @@
 #endif
 
 #include "tessel/ops/fast_math.h"
+#include "tessel/ops/small_gemm.h"
 
 namespace tessel::attention_tiles {
+
+// The base of the kernel's exponentials: f32 works in base 2 — its scores are scaled by
+// log2(e) with the product's scale, so each exponential is fast::exp2_16 (no multiply by
+// log2(e), a one-step reduction) — and f64 in base e with libm's exp, the reference of the
+// gradient checks. m, the running max, is in the same base; LSE leaves the kernel in base e.
+template <typename T>
+constexpr T kLogBase = std::is_same_v<T, float> ? T(1.44269504088896340736) : T(1);
+
+template <typename T>
+inline T exp_base(T x) {
+  if constexpr (std::is_same_v<T, float>) return fast::exp2(x);
+  else return std::exp(x);
+}
+
+// LSE in base e of a row whose scores in the kernel's base have max m and Σ 2^(s - m) = l.
+template <typename T>
+inline T lse_of(T m, T l) {
+  if (!(l > T(0))) return -std::numeric_limits<T>::infinity();
+  if constexpr (std::is_same_v<T, float>) return (m + std::log2(l)) * 0.693147180559945309f;
+  else return m + std::log(l);
+}
 
 #if defined(__AVX512F__)
 // (The intrinsics below are the all-lanes mask forms: GCC 12's unmasked ones start from an
@@ -99,16 +123,21 @@ T dot(const T* __restrict a, const T* __restrict b, int64_t n) {
   return s;
 }
 
-// The exponentials of a score tile, 16 f32 lanes at a time on AVX-512 (fast::exp16, masked
-// loads and stores for a last part of fewer than 16); elsewhere fast::exp_t, which the
-// compiler vectorises. Which lanes an element takes never changes its value.
+// The exponentials of a score tile (in the kernel's base, exp_base), 16 f32 lanes at a time
+// on AVX-512 (fast::exp2_16, masked loads and stores for a last part of fewer than 16);
+// elsewhere exp_base, which the compiler vectorises. Which lanes an element takes never
+// changes its value.
 
 // One block of the forward's online softmax over the key-major scores st[c·ld + r]
 // (key c < bc, query r < rows): the running max m grows to the block's, alpha = e^(m_old -
 // m_new), l = l·alpha + Σ_c e^(s - m_new) in key order, and st becomes e^(s - m_new). A row
-// that has seen no key yet (m = -inf) takes 0 as its base: e^(-inf - 0) = 0. On AVX-512 a
+// that has seen no key yet (m = -inf) takes 0 as its base: e^(-inf - 0) = 0. (e^ is
+// exp_base, and s and m are in the kernel's base: for f32 that is 2^ of scores scaled by
+// log2(e), the same values as e^ of the scores themselves.) On AVX-512 a
 // group of 16 rows keeps its max and sum in registers through the block.
-template <typename T>
+// Finite: every score is finite (a fully visible pair), so the exponentials of the scores
+// need no clamps.
+template <typename T, bool Finite = false>
 void online_softmax(T* __restrict st, int64_t ld, int64_t bc, int64_t rows, T* __restrict m, T* __restrict l,
                     T* __restrict base, T* __restrict alpha) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
@@ -121,11 +150,12 @@ void online_softmax(T* __restrict st, int64_t ld, int64_t bc, int64_t rows, T* _
       __m512 mx = m_old;
       for (int64_t c = 0; c < bc; ++c) mx = _mm512_mask_max_ps(mx, kAll, mx, _mm512_maskz_loadu_ps(k, st + c * ld + r));
       const __m512 b = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
-      const __m512 a = fast::exp16(_mm512_sub_ps(m_old, b));
+      const __m512 a = fast::exp2_16(_mm512_sub_ps(m_old, b));
       __m512 sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, l + r), a);
       for (int64_t c = 0; c < bc; ++c) {
         T* x = st + c * ld + r;
-        const __m512 e = fast::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x), b));
+        const __m512 y = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, x), b);
+        const __m512 e = Finite ? fast::exp2_16_finite(y) : fast::exp2_16(y);
         _mm512_mask_storeu_ps(x, k, e);
         sum = _mm512_add_ps(sum, e);
       }
@@ -143,18 +173,18 @@ void online_softmax(T* __restrict st, int64_t ld, int64_t bc, int64_t rows, T* _
   for (int64_t r = 0; r < rows; ++r) {
     const T mn = base[r];
     base[r] = mn == kNegInf ? T(0) : mn;
-    alpha[r] = fast::exp_t<T>(m[r] - base[r]);
+    alpha[r] = exp_base<T>(m[r] - base[r]);
     m[r] = mn;
     l[r] *= alpha[r];
   }
   for (int64_t c = 0; c < bc; ++c)
     for (int64_t r = 0; r < rows; ++r) {
-      st[c * ld + r] = fast::exp_t<T>(st[c * ld + r] - base[r]);
+      st[c * ld + r] = exp_base<T>(st[c * ld + r] - base[r]);
       l[r] += st[c * ld + r];
     }
 }
 
-// Backward, query-major: row[c] = e^(row[c] - L) for c in [lo, hi), 0 elsewhere in [0, n).
+// Backward, query-major: row[c] = exp_base(row[c] - L) for c in [lo, hi), 0 elsewhere in [0, n).
 template <typename T>
 void exp_shifted_within(T* __restrict row, T L, int64_t n, int64_t lo, int64_t hi) {
 #if defined(__AVX512F__)
@@ -163,13 +193,76 @@ void exp_shifted_within(T* __restrict row, T L, int64_t n, int64_t lo, int64_t h
     for (int64_t c = 0; c < n; c += 16) {
       const __mmask16 m = lanes_below(n - c);
       const __mmask16 keep = m & lanes_below(std::max<int64_t>(hi - c, 0)) & ~lanes_below(std::max<int64_t>(lo - c, 0));
-      const __m512 e = fast::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + c), shift));
+      const __m512 e = fast::exp2_16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + c), shift));
       _mm512_mask_storeu_ps(row + c, m, _mm512_maskz_mov_ps(keep, e));
     }
     return;
   }
 #endif
-  for (int64_t c = 0; c < n; ++c) row[c] = c >= lo && c < hi ? fast::exp_t<T>(row[c] - L) : T(0);
+  for (int64_t c = 0; c < n; ++c) row[c] = c >= lo && c < hi ? exp_base<T>(row[c] - L) : T(0);
 }
+
+// Epilogues of the block products (kernels::small_gemm_ep): the elementwise work of a block
+// pair done on each vector of the product's sums while they are in registers, in place of
+// a pass over the tile after it. ep(i, j, acc, n, c) writes C(i, j..j+n-1) from its sums.
+using kernels::small_gemm_detail::Vec;
+using kernels::small_gemm_detail::kLanes;
+
+// The backward's P = exp_base(acc · scale - L[i]) of a fully visible block pair: acc the
+// scores q·k unscaled, scale in the kernel's base, L the rows' LSE in that base.
+template <typename T>
+struct ExpShifted {
+  T scale;
+  const T* L;
+  void operator()(int64_t i, int64_t, Vec<T> acc, int64_t n, T* c) const {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) {
+      // (Finite: every score of a fully visible pair and every row's LSE are.)
+      const __m512 e = fast::exp2_16_finite(_mm512_fmsub_ps(acc, _mm512_set1_ps(scale), _mm512_set1_ps(L[i])));
+      _mm512_mask_storeu_ps(c, lanes_below(n), e);
+      return;
+    }
+#endif
+    for (int64_t e = 0; e < n; ++e) c[e] = exp_base<T>(acc[e] * scale - L[i]);
+  }
+};
+
+// The backward's dS = P ⊙ (acc - delta[i]) of a fully visible block pair: acc = dO·V^T, P the
+// pair's probabilities (rows ldp apart, the same columns as C).
+template <typename T>
+struct ProbsTimesShifted {
+  const T* p;
+  int64_t ldp;
+  const T* delta;
+  void operator()(int64_t i, int64_t j, Vec<T> acc, int64_t n, T* c) const {
+    const T* pr = p + i * ldp + j;
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) {
+      const __mmask16 k = lanes_below(n);
+      const __m512 d = _mm512_sub_ps(acc, _mm512_set1_ps(delta[i]));
+      _mm512_mask_storeu_ps(c, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, pr), d));
+      return;
+    }
+#endif
+    for (int64_t e = 0; e < n; ++e) c[e] = pr[e] * (acc[e] - delta[i]);
+  }
+};
+
+// The forward's accumulator of a fully visible pair: C = acc + alpha[i] · C, the rescale of
+// what came before (alpha = e^(m_old - m_new) of row i) done with the add of P·V.
+template <typename T>
+struct RescaleAdd {
+  const T* alpha;
+  void operator()(int64_t i, int64_t, Vec<T> acc, int64_t n, T* c) const {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) {
+      const __mmask16 k = lanes_below(n);
+      _mm512_mask_storeu_ps(c, k, _mm512_fmadd_ps(_mm512_set1_ps(alpha[i]), _mm512_maskz_loadu_ps(k, c), acc));
+      return;
+    }
+#endif
+    for (int64_t e = 0; e < n; ++e) c[e] = acc[e] + alpha[i] * c[e];
+  }
+};
 
 }  // namespace tessel::attention_tiles

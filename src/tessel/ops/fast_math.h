@@ -67,7 +67,37 @@ inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   return _mm512_mask_scalef_ps(p, all, p, n);
 }
+
+// 2^x on 16 lanes of finite x, for attention, which folds log2(e) into its scores' scale so
+// that each exponential saves exp16's multiply and two-step reduction: x = n + r with n =
+// round(x), |r| <= 1/2 exact, 2^r by Cephes exp2f's degree-6 polynomial (relative error below
+// 2e-7), and 2^n by vscalefps, exact for any n (0 below the range, +inf above it). ±inf give
+// NaN: exp2_16 below clamps them first.
+inline __m512 exp2_16_finite(__m512 x) {
+  const __mmask16 all = 0xFFFF;
+  const __m512 n = _mm512_mask_roundscale_ps(x, all, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.339887440266574e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.618437357674640e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550332471162809e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.402264791363012e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.931472028550421e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_mask_scalef_ps(p, all, p, n);
+}
+
+// 2^x on 16 lanes: exp2_16_finite with x clamped to [-160, 129] first, so -inf gives 0, +inf
+// gives +inf, and NaN stays NaN (max/min return their second operand, x, when one is NaN).
+inline __m512 exp2_16(__m512 x) {
+  const __mmask16 all = 0xFFFF;
+  const __m512 lo = _mm512_set1_ps(-160.0f), hi = _mm512_set1_ps(129.0f);
+  return exp2_16_finite(_mm512_mask_min_ps(hi, all, hi, _mm512_mask_max_ps(lo, all, lo, x)));
+}
 #endif
+
+// 2^x for the non-AVX-512 paths of the same kernels: e^(x·ln2) by fast::exp.
+inline float exp2(float x) { return fast::exp(x * 0.693147180559945309f); }
 
 // tanh: odd-symmetric 1 - 2/(e^{2|x|}+1), with a Taylor series near 0 to keep relative accuracy.
 inline float tanh(float x) {
