@@ -99,8 +99,6 @@ RunConfig block_trace_config(const plan::ModelSpec& m, const plan::LayerShape& s
   }
   cfg.train.steps = 1;
   cfg.train.seq_len = m.seq;
-  cfg.train.global_batch = s.micro_batch;
-  cfg.train.micro_batch = s.micro_batch;
   cfg.train.threads = 1;
   cfg.log.every = 1000;
   parallel::ParallelConfig& p = cfg.parallel;

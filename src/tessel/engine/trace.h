@@ -33,8 +33,9 @@ struct RankTrace {
 RankTrace trace_rank_step(const RunConfig& config, int rank, int steps = 2);
 
 // The config of a traced block step for the planner (plan/traced.h): `layers` blocks of `m`
-// (gpt: tessel's GPT-2; llama), one micro-batch of s.micro_batch sequences, the layout's tp, sp,
-// cp, ep and recompute, dp = pp = 1, no data file (meta mode makes its tokens up).
+// (gpt: tessel's GPT-2; llama; a mixture of experts' sparse blocks when s.moe, all of them
+// sparse), one micro-batch of s.micro_batch sequences per rank, the layout's tp, sp, cp,
+// recompute and (sparse blocks) ep, dp = pp = 1, no data file (meta mode makes its tokens up).
 RunConfig block_trace_config(const plan::ModelSpec& m, const plan::LayerShape& s, int layers);
 // Copies a planned layout into a config's parallel section (and train.micro_batch).
 void apply_layout(RunConfig& config, const plan::Layout& layout);
