@@ -128,6 +128,9 @@ int run(int argc, char** argv) {
     else throw std::runtime_error("unknown argument " + a);
   }
   set_default_num_threads(threads);
+  // As `tessel` does at start: OpenBLAS's idle worker would otherwise poll with sched_yield
+  // through the run, and the process's CPU-time clock counts it (about 5% of either kernel).
+  quiet_blas_workers();
   if (!json)
     fmt::print("attention forward+backward, causal, H={} D={} B*T={} f32, {} thread(s), {} time, median of {} (1 at T >= 8k)\n"
                "{:>6} {:>3} | {:>17} {:>9} {:>9} | {:>17} {:>9} {:>9} | {:>7}\n",
