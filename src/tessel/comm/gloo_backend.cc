@@ -349,14 +349,8 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& members, const std::string& name) override {
-    std::vector<int> world_ranks, nodes;
-    int me = -1;
-    for (int m : members) {
-      if (m == rank()) me = static_cast<int>(world_ranks.size());
-      world_ranks.push_back(ranks()[static_cast<size_t>(m)]);
-      nodes.push_back(this->nodes()[static_cast<size_t>(m)]);
-    }
-    return std::make_shared<GlooProcessGroup>(store_, name, me, world_ranks, nodes, host_, timeout());
+    Members g = members_of(members);
+    return std::make_shared<GlooProcessGroup>(store_, name, g.me, g.world_ranks, g.nodes, host_, timeout());
   }
 
  private:

@@ -160,6 +160,16 @@ AllToAllAlgorithm parse_all_to_all_algorithm(const std::string& name, const std:
   TESSEL_THROW("{}: unknown all_to_all algorithm '{}' (expected auto, flat or hierarchical)", where, name);
 }
 
+ProcessGroup::Members ProcessGroup::members_of(const std::vector<int>& members) const {
+  Members out;
+  for (int m : members) {
+    if (m == rank_) out.me = static_cast<int>(out.world_ranks.size());
+    out.world_ranks.push_back(ranks_[static_cast<size_t>(m)]);
+    out.nodes.push_back(nodes_[static_cast<size_t>(m)]);
+  }
+  return out;
+}
+
 ProcessGroup::ProcessGroup(std::string name, int rank, std::vector<int> ranks, std::vector<int> nodes, Millis timeout)
     : name_(std::move(name)), rank_(rank), ranks_(std::move(ranks)), nodes_(std::move(nodes)), timeout_(timeout) {
   if (nodes_.empty()) nodes_.assign(ranks_.size(), 0);

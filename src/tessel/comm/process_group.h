@@ -256,6 +256,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // A backend group over `members` (group ranks of this group, in order) named `name`; called
   // on members only, collectively.
   virtual std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& members, const std::string& name) = 0;
+  // What a backend's make_group builds its group from: this rank's place among `members` (-1
+  // when it is none of them), their world ranks and their nodes.
+  struct Members {
+    int me = -1;
+    std::vector<int> world_ranks, nodes;
+  };
+  Members members_of(const std::vector<int>& members) const;
 
   // "group 'world' all_reduce (collective #3)" — for error messages.
   std::string describe(const std::string& op) const;

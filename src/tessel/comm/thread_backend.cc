@@ -412,13 +412,8 @@ class ThreadProcessGroup final : public ProcessGroup {
   }
 
   std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& members, const std::string& name) override {
-    std::vector<int> world_ranks;
-    int me = -1;
-    for (int m : members) {
-      if (m == rank()) me = static_cast<int>(world_ranks.size());
-      world_ranks.push_back(ranks()[static_cast<size_t>(m)]);
-    }
-    auto g = std::make_shared<ThreadProcessGroup>(world_, name, me, world_ranks);
+    const Members m = members_of(members);
+    auto g = std::make_shared<ThreadProcessGroup>(world_, name, m.me, m.world_ranks);
     g->set_timeout(timeout());
     return g;
   }

@@ -35,14 +35,8 @@ class TraceProcessGroup final : public ProcessGroup {
   WorkPtr do_recv(void*, size_t, int, int) override { return done(); }
 
   std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& members, const std::string& name) override {
-    std::vector<int> world_ranks, nodes;
-    int me = -1;
-    for (int m : members) {
-      if (m == rank()) me = static_cast<int>(world_ranks.size());
-      world_ranks.push_back(ranks()[static_cast<size_t>(m)]);
-      nodes.push_back(this->nodes()[static_cast<size_t>(m)]);
-    }
-    return make(name, me, std::move(world_ranks), std::move(nodes));
+    Members g = members_of(members);
+    return make(name, g.me, std::move(g.world_ranks), std::move(g.nodes));
   }
 
  public:

@@ -214,6 +214,19 @@ void attention(Pass& p, const ModelSpec& m, int64_t b, int64_t hq, int64_t hkv, 
 // gradients (twice the bytes) beside a backward step. all_to_all: q, k and v turned from
 // sequence shards into head shards before the attention and the output back after (four
 // all_to_alls), and as many in the backward; nothing to overlap them with.
+// The ring's cp - 1 steps each way, a key/value block of `block` bytes per step in the forward,
+// the block and its gradient accumulator side by side in the backward, each under the attention
+// of the block in hand (a cp-th of the layer's): what the attention cannot cover is exposed.
+void ring_comm(LayerCost& lc, const Cluster& c, const LayerShape& s, double block, double attn_fwd, double attn_bwd) {
+  const bool across = s.cp_group.per_node < s.cp_group.size;
+  const double steps = s.cp - 1;
+  const double x_fwd = p2p_time(c, block, across), x_bwd = p2p_time(c, 2 * block, across);
+  const double c_fwd = attn_fwd / s.cp, c_bwd = attn_bwd / s.cp;
+  lc.cp_fwd += steps * std::max(0.0, x_fwd - c_fwd);
+  lc.cp_bwd += steps * std::max(0.0, x_bwd - c_bwd);
+  lc.cp_hidden += steps * (std::min(x_fwd, c_fwd) + std::min(x_bwd, c_bwd));
+}
+
 void cp_comm(LayerCost& lc, const Cluster& c, const LayerShape& s, const ModelSpec& m, double attn_fwd, double attn_bwd,
              int64_t hq, int64_t hkv, double act) {
   if (s.cp <= 1) return;
@@ -221,14 +234,8 @@ void cp_comm(LayerCost& lc, const Cluster& c, const LayerShape& s, const ModelSp
   const double sq = static_cast<double>(m.seq) / s.cp;
   if (s.cp_method == "ring") {
     const double block = 2 * b * sq * static_cast<double>(hkv) * d * act;  // K and V of one rank
-    const bool across = s.cp_group.per_node < s.cp_group.size;
-    const double steps = s.cp - 1;
-    const double x_fwd = p2p_time(c, block, across), x_bwd = p2p_time(c, 2 * block, across);
-    const double c_fwd = attn_fwd / s.cp, c_bwd = attn_bwd / s.cp;
-    lc.cp_fwd = steps * std::max(0.0, x_fwd - c_fwd);
-    lc.cp_bwd = steps * std::max(0.0, x_bwd - c_bwd);
-    lc.cp_hidden = steps * (std::min(x_fwd, c_fwd) + std::min(x_bwd, c_bwd));
-    lc.cp_bytes = steps * 3 * block;
+    ring_comm(lc, c, s, block, attn_fwd, attn_bwd);
+    lc.cp_bytes = (s.cp - 1) * 3 * block;
   } else {
     // Per rank before the reshard: its sq tokens of this tp rank's heads (hq, hkv are per tp
     // rank here, whole over cp).
@@ -393,18 +400,8 @@ LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerSha
       lc.cp_bwd += t / 2;
       lc.cp_bytes += static_cast<double>(x.bytes) * scale;
     } else if (x.dim == "cp" && x.kind == "send" && x.calls > 0) {
-      // The ring: cp - 1 steps each way, a key/value block per step in the forward, the block
-      // and its gradient accumulator side by side in the backward, each under the attention of
-      // the block in hand (a cp-th of the traced attention per step): what it cannot cover is
-      // exposed, as layer_cost has it, with the messages' size from the trace.
-      const double block = static_cast<double>(x.bytes) / static_cast<double>(x.calls) * scale;
-      const bool across = s.cp_group.per_node < s.cp_group.size;
-      const double steps = s.cp - 1;
-      const double x_fwd = p2p_time(c, block, across), x_bwd = p2p_time(c, 2 * block, across);
-      const double c_fwd = attn_fwd / s.cp, c_bwd = attn_bwd / s.cp;
-      lc.cp_fwd += steps * std::max(0.0, x_fwd - c_fwd);
-      lc.cp_bwd += steps * std::max(0.0, x_bwd - c_bwd);
-      lc.cp_hidden += steps * (std::min(x_fwd, c_fwd) + std::min(x_bwd, c_bwd));
+      // The ring, as layer_cost has it, with the messages' size and the attention traced.
+      ring_comm(lc, c, s, static_cast<double>(x.bytes) / static_cast<double>(x.calls) * scale, attn_fwd, attn_bwd);
       lc.cp_bytes += static_cast<double>(x.bytes) * scale;
     }
   }

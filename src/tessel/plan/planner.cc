@@ -284,7 +284,8 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
   p.imbalance = m.is_moe() ? sc.imbalance : 1;
   // Megatron's scatter/gather: each tensor-parallel rank sends 1/tp of the activation.
   // (tessel's own runtime, traced: the message its step sends.)
-  const double message = traced_p2p_bytes(step) > 0 ? traced_p2p_bytes(step) : act_bytes / l.tp;
+  const double traced_message = traced_p2p_bytes(step);
+  const double message = traced_message > 0 ? traced_message : act_bytes / l.tp;
   p.p2p = l.pp > 1 ? p2p_time(c, message, pp_span.per_node == 1) : 0;
 
   // ZeRO-3 gathers a stage's parameters before its forward and again before its backward.
