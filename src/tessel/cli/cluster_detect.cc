@@ -426,9 +426,9 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
       {"machine", fmt::format("hwloc: {}; {} ranks; {}", m.str(), ranks, origin)},
       {"peak_flops", fmt::format("time-averaged sgemm 1024^3 rate (tiled over the pool, as tessel runs it) with {} thread{} per rank while {} rank{} "
                                  "compute (the rounds that time the kernels): {:.2f} GFLOP/s (best-of-shapes peak "
-                                 "{:.2f}); {}",
+                                 "{:.2f}); {}; {}",
                                  threads, threads == 1 ? "" : "s", concurrent, concurrent == 1 ? "" : "s",
-                                 peak / 1e9, best_peak / 1e9, origin)},
+                                 peak / 1e9, best_peak / 1e9, blas_kernels_description(), origin)},
       {"memory_bandwidth", fmt::format("a GPT-2 layer's elementwise ops (2 layer_norm and 2 add on [2048, 256], "
                                        "tanh gelu on [2048, 1024]), forward and backward, charged 3x their forward "
                                        "bytes as the cost model does, over their time with {} rank{} computing: "

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   quiet_blas_workers();
   CLI::App app{"tessel: train large networks across many devices from a program written for one"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "tessel 0.1.0");
+  app.set_version_flag("--version", fmt::format("tessel 0.1.0 ({})", blas_kernels_description()));
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return fmt::format("error: {}\nRun with --help for more information.\n", e.what());
   });

@@ -8,6 +8,8 @@
 #include <string>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "tessel/core/thread_pool.h"
 
 // OpenBLAS internals, exported by the library but not declared in cblas.h: re-read its
@@ -115,6 +117,14 @@ void quiet_blas_workers() {
     openblas_read_env();
     blas_thread_shutdown_();
   });
+}
+
+std::string blas_kernels_description() {
+  const std::string config = openblas_get_config();
+  const std::string version = config.substr(0, config.find(' ', config.find(' ') + 1));
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  return fmt::format("{}, {} kernels{}", version, openblas_get_corename(),
+                     forced != nullptr && *forced != '\0' ? fmt::format(" (OPENBLAS_CORETYPE={})", forced) : "");
 }
 
 std::shared_ptr<ThreadPool> current_pool() {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <typeindex>
 #include <unordered_map>
 
@@ -127,6 +128,10 @@ void set_default_num_threads(int num_threads);
 // about 0.1 s (unless OPENBLAS_THREAD_TIMEOUT is set). Pollers take the cores from tessel's own
 // kernels between GEMMs. Call it first thing in main(): it sets an environment variable.
 void quiet_blas_workers();
+// "OpenBLAS 0.3.21, Cooperlake kernels": the BLAS library and the kernel set it dispatches to
+// (OpenBLAS picks it by CPU model unless OPENBLAS_CORETYPE names one; the sgemm rate depends on it:
+// AVX-512 kernels ran 1.85x the AVX2 ones on a Zen 5 core).
+std::string blas_kernels_description();
 MemoryStats& process_memory();
 // The pool the calling thread's parallel loops use.
 std::shared_ptr<ThreadPool> current_pool();
