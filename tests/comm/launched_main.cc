@@ -6,14 +6,20 @@
 //                                    with `cyclic` to RANK % K (K nodes, ranks dealt round)
 //   comm_launched never-join R       rank R stays alive but skips a collective; the others
 //                                    must fail with CommError naming R within the timeout
+//   comm_launched killed R           ranks of one node (shared memory): after one all_reduce
+//                                    rank R SIGKILLs itself; the others' next all_reduce must
+//                                    fail within 10 s naming R's process (far before the timeout)
 // Exit status 0 when the expectation held. TESSEL_COMM_TIMEOUT_MS sets the group timeout.
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "conformance.h"
+#include "tessel/comm/gloo_backend.h"
 #include "tessel/comm/world.h"
 #include "tessel/core/error.h"
 
@@ -58,7 +64,31 @@ int main(int argc, char** argv) {
       std::printf("rank %d: the collective completed without rank %d\n", g->rank(), skip);
       return 1;
     }
-    std::fprintf(stderr, "usage: comm_launched conformance | never-join RANK\n");
+    if (mode == "killed" && argc > 2) {
+      const int killed = std::atoi(argv[2]);
+      std::vector<float> x(1 << 12, 1.0f);
+      g->all_reduce(x.data(), static_cast<int64_t>(x.size()), DType::f32, ReduceOp::sum);
+      if (gloo_transport_in_use(*g) != "shm") {
+        std::printf("rank %d: the group uses %s, not shared memory\n", g->rank(), gloo_transport_in_use(*g).c_str());
+        return 1;
+      }
+      if (g->rank() == killed) ::raise(SIGKILL);
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        g->all_reduce(x.data(), static_cast<int64_t>(x.size()), DType::f32, ReduceOp::sum);
+      } catch (const CommError& e) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const std::string msg = e.what();
+        const bool named = msg.find(fmt::format("group rank {}'s process", killed)) != std::string::npos &&
+                           msg.find(fmt::format("missing world ranks [{}]", killed)) != std::string::npos;
+        std::printf("rank %d: CommError after %.2f s (%s): %s\n", g->rank(), s, named ? "names the rank" : "MISSING NAME",
+                    msg.c_str());
+        return named && s < 10 ? 0 : 1;
+      }
+      std::printf("rank %d: the collective completed without rank %d\n", g->rank(), killed);
+      return 1;
+    }
+    std::fprintf(stderr, "usage: comm_launched conformance | never-join RANK | killed RANK\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "tessel/comm/heartbeat.h"
+#include "tessel/comm/shm_collectives.h"
 #include "tessel/comm/tcp_store.h"
 #include "tessel/core/convert.h"
 #include "tessel/core/error.h"
@@ -133,8 +134,11 @@ std::string world_rank_list(const std::vector<int>& r) { return fmt::format("[{}
 class GlooProcessGroup final : public ProcessGroup {
  public:
   GlooProcessGroup(std::shared_ptr<Store> store, std::string name, int rank, std::vector<int> world_ranks,
-                   std::vector<int> nodes, std::string host, Millis timeout)
-      : ProcessGroup(name, rank, world_ranks, std::move(nodes), timeout), store_(std::move(store)), host_(std::move(host)) {
+                   std::vector<int> nodes, std::string host, Millis timeout, GlooTransport transport)
+      : ProcessGroup(name, rank, world_ranks, std::move(nodes), timeout),
+        store_(std::move(store)),
+        host_(std::move(host)),
+        transport_(transport) {
     auto prefixed = std::make_shared<PrefixStore>(this->name(), store_);
     GlooStore gs(prefixed, timeout);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size());
@@ -157,10 +161,18 @@ class GlooProcessGroup final : public ProcessGroup {
   void adopt_node(int node) {
     int64_t mine = node;
     std::vector<int64_t> all(static_cast<size_t>(size()));
+    shm_deferred_ = true;  // the shared-memory path is chosen once the nodes are known
     all_gather(&mine, all.data(), 1, DType::i64);
+    shm_deferred_ = false;
     std::vector<int> nodes(all.begin(), all.end());
     if (std::any_of(nodes.begin(), nodes.end(), [&](int n) { return n != nodes[0]; })) set_nodes(std::move(nodes));
     reset_stats();  // the exchange is the world's set-up, not the program's communication
+  }
+  // "shm" once the group moves its collectives through shared memory, "tcp" once it decided
+  // against it, "" before its first collective.
+  std::string transport_in_use() const {
+    if (!shm_decided_) return "";
+    return shm_ ? "shm" : "tcp";
   }
   std::string backend() const override { return "gloo"; }
   const std::shared_ptr<gloo::Context>& context() const { return context_; }
@@ -169,6 +181,12 @@ class GlooProcessGroup final : public ProcessGroup {
 
  protected:
   void do_all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op) override {
+    if (ShmCollectives* s = same_node())
+      return run("all_reduce", [&](uint32_t) { s->all_reduce(buf, count, dtype, op); });
+    tcp_all_reduce(buf, count, dtype, op);
+  }
+
+  void tcp_all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op) {
     run("all_reduce", [&](uint32_t tag) {
       gloo::AllreduceOptions o(context_);
       by_element_size(dtype, [&](auto t) { o.setOutput(static_cast<decltype(t)*>(buf), static_cast<size_t>(count)); });
@@ -181,6 +199,8 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   void do_broadcast(void* buf, int64_t count, DType dtype, int root) override {
+    if (ShmCollectives* s = same_node())
+      return run("broadcast", [&](uint32_t) { s->broadcast(buf, count, dtype, root); });
     run("broadcast", [&](uint32_t tag) {
       gloo::BroadcastOptions o(context_);
       by_element_size(dtype, [&](auto t) { o.setOutput(static_cast<decltype(t)*>(buf), static_cast<size_t>(count)); });
@@ -211,6 +231,10 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   void do_all_gather(const void* in, void* out, int64_t count, DType dtype) override {
+    if (ShmCollectives* s = same_node()) {
+      const std::vector<int64_t> counts(static_cast<size_t>(size()), count);
+      return run("all_gather", [&](uint32_t) { s->all_gather_v(in, out, counts, dtype); });
+    }
     run("all_gather", [&](uint32_t tag) {
       gloo::AllgatherOptions o(context_);
       by_element_size(dtype, [&](auto t) {
@@ -225,6 +249,7 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   void do_all_gather_v(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype) override {
+    if (ShmCollectives* s = same_node()) return run("all_gather", [&](uint32_t) { s->all_gather_v(in, out, counts, dtype); });
     run("all_gather", [&](uint32_t tag) {
       gloo::AllgathervOptions o(context_);
       std::vector<size_t> c(counts.begin(), counts.end());
@@ -241,6 +266,8 @@ class GlooProcessGroup final : public ProcessGroup {
 
   // Segments to their owners (all_to_all), then a local reduction in rank order.
   void do_reduce_scatter_v(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype, ReduceOp op) override {
+    if (ShmCollectives* s = same_node())
+      return run("reduce_scatter", [&](uint32_t) { s->reduce_scatter_v(in, out, counts, dtype, op); });
     const int64_t mine = counts[static_cast<size_t>(rank())];
     const size_t esz = dtype_size(dtype);
     std::vector<int64_t> recv(static_cast<size_t>(size()), mine);
@@ -327,6 +354,7 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   void do_barrier() override {
+    if (ShmCollectives* s = same_node()) return run("barrier", [&](uint32_t) { s->barrier(); });
     run("barrier", [&](uint32_t tag) {
       gloo::BarrierOptions o(context_);
       o.setTag(tag);
@@ -350,7 +378,7 @@ class GlooProcessGroup final : public ProcessGroup {
 
   std::shared_ptr<ProcessGroup> make_group(const std::vector<int>& members, const std::string& name) override {
     Members g = members_of(members);
-    return std::make_shared<GlooProcessGroup>(store_, name, g.me, g.world_ranks, g.nodes, host_, timeout());
+    return std::make_shared<GlooProcessGroup>(store_, name, g.me, g.world_ranks, g.nodes, host_, timeout(), transport_);
   }
 
  private:
@@ -440,8 +468,36 @@ class GlooProcessGroup final : public ProcessGroup {
     }
   }
 
+  // The shared-memory path when every member is on this node and the transport allows it; set up
+  // (collectively) by the first collective that can use it. Null: Gloo's TCP transport.
+  ShmCollectives* same_node() {
+    if (shm_deferred_) return nullptr;
+    if (!shm_decided_) {
+      shm_decided_ = true;
+      const bool one_node = std::all_of(nodes().begin(), nodes().end(), [&](int n) { return n == nodes().front(); });
+      if (transport_ == GlooTransport::automatic && size() > 1 && one_node) {
+        auto all_ok = [&](bool mine) {
+          int32_t ok = mine ? 1 : 0;
+          tcp_all_reduce(&ok, 1, DType::i32, ReduceOp::min);
+          return ok == 1;
+        };
+        std::string why_not;
+        shm_ = ShmCollectives::connect(*store_, fmt::format("{}/shm", name()), rank(), size(), timeout(), all_ok, 0,
+                                       &why_not);
+        if (!shm_ && rank() == 0)
+          fmt::print(stderr, "warning: {}: ranks of one node talk over TCP: no shared memory ({})\n", describe("set-up"),
+                     why_not);
+      }
+    }
+    if (shm_) shm_->set_timeout(timeout());
+    return shm_.get();
+  }
+
   std::shared_ptr<Store> store_;
   std::string host_;
+  GlooTransport transport_;
+  bool shm_deferred_ = false, shm_decided_ = false;
+  std::unique_ptr<ShmCollectives> shm_;
   std::shared_ptr<gloo::Context> context_;
   uint64_t collectives_ = 0;
   std::unique_ptr<HeartbeatWriter> heartbeat_;
@@ -482,12 +538,27 @@ GlooWorldOptions GlooWorldOptions::from_env(Millis timeout) {
   return o;
 }
 
+GlooTransport gloo_transport_from_env() {
+  const char* v = std::getenv("TESSEL_GLOO_TRANSPORT");
+  const std::string t = v != nullptr ? v : "";
+  if (t.empty() || t == "auto") return GlooTransport::automatic;
+  TESSEL_CHECK(t == "tcp", "environment variable TESSEL_GLOO_TRANSPORT='{}' must be auto or tcp", t);
+  return GlooTransport::tcp;
+}
+
 std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<Store> store, int rank, int size, std::vector<int> nodes,
-                                              const std::string& bind_host, Millis timeout, const std::string& name) {
+                                              const std::string& bind_host, Millis timeout, const std::string& name,
+                                              std::optional<GlooTransport> transport) {
   std::vector<int> ranks(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) ranks[static_cast<size_t>(r)] = r;
   return std::make_shared<GlooProcessGroup>(std::move(store), name, rank, ranks, std::move(nodes),
-                                            bind_host.empty() ? "127.0.0.1" : bind_host, timeout);
+                                            bind_host.empty() ? "127.0.0.1" : bind_host, timeout,
+                                            transport.value_or(gloo_transport_from_env()));
+}
+
+std::string gloo_transport_in_use(const ProcessGroup& group) {
+  const auto* g = dynamic_cast<const GlooProcessGroup*>(&group);
+  return g != nullptr ? g->transport_in_use() : "";
 }
 
 void gloo_direct_ring_all_reduce(ProcessGroup& group, float* buf, int64_t count, bool classic) {

@@ -2,17 +2,29 @@
 // (TCP). Ranks rendezvous through the Store (the launcher's TCP store); each group is a Gloo
 // context over its members. Collectives map to Gloo's algorithms (ring all_reduce and
 // friends); reduce_scatter is an all_to_all of segments followed by a local reduction (the
-// same bytes on the wire as a ring). A failed or timed-out collective asks the store which
+// same bytes on the wire as a ring). The members of a group on one node use a shared-memory
+// segment instead for all_reduce, broadcast, all_gather, reduce_scatter and barrier
+// (shm_collectives.h; GlooTransport below). A failed or timed-out collective asks the store which
 // ranks reported the same failure, and names the others as missing.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tessel/comm/process_group.h"
 
 namespace tessel {
+
+// How the members of a Gloo group on one node move their bytes: `automatic` through a shared-memory
+// segment (comm/shm_collectives.h) for all_reduce, broadcast, all_gather, reduce_scatter and
+// barrier, falling back to TCP where the segment cannot be made; `tcp` always over Gloo's TCP
+// transport. Groups spanning nodes use TCP (their intra-node sub-groups may use shared memory).
+// TESSEL_GLOO_TRANSPORT=auto|tcp sets it for every group a process makes (default auto).
+enum class GlooTransport { automatic, tcp };
+// From TESSEL_GLOO_TRANSPORT; throws naming the variable when it is neither auto nor tcp.
+GlooTransport gloo_transport_from_env();
 
 struct GlooWorldOptions {
   int rank = 0, size = 1;
@@ -45,10 +57,15 @@ std::shared_ptr<Store> connect_job_store(const GlooWorldOptions& options, bool r
 // Connects to the job's TCP store and creates the world group (with its heartbeat, when asked).
 std::shared_ptr<ProcessGroup> make_gloo_world(const GlooWorldOptions& options);
 // A Gloo group over an existing store (several ranks in one process for tests, or an
-// embedding application's own rendezvous). `nodes` gives each rank's node (empty: one node).
+// embedding application's own rendezvous). `nodes` gives each rank's node (empty: one node);
+// its sub-groups inherit `transport` (unset: gloo_transport_from_env()).
 std::shared_ptr<ProcessGroup> make_gloo_group(std::shared_ptr<Store> store, int rank, int size, std::vector<int> nodes,
                                               const std::string& bind_host, Millis timeout,
-                                              const std::string& name = "world");
+                                              const std::string& name = "world",
+                                              std::optional<GlooTransport> transport = std::nullopt);
+// What a Gloo group's collectives travel over: "shm", "tcp", or "" before its first collective
+// (and for groups of other backends).
+std::string gloo_transport_in_use(const ProcessGroup& group);
 
 // Gloo's own ring all_reduce (sum of floats) on the Gloo context of `group`, with no tessel
 // code on the path, for benchmarks that compare the two: `classic` runs the algorithm class

@@ -129,6 +129,41 @@ void reduce_into(void* acc, const void* x, int64_t n, DType dtype, ReduceOp op) 
   });
 }
 
+void reduce_ranks(const std::vector<const void*>& srcs, const std::vector<void*>& dsts, int64_t src_off,
+                  int64_t dst_off, int64_t n, DType dtype, ReduceOp op) {
+  const size_t esz = dtype_size(dtype);
+  const int64_t tile = 4096;
+  const DType acc_type = dtype == DType::bf16 ? DType::f32 : dtype;
+  const size_t acc_esz = dtype_size(acc_type);
+  thread_local std::vector<char> acc_buf, conv_buf;
+  acc_buf.resize(static_cast<size_t>(tile) * acc_esz);
+  conv_buf.resize(static_cast<size_t>(tile) * 4);
+  for (int64_t t = 0; t < n; t += tile) {
+    int64_t m = std::min(tile, n - t);
+    auto src_at = [&](size_t r) { return static_cast<const char*>(srcs[r]) + (src_off + t) * static_cast<int64_t>(esz); };
+    if (dtype == DType::bf16) {
+      float* acc = reinterpret_cast<float*>(acc_buf.data());
+      float* tmp = reinterpret_cast<float*>(conv_buf.data());
+      const auto* s0 = reinterpret_cast<const BFloat16*>(src_at(0));
+      for (int64_t i = 0; i < m; ++i) acc[i] = static_cast<float>(s0[i]);
+      for (size_t r = 1; r < srcs.size(); ++r) {
+        const auto* sr = reinterpret_cast<const BFloat16*>(src_at(r));
+        for (int64_t i = 0; i < m; ++i) tmp[i] = static_cast<float>(sr[i]);
+        reduce_into(acc, tmp, m, DType::f32, op);
+      }
+      for (void* d : dsts) {
+        auto* out = reinterpret_cast<BFloat16*>(static_cast<char*>(d) + (dst_off + t) * static_cast<int64_t>(esz));
+        for (int64_t i = 0; i < m; ++i) out[i] = BFloat16(acc[i]);
+      }
+      continue;
+    }
+    std::memcpy(acc_buf.data(), src_at(0), static_cast<size_t>(m) * esz);
+    for (size_t r = 1; r < srcs.size(); ++r) reduce_into(acc_buf.data(), src_at(r), m, acc_type, op);
+    for (void* d : dsts)
+      std::memcpy(static_cast<char*>(d) + (dst_off + t) * static_cast<int64_t>(esz), acc_buf.data(), static_cast<size_t>(m) * esz);
+  }
+}
+
 void finish_avg(void* buf, int64_t n, DType dtype, int ranks) {
   TESSEL_DISPATCH_ALL(dtype, "avg", [&]<typename T>() {
     if constexpr (std::is_same_v<T, bool>) {

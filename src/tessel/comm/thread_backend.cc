@@ -245,7 +245,7 @@ class ThreadProcessGroup final : public ProcessGroup {
         srcs.push_back(o.out);
         dsts.push_back(o.out);
       }
-      reduce_chunk(srcs, dsts, lo, lo, n, dtype, op);
+      reduce_ranks(srcs, dsts, lo, lo, n, dtype, op);
     });
   }
 
@@ -267,7 +267,7 @@ class ThreadProcessGroup final : public ProcessGroup {
       int64_t lo = split_offset(count, size(), rank()), n = split_size(count, size(), rank());
       std::vector<const void*> srcs;
       for (const Slot& o : all) srcs.push_back(o.out);
-      reduce_chunk(srcs, {all[static_cast<size_t>(root)].out}, lo, lo, n, dtype, op);
+      reduce_ranks(srcs, {all[static_cast<size_t>(root)].out}, lo, lo, n, dtype, op);
     });
   }
 
@@ -294,7 +294,7 @@ class ThreadProcessGroup final : public ProcessGroup {
       for (int r = 0; r < rank(); ++r) lo += counts[static_cast<size_t>(r)];
       std::vector<const void*> srcs;
       for (const Slot& o : all) srcs.push_back(o.in);
-      reduce_chunk(srcs, {out}, lo, 0, counts[static_cast<size_t>(rank())], dtype, op);
+      reduce_ranks(srcs, {out}, lo, 0, counts[static_cast<size_t>(rank())], dtype, op);
     });
   }
 
@@ -343,7 +343,7 @@ class ThreadProcessGroup final : public ProcessGroup {
       std::vector<const void*> srcs;
       for (const Slot& o : all) srcs.push_back(o.in);
       for (int64_t i = 0; i < rows && mine > 0; ++i)
-        reduce_chunk(srcs, {out}, i * width + column, i * mine, mine, dtype, op);
+        reduce_ranks(srcs, {out}, i * width + column, i * mine, mine, dtype, op);
     });
   }
 
@@ -427,43 +427,6 @@ class ThreadProcessGroup final : public ProcessGroup {
 
   void copy(void* dst, const void* src, int64_t count, DType dtype) {
     if (count > 0) std::memcpy(dst, src, static_cast<size_t>(count) * dtype_size(dtype));
-  }
-
-  // dst[k][dst_off + i] = reduce_r src[r][src_off + i] for i in [0, n), in tiles that stay in
-  // cache; bf16 accumulates in f32 and rounds once.
-  static void reduce_chunk(const std::vector<const void*>& srcs, const std::vector<void*>& dsts, int64_t src_off,
-                           int64_t dst_off, int64_t n, DType dtype, ReduceOp op) {
-    const size_t esz = dtype_size(dtype);
-    const int64_t tile = 4096;
-    const DType acc_type = dtype == DType::bf16 ? DType::f32 : dtype;
-    const size_t acc_esz = dtype_size(acc_type);
-    thread_local std::vector<char> acc_buf, conv_buf;
-    acc_buf.resize(static_cast<size_t>(tile) * acc_esz);
-    conv_buf.resize(static_cast<size_t>(tile) * 4);
-    for (int64_t t = 0; t < n; t += tile) {
-      int64_t m = std::min(tile, n - t);
-      auto src_at = [&](size_t r) { return static_cast<const char*>(srcs[r]) + (src_off + t) * static_cast<int64_t>(esz); };
-      if (dtype == DType::bf16) {
-        float* acc = reinterpret_cast<float*>(acc_buf.data());
-        float* tmp = reinterpret_cast<float*>(conv_buf.data());
-        const auto* s0 = reinterpret_cast<const BFloat16*>(src_at(0));
-        for (int64_t i = 0; i < m; ++i) acc[i] = static_cast<float>(s0[i]);
-        for (size_t r = 1; r < srcs.size(); ++r) {
-          const auto* sr = reinterpret_cast<const BFloat16*>(src_at(r));
-          for (int64_t i = 0; i < m; ++i) tmp[i] = static_cast<float>(sr[i]);
-          reduce_into(acc, tmp, m, DType::f32, op);
-        }
-        for (void* d : dsts) {
-          auto* out = reinterpret_cast<BFloat16*>(static_cast<char*>(d) + (dst_off + t) * static_cast<int64_t>(esz));
-          for (int64_t i = 0; i < m; ++i) out[i] = BFloat16(acc[i]);
-        }
-        continue;
-      }
-      std::memcpy(acc_buf.data(), src_at(0), static_cast<size_t>(m) * esz);
-      for (size_t r = 1; r < srcs.size(); ++r) reduce_into(acc_buf.data(), src_at(r), m, acc_type, op);
-      for (void* d : dsts)
-        std::memcpy(static_cast<char*>(d) + (dst_off + t) * static_cast<int64_t>(esz), acc_buf.data(), static_cast<size_t>(m) * esz);
-    }
   }
 
   template <typename Same>
