@@ -168,6 +168,10 @@ def main():
         "pytorch-ddp": lambda: pytorch_ddp(args.steps, args.warmup) + (None,),
     }
     names = list(runs)
+    # Both sides call the same OpenBLAS, whose kernel set (by CPU model, or OPENBLAS_CORETYPE) sets
+    # the GEMM rate: name it, or the figures cannot be compared with another host's.
+    blas = subprocess.run([args.tessel, "--version"], capture_output=True, text=True).stdout.strip()
+    print(f"BLAS (both sides): {blas[blas.find('(') + 1:-1] if '(' in blas else 'unknown'}")
     print(f"GPT-2 n_layer {CFG['n_layer']}, n_embd {CFG['n_embd']}, n_head {CFG['n_head']}, seq {CFG['seq_len']}, "
           f"vocab {CFG['vocab_size']}, AdamW; dp {CFG['ranks']}, global batch {CFG['global_batch']} "
           f"({CFG['global_batch'] // CFG['ranks']} rows/rank), 1 thread/rank; "

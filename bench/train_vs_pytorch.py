@@ -76,6 +76,10 @@ def main():
     cfg = dict(n_layer=4, n_embd=256, n_head=4, vocab_size=512, seq_len=128, batch=8,
                data=os.path.join(ROOT, "data/kjv.txt"))
     tokens = cfg["seq_len"] * cfg["batch"]
+    # Both sides call the same OpenBLAS, whose kernel set (by CPU model, or OPENBLAS_CORETYPE) sets
+    # the GEMM rate: name it, or the figures cannot be compared with another host's.
+    blas = subprocess.run([args.tessel, "--version"], capture_output=True, text=True).stdout.strip()
+    print(f"BLAS (both sides): {blas[blas.find('(') + 1:-1] if '(' in blas else 'unknown'}")
     print(f"GPT-2 n_layer {cfg['n_layer']}, n_embd {cfg['n_embd']}, n_head {cfg['n_head']}, seq {cfg['seq_len']}, "
           f"batch {cfg['batch']}, vocab {cfg['vocab_size']}, AdamW; medians over {args.rounds} x {args.steps} steps")
     print(f"{'threads':>7} {'tessel tok/s':>13} {'pytorch tok/s':>14} {'ratio':>7} {'tessel model FLOP/s':>20} "
