@@ -202,6 +202,20 @@ TEST(GlooSharedMemory, AKilledRankProcessFailsTheOthersFastNamingIt) {
   }
 }
 
+// A segment that cannot be made (here: slots of 1 TiB, more than /dev/shm holds, so reserving
+// the pages fails at set-up) leaves every member on TCP, and the collectives still give the
+// right answers.
+TEST(GlooSharedMemory, ASegmentThatCannotBeMadeLeavesTheGroupOnTcp) {
+  EnvScope slot("TESSEL_GLOO_SHM_SLOT_BYTES", "1099511627776");
+  spawn_gloo(3, [](ProcessGroup& g) {
+    std::vector<float> x(1000, static_cast<float>(g.rank() + 1));
+    g.all_reduce(x.data(), static_cast<int64_t>(x.size()), DType::f32, ReduceOp::sum);
+    EXPECT_EQ(x.front(), 6.0f);
+    EXPECT_EQ(x.back(), 6.0f);
+    EXPECT_EQ(gloo_transport_in_use(g), "tcp") << "rank " << g.rank();
+  });
+}
+
 TEST(GlooSharedMemory, TheTransportVariableIsChecked) {
   EnvScope bad("TESSEL_GLOO_TRANSPORT", "infiniband");
   std::string msg;
