@@ -42,7 +42,7 @@
 namespace tessel {
 
 class ShmCollectives {
-public:
+ public:
   // Collective over the `size` members of a group on one node. Rank 0 creates
   // the segment and publishes its name under `key` in `store`; the others map
   // it; `all_ok(mine)` must return whether every member's `mine` was true (the
@@ -51,45 +51,40 @@ public:
   // null on every member when any could not (no shared memory, no room for the
   // segment, a member on another host), saying why in `why_not`. slot_bytes 0:
   // TESSEL_GLOO_SHM_SLOT_BYTES, else 4 MiB.
-  static std::unique_ptr<ShmCollectives>
-  connect(Store &store, const std::string &key, int rank, int size,
-          Millis timeout, const std::function<bool(bool)> &all_ok,
-          size_t slot_bytes = 0, std::string *why_not = nullptr);
+  static std::unique_ptr<ShmCollectives> connect(Store& store, const std::string& key, int rank, int size,
+                                                 Millis timeout, const std::function<bool(bool)>& all_ok,
+                                                 size_t slot_bytes = 0, std::string* why_not = nullptr);
   ~ShmCollectives();
-  ShmCollectives(const ShmCollectives &) = delete;
-  ShmCollectives &operator=(const ShmCollectives &) = delete;
+  ShmCollectives(const ShmCollectives&) = delete;
+  ShmCollectives& operator=(const ShmCollectives&) = delete;
 
   // The ProcessGroup primitives (counts in elements; `op` is never avg: the
   // group divides).
-  void all_reduce(void *buf, int64_t count, DType dtype, ReduceOp op);
-  void broadcast(void *buf, int64_t count, DType dtype, int root);
-  void all_gather_v(const void *in, void *out,
-                    const std::vector<int64_t> &counts, DType dtype);
-  void reduce_scatter_v(const void *in, void *out,
-                        const std::vector<int64_t> &counts, DType dtype,
-                        ReduceOp op);
+  void all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op);
+  void broadcast(void* buf, int64_t count, DType dtype, int root);
+  void all_gather_v(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype);
+  void reduce_scatter_v(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype, ReduceOp op);
   void barrier();
 
   size_t slot_bytes() const { return slot_bytes_; }
   // Waits give up after `timeout` (the group's).
   void set_timeout(Millis timeout) { timeout_ = timeout; }
 
-private:
-  ShmCollectives(void *base, size_t bytes, int rank, int size,
-                 size_t slot_bytes, Millis timeout);
+ private:
+  ShmCollectives(void* base, size_t bytes, int rank, int size, size_t slot_bytes, Millis timeout);
   struct RankLine;
-  RankLine &line(int r) const;
-  char *slot(int r) const; // r == size_: the result slot
+  RankLine& line(int r) const;
+  char* slot(int r) const;  // r == size_: the result slot
   // Arrives at the next barrier and waits until every rank has.
   void sync();
-  [[noreturn]] void fail(const std::string &why);
+  [[noreturn]] void fail(const std::string& why);
 
-  void *base_;
+  void* base_;
   size_t bytes_;
   int rank_, size_;
   size_t slot_bytes_;
   Millis timeout_;
-  uint64_t epoch_ = 0; // barriers passed (the same on every rank)
+  uint64_t epoch_ = 0;  // barriers passed (the same on every rank)
 };
 
-} // namespace tessel
+}  // namespace tessel
