@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -200,6 +201,32 @@ TEST(GlooSharedMemory, AKilledRankProcessFailsTheOthersFastNamingIt) {
       EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << " status " << status;
     }
   }
+}
+
+// all_to_all_v over shared memory in many rounds (192-byte slots: 8 doubles per pair and round),
+// with uneven counts, zeros among them, against what each rank must receive.
+TEST(GlooSharedMemory, AllToAllInManyRoundsWithUnevenCounts) {
+  EnvScope slot("TESSEL_GLOO_SHM_SLOT_BYTES", "192");
+  constexpr int P = 3;
+  auto count = [](int src, int dst) { return static_cast<int64_t>((src * 37 + dst * 101) % 60); };
+  auto value = [](int src, int dst, int64_t i) { return src * 1e6 + dst * 1e3 + static_cast<double>(i); };
+  spawn_gloo(P, [&](ProcessGroup& g) {
+    const int me = g.rank();
+    std::vector<int64_t> sc(P), rc(P);
+    std::vector<double> in;
+    for (int d = 0; d < P; ++d) {
+      sc[static_cast<size_t>(d)] = count(me, d);
+      rc[static_cast<size_t>(d)] = count(d, me);
+      for (int64_t i = 0; i < count(me, d); ++i) in.push_back(value(me, d, i));
+    }
+    std::vector<double> out(static_cast<size_t>(std::accumulate(rc.begin(), rc.end(), int64_t{0})), -1.0);
+    g.all_to_all_v(in.data(), sc, out.data(), rc, DType::f64);
+    size_t at = 0;
+    for (int src = 0; src < P; ++src)
+      for (int64_t i = 0; i < count(src, me); ++i, ++at)
+        ASSERT_EQ(out[at], value(src, me, i)) << "rank " << me << " from " << src << " element " << i;
+    EXPECT_EQ(gloo_transport_in_use(g), "shm");
+  });
 }
 
 // A segment that cannot be made (here: slots of 1 TiB, more than /dev/shm holds, so reserving

@@ -212,6 +212,8 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   void do_reduce(void* buf, int64_t count, DType dtype, ReduceOp op, int root) override {
+    if (ShmCollectives* s = same_node())
+      return run("reduce", [&](uint32_t) { s->reduce(buf, count, dtype, op, root); });
     // Gloo's reduce uses non-root outputs as scratch: give non-roots a copy.
     std::vector<char> scratch;
     void* target = buf;
@@ -291,6 +293,10 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   void do_all_to_all(const void* in, void* out, int64_t count, DType dtype) override {
+    if (ShmCollectives* s = same_node()) {
+      const std::vector<int64_t> counts(static_cast<size_t>(size()), count);
+      return run("all_to_all", [&](uint32_t) { s->all_to_all_v(in, counts, out, counts, dtype); });
+    }
     run("all_to_all", [&](uint32_t tag) {
       gloo::AlltoallOptions o(context_);
       by_element_size(dtype, [&](auto t) {
@@ -306,6 +312,8 @@ class GlooProcessGroup final : public ProcessGroup {
 
   void do_all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
                        const std::vector<int64_t>& recv_counts, DType dtype) override {
+    if (ShmCollectives* s = same_node())
+      return run("all_to_all", [&](uint32_t) { s->all_to_all_v(in, send_counts, out, recv_counts, dtype); });
     run("all_to_all", [&](uint32_t tag) {
       gloo::AlltoallvOptions o(context_);
       by_element_size(dtype, [&](auto t) {
@@ -320,6 +328,8 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   void do_gather(const void* in, void* out, int64_t count, DType dtype, int root) override {
+    if (ShmCollectives* s = same_node())
+      return run("gather", [&](uint32_t) { s->gather(in, out, count, dtype, root); });
     run("gather", [&](uint32_t tag) {
       gloo::GatherOptions o(context_);
       by_element_size(dtype, [&](auto t) {
@@ -335,6 +345,8 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   void do_scatter(const void* in, void* out, int64_t count, DType dtype, int root) override {
+    if (ShmCollectives* s = same_node())
+      return run("scatter", [&](uint32_t) { s->scatter(in, out, count, dtype, root); });
     run("scatter", [&](uint32_t tag) {
       gloo::ScatterOptions o(context_);
       by_element_size(dtype, [&](auto t) {

@@ -1,11 +1,10 @@
-// The Gloo backend: one process per rank, on one or many machines, over Debian's libgloo
-// (TCP). Ranks rendezvous through the Store (the launcher's TCP store); each group is a Gloo
-// context over its members. Collectives map to Gloo's algorithms (ring all_reduce and
-// friends); reduce_scatter is an all_to_all of segments followed by a local reduction (the
-// same bytes on the wire as a ring). The members of a group on one node use a shared-memory
-// segment instead for all_reduce, broadcast, all_gather, reduce_scatter and barrier
-// (shm_collectives.h; GlooTransport below). A failed or timed-out collective asks the store which
-// ranks reported the same failure, and names the others as missing.
+// The Gloo backend: one process per rank, on one or many machines, over Debian's libgloo (TCP).
+// Ranks rendezvous through the Store (the launcher's TCP store); each group is a Gloo context over
+// its members. Collectives map to Gloo's algorithms (ring all_reduce and friends); reduce_scatter
+// is an all_to_all of segments followed by a local reduction (the same bytes on the wire as a
+// ring). The members of a group on one node run every collective through a shared-memory segment
+// instead (shm_collectives.h; GlooTransport below). A failed or timed-out collective asks the
+// store which ranks reported the same failure, and names the others as missing.
 #pragma once
 
 #include <memory>
@@ -17,10 +16,10 @@
 
 namespace tessel {
 
-// How the members of a Gloo group on one node move their bytes: `automatic` through a shared-memory
-// segment (comm/shm_collectives.h) for all_reduce, broadcast, all_gather, reduce_scatter and
-// barrier, falling back to TCP where the segment cannot be made; `tcp` always over Gloo's TCP
-// transport. Groups spanning nodes use TCP (their intra-node sub-groups may use shared memory).
+// How the members of a Gloo group on one node move their bytes: `automatic` through a
+// shared-memory segment (comm/shm_collectives.h) for every collective (send/recv stay on TCP),
+// falling back to TCP where the segment cannot be made; `tcp` always over Gloo's TCP transport.
+// Groups spanning nodes use TCP (their intra-node sub-groups may use shared memory).
 // TESSEL_GLOO_TRANSPORT=auto|tcp sets it for every group a process makes (default auto).
 enum class GlooTransport { automatic, tcp };
 // From TESSEL_GLOO_TRANSPORT; throws naming the variable when it is neither auto nor tcp.

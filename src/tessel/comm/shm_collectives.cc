@@ -134,14 +134,16 @@ std::string create_segment(size_t bytes, int& fd, std::string& why) {
 struct ShmCollectives::RankLine {
   uint64_t arrived;  // barriers this rank has reached
   int32_t pid;
-  int32_t left;  // 1 once the rank's group is gone
+  int32_t left;      // 1 once the rank's group is gone
+  int64_t value[2];  // max_over_ranks's exchange, alternating so a fast rank never overwrites an unread one
 };
 
 std::unique_ptr<ShmCollectives> ShmCollectives::connect(Store& store, const std::string& key, int rank, int size,
                                                         Millis timeout, const std::function<bool(bool)>& all_ok,
                                                         size_t slot_bytes, std::string* why_not) {
   if (slot_bytes == 0) slot_bytes = slot_bytes_from_env();
-  slot_bytes = (slot_bytes + kLine - 1) / kLine * kLine;
+  // At least a cache line per member: all_to_all gives each destination a share of a slot.
+  slot_bytes = std::max((slot_bytes + kLine - 1) / kLine * kLine, kLine * static_cast<size_t>(size));
   const size_t bytes = header_bytes(size) + slot_bytes * static_cast<size_t>(size + 1);
   std::string name, why;
   static_assert(sizeof(RankLine) <= kLine);
@@ -283,6 +285,14 @@ void ShmCollectives::sync() {
 void ShmCollectives::barrier() { sync(); }
 
 void ShmCollectives::all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op) {
+  reduce_to(buf, count, dtype, op, -1);
+}
+
+void ShmCollectives::reduce(void* buf, int64_t count, DType dtype, ReduceOp op, int root) {
+  reduce_to(buf, count, dtype, op, root);
+}
+
+void ShmCollectives::reduce_to(void* buf, int64_t count, DType dtype, ReduceOp op, int root) {
   const size_t esz = dtype_size(dtype);
   const int64_t chunk = static_cast<int64_t>(slot_bytes_ / esz);
   std::vector<const void*> srcs;
@@ -299,7 +309,7 @@ void ShmCollectives::all_reduce(void* buf, int64_t count, DType dtype, ReduceOp 
     const int64_t hi = std::min(n, lo + split_size(lines, size_, rank_) * per_line);
     if (hi > lo) reduce_ranks(srcs, {slot(size_)}, lo, lo, hi - lo, dtype, op);
     sync();
-    std::memcpy(mine, slot(size_), static_cast<size_t>(n) * esz);
+    if (root < 0 || root == rank_) std::memcpy(mine, slot(size_), static_cast<size_t>(n) * esz);
   }
 }
 
@@ -320,6 +330,14 @@ void ShmCollectives::broadcast(void* buf, int64_t count, DType dtype, int root) 
 // writes the part of its piece that falls in the window, then everyone copies
 // the window out.
 void ShmCollectives::all_gather_v(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype) {
+  gather_to(in, out, counts, dtype, -1);
+}
+
+void ShmCollectives::gather(const void* in, void* out, int64_t count, DType dtype, int root) {
+  gather_to(in, out, std::vector<int64_t>(static_cast<size_t>(size_), count), dtype, root);
+}
+
+void ShmCollectives::gather_to(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype, int root) {
   const size_t esz = dtype_size(dtype);
   std::vector<int64_t> displ(counts.size() + 1, 0);
   for (size_t r = 0; r < counts.size(); ++r) displ[r + 1] = displ[r] + counts[r];
@@ -333,7 +351,8 @@ void ShmCollectives::all_gather_v(const void* in, void* out, const std::vector<i
                   static_cast<const char*>(in) + static_cast<size_t>(lo - mine_lo) * esz,
                   static_cast<size_t>(hi - lo) * esz);
     sync();
-    std::memcpy(static_cast<char*>(out) + static_cast<size_t>(w) * esz, slot(0), static_cast<size_t>(w_hi - w) * esz);
+    if (root < 0 || root == rank_)
+      std::memcpy(static_cast<char*>(out) + static_cast<size_t>(w) * esz, slot(0), static_cast<size_t>(w_hi - w) * esz);
     sync();
   }
 }
@@ -360,6 +379,72 @@ void ShmCollectives::reduce_scatter_v(const void* in, void* out, const std::vect
     sync();
     const int64_t lo = std::max(w, mine_lo), hi = std::min(w_hi, mine_hi);
     if (hi > lo) reduce_ranks(srcs, {out}, lo - w, lo - mine_lo, hi - lo, dtype, op);
+    sync();
+  }
+}
+
+// Root's input in windows of the input slots together; every rank copies its part of each window.
+void ShmCollectives::scatter(const void* in, void* out, int64_t count, DType dtype, int root) {
+  const size_t esz = dtype_size(dtype);
+  const int64_t total = count * size_, window = static_cast<int64_t>(slot_bytes_ * static_cast<size_t>(size_) / esz);
+  const int64_t mine_lo = count * rank_, mine_hi = mine_lo + count;
+  for (int64_t w = 0; w < total; w += window) {
+    const int64_t w_hi = std::min(total, w + window);
+    if (rank_ == root)
+      std::memcpy(slot(0), static_cast<const char*>(in) + static_cast<size_t>(w) * esz,
+                  static_cast<size_t>(w_hi - w) * esz);
+    sync();
+    const int64_t lo = std::max(w, mine_lo), hi = std::min(w_hi, mine_hi);
+    if (hi > lo)
+      std::memcpy(static_cast<char*>(out) + static_cast<size_t>(lo - mine_lo) * esz,
+                  slot(0) + static_cast<size_t>(lo - w) * esz, static_cast<size_t>(hi - lo) * esz);
+    sync();
+  }
+}
+
+int64_t ShmCollectives::max_over_ranks(int64_t mine) {
+  const size_t which = static_cast<size_t>(epoch_ % 2);
+  atomic(line(rank_).value[which]).store(mine, std::memory_order_relaxed);
+  sync();  // publishes the values (the arrival counts are release/acquire)
+  int64_t most = mine;
+  for (int r = 0; r < size_; ++r) most = std::max(most, atomic(line(r).value[which]).load(std::memory_order_relaxed));
+  return most;
+}
+
+// In rounds: each rank's slot is cut into one share per destination; in round k a rank writes the
+// k-th share-sized piece of its segment for every destination, and after a barrier every rank
+// copies the pieces meant for it out of every slot. There are as many rounds as the longest
+// segment between any two ranks needs (agreed through the header first).
+void ShmCollectives::all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                                  const std::vector<int64_t>& recv_counts, DType dtype) {
+  const size_t esz = dtype_size(dtype);
+  const int64_t share = static_cast<int64_t>(slot_bytes_ / static_cast<size_t>(size_) / esz);
+  std::vector<int64_t> sdispl(static_cast<size_t>(size_), 0), rdispl(static_cast<size_t>(size_), 0);
+  int64_t longest = 0;
+  for (size_t u = 0; u < static_cast<size_t>(size_); ++u) {
+    if (u > 0) {
+      sdispl[u] = sdispl[u - 1] + send_counts[u - 1];
+      rdispl[u] = rdispl[u - 1] + recv_counts[u - 1];
+    }
+    longest = std::max({longest, send_counts[u], recv_counts[u]});
+  }
+  const int64_t rounds = (max_over_ranks(longest) + share - 1) / share;
+  auto piece = [&](int64_t n, int64_t k) { return std::clamp<int64_t>(n - k * share, 0, share); };
+  for (int64_t k = 0; k < rounds; ++k) {
+    for (int d = 0; d < size_; ++d) {
+      const size_t u = static_cast<size_t>(d);
+      if (const int64_t n = piece(send_counts[u], k); n > 0)
+        std::memcpy(slot(rank_) + static_cast<size_t>(d * share) * esz,
+                    static_cast<const char*>(in) + static_cast<size_t>(sdispl[u] + k * share) * esz,
+                    static_cast<size_t>(n) * esz);
+    }
+    sync();
+    for (int src = 0; src < size_; ++src) {
+      const size_t u = static_cast<size_t>(src);
+      if (const int64_t n = piece(recv_counts[u], k); n > 0)
+        std::memcpy(static_cast<char*>(out) + static_cast<size_t>(rdispl[u] + k * share) * esz,
+                    slot(src) + static_cast<size_t>(rank_ * share) * esz, static_cast<size_t>(n) * esz);
+    }
     sync();
   }
 }

@@ -64,6 +64,11 @@ class ShmCollectives {
   void broadcast(void* buf, int64_t count, DType dtype, int root);
   void all_gather_v(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype);
   void reduce_scatter_v(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype, ReduceOp op);
+  void all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                    const std::vector<int64_t>& recv_counts, DType dtype);
+  void reduce(void* buf, int64_t count, DType dtype, ReduceOp op, int root);
+  void gather(const void* in, void* out, int64_t count, DType dtype, int root);
+  void scatter(const void* in, void* out, int64_t count, DType dtype, int root);
   void barrier();
 
   size_t slot_bytes() const { return slot_bytes_; }
@@ -77,6 +82,12 @@ class ShmCollectives {
   char* slot(int r) const;  // r == size_: the result slot
   // Arrives at the next barrier and waits until every rank has.
   void sync();
+  // all_reduce and reduce: the result lands in every rank's buf, or only in root's (root >= 0).
+  void reduce_to(void* buf, int64_t count, DType dtype, ReduceOp op, int root);
+  // all_gather_v and gather: into every rank's out, or only root's (root >= 0; out ignored elsewhere).
+  void gather_to(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype, int root);
+  // The largest of every rank's `mine` (exchanged through the header, behind one barrier).
+  int64_t max_over_ranks(int64_t mine);
   [[noreturn]] void fail(const std::string& why);
 
   void* base_;
