@@ -34,6 +34,10 @@ SIGTERM stops the job and exits 128 + the signal: 130 or 143. With --max-restart
 failed job is started again, up to K times; `tessel train --save DIR` resumes each restart
 from the newest complete checkpoint in DIR, on the same trajectory.
 
+Gloo ranks of one node run their collectives through a shared-memory segment (in /dev/shm,
+unlinked once mapped), ranks on other nodes over TCP. TESSEL_GLOO_TRANSPORT=tcp in the
+environment keeps them all on TCP; TESSEL_GLOO_SHM_SLOT_BYTES sets a rank's slot (4 MiB).
+
 Elastic jobs (--nnodes MIN:MAX) run in rounds over node 0's store: each round takes the
 nodes that have joined (MAX, or MIN and then --last-call seconds without more) and gives
 them ranks in join order. A failure (a process or a whole node lost) ends the round; the next
