@@ -35,12 +35,10 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kMagic = 0x7465737365'6c5348ULL;  // "tesselSH"
 constexpr size_t kLine = 64;
 constexpr size_t kDefaultSlotBytes = size_t{4} << 20;
-// How long a waiter polls before it sleeps on the futex: a partner that is
-// computing arrives much later, one that is in the same phase within
-// microseconds.
+// How long a waiter polls before it sleeps on the futex: a partner that is computing arrives much
+// later, one that is in the same phase within microseconds.
 constexpr std::chrono::microseconds kShmSpin{50};
-// Sleeps are sliced so that a waiter notices a dead process, a rank that left
-// and its deadline.
+// Sleeps are sliced so that a waiter notices a dead process, a rank that left and its deadline.
 constexpr std::chrono::milliseconds kSleepSlice{20};
 // How often a waiter asks the OS whether the ranks it waits for still run.
 constexpr std::chrono::milliseconds kLookEvery{100};
@@ -53,7 +51,8 @@ struct Header {
   uint64_t slot_bytes;
   alignas(kLine) uint32_t wake;      // futex word: bumped by every arrival
   alignas(kLine) uint32_t sleepers;  // waiters asleep on `wake`
-  alignas(kLine) int32_t gave_up;    // 1 + the rank that failed a wait, or 0
+  alignas(kLine) int32_t gave_up;    // 1 + the rank that failed a wait; -1 while it writes why; 0
+  char why[256];                     // what the first rank to give up saw
 };
 
 size_t header_bytes(int size) { return (sizeof(Header) + kLine * static_cast<size_t>(size) + 4095) / 4096 * 4096; }
@@ -72,16 +71,14 @@ void futex_wait(uint32_t* word, uint32_t seen, std::chrono::milliseconds slice) 
 
 void futex_wake_all(uint32_t* word) { ::syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
 
-// Whether process `pid` has ended: no such process, or a zombie its parent has
-// not reaped yet.
+// Whether process `pid` has ended: no such process, or a zombie its parent has not reaped yet.
 bool process_gone(int32_t pid) {
   if (pid <= 0) return false;
   if (::kill(pid, 0) != 0) return errno == ESRCH;
   std::FILE* f = std::fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
   if (f == nullptr) return false;
   char state = '?';
-  // "pid (comm) S ...": the state follows the last ')' (comm may hold spaces
-  // and parentheses).
+  // "pid (comm) S ...": the state follows the last ')' (comm may hold spaces and parentheses).
   char line[512] = {};
   const size_t got = std::fread(line, 1, sizeof line - 1, f);
   std::fclose(f);
@@ -96,15 +93,12 @@ size_t slot_bytes_from_env() {
   char* end = nullptr;
   const long long x = std::strtoll(v, &end, 10);
   TESSEL_CHECK(end != v && *end == '\0' && x >= 64,
-               "TESSEL_GLOO_SHM_SLOT_BYTES='{}' must be a whole number of "
-               "bytes, at least 64",
-               v);
+               "TESSEL_GLOO_SHM_SLOT_BYTES='{}' must be a whole number of bytes, at least 64", v);
   return static_cast<size_t>(x);
 }
 
-// Rank 0's half of connect: a fresh segment of `bytes`, its pages reserved (a
-// tmpfs without room fails here, not with SIGBUS at the first copy). Returns
-// its name, or "" with `why` set.
+// Rank 0's half of connect: a fresh segment of `bytes`, its pages reserved (a tmpfs without room
+// fails here, not with SIGBUS at the first copy). Returns its name, or "" with `why` set.
 std::string create_segment(size_t bytes, int& fd, std::string& why) {
   std::random_device rd;
   for (int attempt = 0; attempt < 8; ++attempt) {
@@ -178,8 +172,8 @@ std::unique_ptr<ShmCollectives> ShmCollectives::connect(Store& store, const std:
       const int fd = ::shm_open(theirs.c_str(), O_RDWR, 0600);
       if (fd < 0) why = fmt::format("shm_open {}: {}", theirs, std::strerror(errno));
       map(fd);
-      // Some other segment of that name (a member on another host, with its own
-      // /dev/shm) fails here.
+      // Some other segment of that name (a member on another host, with its own /dev/shm) fails
+      // here.
       if (base != MAP_FAILED) {
         const auto* h = static_cast<const Header*>(base);
         if (h->magic != kMagic || h->token != token || h->size != size || h->slot_bytes != slot_bytes) {
@@ -191,9 +185,15 @@ std::unique_ptr<ShmCollectives> ShmCollectives::connect(Store& store, const std:
     }
   }
   const bool ok = base != MAP_FAILED;
-  // Whatever the others found, everyone has opened the name by now (or never
-  // will): unlink it.
-  const bool everyone = all_ok(ok);
+  // Whatever the others found, everyone has opened the name by now (or never will): unlink it.
+  bool everyone = false;
+  try {
+    everyone = all_ok(ok);
+  } catch (...) {  // the group failed (a member never came): leave nothing behind
+    if (rank == 0 && !name.empty()) ::shm_unlink(name.c_str());
+    if (base != MAP_FAILED) ::munmap(base, bytes);
+    throw;
+  }
   if (rank == 0 && !name.empty()) ::shm_unlink(name.c_str());
   if (!everyone) {
     if (base != MAP_FAILED) ::munmap(base, bytes);
@@ -225,12 +225,18 @@ char* ShmCollectives::slot(int r) const {
   return static_cast<char*>(base_) + header_bytes(size_) + slot_bytes_ * static_cast<size_t>(r);
 }
 
-void ShmCollectives::fail(const std::string& why) {
+void ShmCollectives::fail(const std::string& why, bool timed_out) {
   auto* h = static_cast<Header*>(base_);
   int32_t none = 0;
-  atomic(h->gave_up).compare_exchange_strong(none, rank_ + 1);
+  if (atomic(h->gave_up).compare_exchange_strong(none, -1)) {  // the first to give up says why
+    const size_t n = std::min(why.size(), sizeof h->why - 1);
+    std::memcpy(h->why, why.data(), n);
+    h->why[n] = '\0';
+    atomic(h->gave_up).store(rank_ + 1, std::memory_order_release);
+  }
   atomic(h->wake).fetch_add(1);
   futex_wake_all(&h->wake);
+  if (timed_out) throw TimeoutError(why);
   throw CommError(why);
 }
 
@@ -256,25 +262,20 @@ void ShmCollectives::sync() {
     for (int r = 0; r < size_; ++r)
       if (atomic(line(r).arrived).load(std::memory_order_acquire) < e) missing.push_back(r);
     const auto now = Clock::now();
-    const bool look = now >= next_look;  // /proc is read at most every
-                                         // kLookEvery, not at every wake-up
+    const bool look = now >= next_look;  // /proc at most every kLookEvery, not at every wake-up
     if (look) next_look = now + kLookEvery;
     for (int r : missing) {
       if (atomic(line(r).left).load(std::memory_order_acquire) != 0)
-        fail(
-            fmt::format("group rank {} left the group (it failed) before this "
-                        "collective's shared-memory barrier",
-                        r));
+        fail(fmt::format("group rank {} left the group (it failed) before this collective's shared-memory barrier", r));
       const int32_t pid = line(r).pid;
       if (look && process_gone(pid)) fail(fmt::format("group rank {}'s process (pid {}) is gone", r, pid));
     }
-    if (const int32_t g = atomic(h->gave_up).load(); g != 0)
-      fail(fmt::format("group rank {} gave up on a shared-memory collective", g - 1));
+    if (const int32_t g = atomic(h->gave_up).load(std::memory_order_acquire); g > 0)
+      fail(fmt::format("group rank {} gave up on a shared-memory collective: {}", g - 1, std::string(h->why)));
     if (Clock::now() >= deadline) {
-      fail(
-          fmt::format("timed out after {} ms at a shared-memory barrier "
-                      "waiting for group ranks [{}]",
-                      timeout_.count(), fmt::join(missing, ", ")));
+      fail(fmt::format("timed out after {} ms at a shared-memory barrier waiting for group ranks [{}]",
+                       timeout_.count(), fmt::join(missing, ", ")),
+           true);
     }
     atomic(h->sleepers).fetch_add(1);
     if (!ready()) futex_wait(&h->wake, seen, kSleepSlice);
@@ -326,9 +327,8 @@ void ShmCollectives::broadcast(void* buf, int64_t count, DType dtype, int root) 
   }
 }
 
-// The output, concatenated, in windows of the input slots together: each rank
-// writes the part of its piece that falls in the window, then everyone copies
-// the window out.
+// The output, concatenated, in windows of the input slots together: each rank writes the part of
+// its piece that falls in the window, then everyone copies the window out.
 void ShmCollectives::all_gather_v(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype) {
   gather_to(in, out, counts, dtype, -1);
 }
@@ -357,9 +357,8 @@ void ShmCollectives::gather_to(const void* in, void* out, const std::vector<int6
   }
 }
 
-// The input in windows of one slot: every rank copies its window into its slot,
-// then reduces the part of its own segment in the window straight into its
-// output.
+// The input in windows of one slot: every rank copies its window into its slot, then reduces the
+// part of its own segment in the window straight into its output.
 void ShmCollectives::reduce_scatter_v(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype,
                                       ReduceOp op) {
   const size_t esz = dtype_size(dtype);
@@ -413,8 +412,8 @@ int64_t ShmCollectives::max_over_ranks(int64_t mine) {
 
 // In rounds: each rank's slot is cut into one share per destination; in round k a rank writes the
 // k-th share-sized piece of its segment for every destination, and after a barrier every rank
-// copies the pieces meant for it out of every slot. There are as many rounds as the longest
-// segment between any two ranks needs (agreed through the header first).
+// copies the pieces meant for it out of every slot. There are as many rounds as the longest segment
+// between any two ranks needs (agreed through the header first).
 void ShmCollectives::all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
                                   const std::vector<int64_t>& recv_counts, DType dtype) {
   const size_t esz = dtype_size(dtype);
