@@ -49,9 +49,12 @@ case "$mode" in
     build release
     echo "== tests (release)"
     ctest --preset release -j "$jobs" "$@"
-    build asan core_test ops_test autograd_test
-    echo "== tests (AddressSanitizer + UndefinedBehaviorSanitizer: core, ops, autograd)"
+    build asan core_test ops_test autograd_test comm_test comm_launched
+    echo "== tests (AddressSanitizer + UndefinedBehaviorSanitizer: core, ops, autograd, the Gloo and thread backends)"
     ctest --preset asan -j "$jobs" -L 'core|ops|autograd' "$@"
+    # comm_test's cases (the ones that need no `tessel` binary): raw shared memory, futexes and
+    # sockets are where a sanitizer earns its time.
+    ctest --preset asan -j "$jobs" -R '^(GlooSharedMemory|GlooThreads|ThreadBackend|Hierarchical|Heartbeat|DefaultTimeout|WorldSizes/|Topologies/)' "$@"
     echo "== fuzz targets (libFuzzer, clang; ${TESSEL_FUZZ_SECONDS:-3} s each over their seeds)"
     scripts/fuzz.sh "${TESSEL_FUZZ_SECONDS:-3}"
     ;;
