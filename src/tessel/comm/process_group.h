@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "tessel/comm/reduce.h"
 #include "tessel/comm/store.h"
 #include "tessel/core/dtype.h"
 #include "tessel/core/reduce_op.h"
@@ -305,19 +306,6 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   AllToAllAlgorithm all_to_all_algorithm_ = AllToAllAlgorithm::automatic;
   std::vector<char> a2a_staging_[3];  // the hierarchical all_to_all's buffers (worker thread only)
 };
-
-// Element-wise reduction of `n` elements: acc = op(acc, x) (avg accumulates like sum; divide
-// afterwards with finish_avg).
-void reduce_into(void* acc, const void* x, int64_t n, DType dtype, ReduceOp op);
-void finish_avg(void* buf, int64_t n, DType dtype, int ranks);
-// dst[k][dst_off + i] = reduce over r, in rank order, of srcs[r][src_off + i] for i in [0, n),
-// offsets in elements, in tiles that stay in cache; bf16 accumulates in f32 and rounds once. The
-// thread backend and the Gloo backend's shared-memory path reduce with it, so both give the same
-// bits.
-void reduce_ranks(const std::vector<const void*>& srcs, const std::vector<void*>& dsts, int64_t src_off, int64_t dst_off,
-                  int64_t n, DType dtype, ReduceOp op);
-// Throws naming `where` when `op` cannot reduce `dtype` (avg and prod of bool).
-void check_reducible(DType dtype, ReduceOp op, const std::string& where);
 
 // Every rank's `mine` (any length), in rank order: an all_gather of the lengths, then of the
 // bytes. Collective over `group`.

@@ -22,8 +22,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "tessel/comm/process_group.h"
+#include "tessel/comm/reduce.h"
 #include "tessel/comm/spin.h"
+#include "tessel/core/shape.h"
 #include "tessel/core/error.h"
 
 namespace tessel {
