@@ -233,10 +233,7 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   void do_all_gather(const void* in, void* out, int64_t count, DType dtype) override {
-    if (ShmCollectives* s = same_node()) {
-      const std::vector<int64_t> counts(static_cast<size_t>(size()), count);
-      return run("all_gather", [&](uint32_t) { s->all_gather_v(in, out, counts, dtype); });
-    }
+    if (same_node()) return ProcessGroup::do_all_gather(in, out, count, dtype);  // the _v form, through memory
     run("all_gather", [&](uint32_t tag) {
       gloo::AllgatherOptions o(context_);
       by_element_size(dtype, [&](auto t) {
@@ -293,10 +290,7 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   void do_all_to_all(const void* in, void* out, int64_t count, DType dtype) override {
-    if (ShmCollectives* s = same_node()) {
-      const std::vector<int64_t> counts(static_cast<size_t>(size()), count);
-      return run("all_to_all", [&](uint32_t) { s->all_to_all_v(in, counts, out, counts, dtype); });
-    }
+    if (same_node()) return ProcessGroup::do_all_to_all(in, out, count, dtype);  // the _v form, through memory
     run("all_to_all", [&](uint32_t tag) {
       gloo::AlltoallOptions o(context_);
       by_element_size(dtype, [&](auto t) {
