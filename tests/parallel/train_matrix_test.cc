@@ -255,6 +255,7 @@ struct CpRow {
   bool mha = false;  // Llama with as many kv heads as heads (all_to_all over 4 ranks splits them)
   const char* recompute = "none";
   bool pack = false;  // data.pack_documents, the space (32) ending each document
+  bool wide = false;  // the config file's widths (256) instead of the matrix's 32, at seq_len 32
 };
 
 TEST(HybridParallel, ContextParallelLayoutsTrainLikeOneRank) {
@@ -286,15 +287,34 @@ TEST(HybridParallel, ContextParallelLayoutsTrainLikeOneRank) {
       {{2, 1, 1, 0, 0, 1, 1, 1, 0, 0}, 2, "all_to_all", false, "none", true},
       {{1, 2, 2, 0, 1, 1, 1, 0, 0, 0}, 2, "ring", false, "none", true},
       {{2, 2, 1, 1, 1, 1, 0, 1, 0, 0}, 1, "ring", false, "none", true},
+      // Width 256, 8 x 32 tokens: sizes at which the embedding's and the norms' cost-based
+      // rules once moved the sequence off cp under tp (batch over cp, sequence over tp), and
+      // attention took the ring's load-balanced order for the natural one.
+      // (SGD: AdamW would turn the rounding noise of the gradient of c_attn's key bias, which
+      // attention's softmax makes exactly 0, into steps of a full learning rate.)
+      {{1, 2, 1, 0, 0, 1, 0, 1, 0, 1}, 2, "ring", false, "none", false, true},
+      {{1, 2, 1, 0, 1, 1, 0, 1, 0, 1}, 2, "ring", false, "none", false, true},
+      {{1, 2, 1, 0, 1, 1, 0, 0, 0, 1}, 2, "ring", false, "none", false, true},
+      {{1, 2, 1, 0, 1, 1, 0, 0, 0, 1}, 2, "all_to_all", false, "none", false, true},
   };
   for (const CpRow& row : rows) {
     const Layout& l = row.layout;
-    const std::string name = fmt::format("{} cp{} {}{} recompute {}{}", describe(l), row.cp, row.method,
-                                         row.mha ? " mha" : "", row.recompute, row.pack ? " packed" : "");
+    const std::string name = fmt::format("{} cp{} {}{} recompute {}{}{}", describe(l), row.cp, row.method,
+                                         row.mha ? " mha" : "", row.recompute, row.pack ? " packed" : "",
+                                         row.wide ? " wide" : "");
     SCOPED_TRACE(name);
     RunConfig base = config_for(l);
     if (row.mha) base.model.llama.num_key_value_heads = base.model.llama.num_attention_heads;
     base.parallel.recompute = row.recompute;
+    if (row.wide) {
+      base.train.seq_len = 32;
+      base.train.steps = 4;
+      base.model.gpt2.n_embd = 256;
+      base.model.llama.hidden_size = 256;
+      base.model.llama.num_attention_heads = 8;
+      base.model.llama.num_key_value_heads = 4;
+      base.model.llama.intermediate_size = 688;
+    }
     if (row.pack) {
       base.data.pack_documents = true;
       base.data.eot_token = 32;

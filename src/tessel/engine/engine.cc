@@ -166,7 +166,14 @@ struct Engine::State {
     nn::LanguageModel* lm = model.get();
     const nn::SequenceState ss = nn::sequence_state();  // restored with ds for a recompute
     size_t unit = 0;  // the next unit of this chunk
-    if (vs == 0) x = in_unit(unit++, [lm, &ids](const Tensor&) { return lm->embed(ids); })(Tensor());
+    if (vs == 0) {
+      x = in_unit(unit++, [lm, &ids](const Tensor&) { return lm->embed(ids); })(Tensor());
+      // The blocks start from the layout's activation placements (what a pipeline stage
+      // receives, too): the embedding's rule may have split the hidden dim instead, a choice
+      // that would otherwise carry into every block.
+      const Placements want = layout->activation_placements();
+      if (is_dist(x) && dist_attr(x).placements != want) x = reshard(x, dist_attr(x).mesh, want);
+    }
     for (int64_t b = blocks[static_cast<size_t>(vs)].first; b < blocks[static_cast<size_t>(vs)].second; ++b, ++unit) {
       auto block = in_unit(unit, [lm, b](const Tensor& h) { return lm->block(b, h); });
       if (cfg.parallel.recompute == "full" && grad_enabled())

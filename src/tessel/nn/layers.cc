@@ -1,6 +1,7 @@
 // Transformer building blocks.
 #include "tessel/nn/layers.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "tessel/core/context.h"
@@ -132,10 +133,30 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool 
     if (s.doc_starts.defined()) return scaled_dot_product_attention(q, k, v, s.doc_starts, /*causal=*/true);
     return scaled_dot_product_attention(q, k, v, /*causal=*/true, /*scale=*/0.0, recompute_probs);
   }
-  Tensor y = scaled_dot_product_attention(q, k, v, s.doc_starts, /*causal=*/true, /*scale=*/0.0, s.cp_method);
+  // Context parallel: attention takes the sequence split over the mesh dim named cp, whatever
+  // placements the ops before it chose. Under ring attention the tokens are held in the
+  // load-balanced order (parallel/data.h), which only that split maps back to causal positions:
+  // an op that moved the sequence's split to another dim (batch over cp, say) would otherwise
+  // hand attention the reordered sequence as if it were the natural one.
+  const auto on_cp = [&](const Tensor& t) {
+    const DistAttr& a = dist_attr(t);
+    const std::vector<std::string>& names = a.mesh.dim_names();
+    const auto it = std::find(names.begin(), names.end(), "cp");
+    if (s.cp_method.empty() || it == names.end()) return t;
+    const size_t m = static_cast<size_t>(it - names.begin());
+    if (a.mesh.dim_size(static_cast<int64_t>(m)) == 1 || a.placements[m].is_shard(2)) return t;
+    Placements want = a.placements;
+    for (Placement& p : want)
+      if (p.is_shard(2)) p = Replicate();  // the sequence split over cp alone
+    want[m] = Shard(2);
+    return reshard(t, a.mesh, want);
+  };
+  const Tensor qs = on_cp(q);
+  Tensor y = scaled_dot_product_attention(qs, on_cp(k), on_cp(v), s.doc_starts, /*causal=*/true, /*scale=*/0.0,
+                                          s.cp_method);
   // all_to_all hands the output back split by heads where q's sequence was split: the
   // all_to_all back, so the projection after it sees the sequence split as before.
-  const DistAttr& qa = dist_attr(q);
+  const DistAttr& qa = dist_attr(qs);
   const Placements& yp = dist_attr(y).placements;
   for (size_t m = 0; m < yp.size(); ++m)
     if (qa.placements[m].is_shard(2) && !yp[m].is_shard(2)) return reshard(y, qa.mesh, qa.placements);
