@@ -34,6 +34,10 @@ SIGTERM stops the job and exits 128 + the signal: 130 or 143. With --max-restart
 failed job is started again, up to K times; `tessel train --save DIR` resumes each restart
 from the newest complete checkpoint in DIR, on the same trajectory.
 
+A tessel rank runs its kernels on the cores of its process shared evenly with the node's other
+workers (cores / LOCAL_WORLD_SIZE threads, at least 1) unless TESSEL_NUM_THREADS,
+OMP_NUM_THREADS or train.threads say otherwise.
+
 Gloo ranks of one node run their collectives through a shared-memory segment (in /dev/shm,
 unlinked once mapped), ranks on other nodes over TCP. TESSEL_GLOO_TRANSPORT=tcp in the
 environment keeps them all on TCP; TESSEL_GLOO_SHM_SLOT_BYTES sets a rank's slot (4 MiB).

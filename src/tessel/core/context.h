@@ -119,7 +119,9 @@ class NoGradGuard : public GradModeGuard {
 
 inline bool grad_enabled() { return rank_context().grad_enabled; }
 
-// Process defaults: TESSEL_NUM_THREADS, else OMP_NUM_THREADS, else the online cores.
+// Process defaults: TESSEL_NUM_THREADS, else OMP_NUM_THREADS, else OPENBLAS_NUM_THREADS,
+// else the cores of the process's affinity mask divided by LOCAL_WORLD_SIZE (the workers a
+// launcher started on this node; at least 1).
 int default_num_threads();
 // Sets the process default thread count (the default context's pool); OpenBLAS stays on one
 // thread, since kernels::gemm splits products over the pool itself.
