@@ -23,13 +23,17 @@ class Env {
       const char* was = std::getenv(name);
       saved_[name] = was != nullptr ? std::optional<std::string>(was) : std::nullopt;
     }
-    if (value) ::setenv(name, value->c_str(), 1);
-    else ::unsetenv(name);
+    if (value)
+      ::setenv(name, value->c_str(), 1);
+    else
+      ::unsetenv(name);
   }
   ~Env() {
     for (const auto& [name, value] : saved_) {
-      if (value) ::setenv(name.c_str(), value->c_str(), 1);
-      else ::unsetenv(name.c_str());
+      if (value)
+        ::setenv(name.c_str(), value->c_str(), 1);
+      else
+        ::unsetenv(name.c_str());
     }
   }
 
@@ -46,7 +50,8 @@ int affinity_cores() {
 
 TEST(DefaultNumThreads, SharesTheCoresWithTheLaunchersOtherWorkers) {
   Env env;
-  for (const char* name : {"TESSEL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) env.set(name, std::nullopt);
+  for (const char* name : {"TESSEL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
+    env.set(name, std::nullopt);
   const int cores = affinity_cores();
   env.set("LOCAL_WORLD_SIZE", std::nullopt);
   EXPECT_EQ(default_num_threads(), cores);

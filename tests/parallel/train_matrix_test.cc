@@ -299,9 +299,9 @@ TEST(HybridParallel, ContextParallelLayoutsTrainLikeOneRank) {
   };
   for (const CpRow& row : rows) {
     const Layout& l = row.layout;
-    const std::string name = fmt::format("{} cp{} {}{} recompute {}{}{}", describe(l), row.cp, row.method,
-                                         row.mha ? " mha" : "", row.recompute, row.pack ? " packed" : "",
-                                         row.wide ? " wide" : "");
+    const std::string name =
+        fmt::format("{} cp{} {}{} recompute {}{}{}", describe(l), row.cp, row.method, row.mha ? " mha" : "",
+                    row.recompute, row.pack ? " packed" : "", row.wide ? " wide" : "");
     SCOPED_TRACE(name);
     RunConfig base = config_for(l);
     if (row.mha) base.model.llama.num_key_value_heads = base.model.llama.num_attention_heads;

@@ -98,7 +98,7 @@ int default_num_threads() {
   cpu_set_t set;
   CPU_ZERO(&set);
   const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
-                                                                 : static_cast<int>(std::thread::hardware_concurrency());
+                                                                : static_cast<int>(std::thread::hardware_concurrency());
   const int workers = std::max(1, env_int("LOCAL_WORLD_SIZE"));
   return std::max(1, cores / workers);
 }

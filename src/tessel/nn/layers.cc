@@ -152,8 +152,8 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool 
     return reshard(t, a.mesh, want);
   };
   const Tensor qs = on_cp(q);
-  Tensor y = scaled_dot_product_attention(qs, on_cp(k), on_cp(v), s.doc_starts, /*causal=*/true, /*scale=*/0.0,
-                                          s.cp_method);
+  Tensor y =
+      scaled_dot_product_attention(qs, on_cp(k), on_cp(v), s.doc_starts, /*causal=*/true, /*scale=*/0.0, s.cp_method);
   // all_to_all hands the output back split by heads where q's sequence was split: the
   // all_to_all back, so the projection after it sees the sequence split as before.
   const DistAttr& qa = dist_attr(qs);
