@@ -649,8 +649,8 @@ SpmdDecision sdpa_batch_heads(const SpmdCall& c) {
   return spmd::label_rule(c, r);
 }
 
-// Context parallel: with the attribute "cp" (set by the model's layers under parallel.cp), a
-// mesh dim splitting q's sequence (T, dim 2) keeps it split, by the method it names
+// Context parallel: with the attribute "cp" (set by the model's layers under parallel.cp), the
+// mesh dim named cp, when it splits q's sequence (T, dim 2), keeps it split, by the method it names
 // (docs/attention.md); without it the sequence is gathered, as before:
 //   ring                q, k, v "bhT." over that dim, out alike — the dist layer's ring
 //                       attention (custom: key/value blocks pass around the dim's ranks). The
@@ -669,10 +669,15 @@ SpmdDecision sdpa_spmd(const SpmdCall& c) {
   for (size_t i = 0; i < 3 && i < c.inputs.size(); ++i) well_formed = well_formed && c.inputs[i].shape.size() == 4;
   if (!well_formed)  // infer rejects it
     return SpmdDecision{std::vector<Placements>(c.inputs.size(), all_r), {all_r}};
+  // Only the mesh dim named cp: the loader lays the sequence out for it (the ring's order), and
+  // a rule that put the sequence on another dim (dp, when a batch of one cannot be split over
+  // it) leaves it in the natural order there, which the whole-sequence kernel then sees.
   std::vector<size_t> seq_dims;
   const Placements& qp = c.input_attrs[0].placements;
+  const std::vector<std::string>& names = c.mesh().dim_names();
   for (size_t m = 0; m < qp.size() && c.attrs.has("cp"); ++m)
-    if (qp[m].is_shard(2) && c.mesh().dim_size(static_cast<int64_t>(m)) > 1) seq_dims.push_back(m);
+    if (qp[m].is_shard(2) && c.mesh().dim_size(static_cast<int64_t>(m)) > 1 && m < names.size() && names[m] == "cp")
+      seq_dims.push_back(m);
   if (seq_dims.empty()) return sdpa_batch_heads(c);
   std::vector<DistAttr> whole(c.input_attrs.begin(), c.input_attrs.end());
   for (DistAttr& a : whole)
