@@ -32,15 +32,15 @@ RunConfig config(const std::string& arch, int64_t dp, int64_t tp, int64_t cp, co
   return c;
 }
 
-// Rank 0's logits of `batch` rows of 16 tokens, predicted right after the engine is built.
-std::vector<double> logits(const RunConfig& cfg, int64_t batch) {
-  std::vector<int64_t> ids(static_cast<size_t>(batch * 16));
+// Rank 0's logits of `batch` rows of T tokens, predicted right after the engine is built.
+std::vector<double> logits(const RunConfig& cfg, int64_t batch, int64_t T = 16) {
+  std::vector<int64_t> ids(static_cast<size_t>(batch * T));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>("In the beginning God created the"[i % 32]);
   std::vector<double> out;
   std::mutex mu;
   spawn(static_cast<int>(cfg.parallel.world_size()), [&](int rank) {
     Engine engine(cfg);
-    const Tensor y = engine.predict(Tensor::from_vector(ids, {batch, 16}));
+    const Tensor y = engine.predict(Tensor::from_vector(ids, {batch, T}));
     if (rank != 0) return;
     std::lock_guard lock(mu);
     out = y.to_doubles();
@@ -53,17 +53,22 @@ struct Case {
   int64_t dp, tp, cp;
   const char* cp_method;
   int64_t batch;
+  int64_t T = 16;
 };
 
 TEST(Predict, LogitsInEveryLayoutAreOneRanks) {
-  for (const Case& c : {Case{"gpt2", 2, 1, 1, "ring", 1}, Case{"gpt2", 4, 1, 1, "ring", 1},
+  // (Odd shapes too: 7 tokens over dp 2, one token over tp 2, 3 tokens over cp 2 all_to_all.)
+  for (const Case& c : {Case{"gpt2", 2, 1, 1, "ring", 1, 7}, Case{"gpt2", 1, 2, 1, "ring", 3, 5},
+                        Case{"llama", 1, 2, 1, "ring", 1, 1}, Case{"llama", 1, 1, 2, "ring", 2, 12},
+                        Case{"llama", 1, 1, 2, "all_to_all", 2, 6}, Case{"gpt2", 2, 2, 2, "ring", 3, 8},
+                        Case{"gpt2", 1, 1, 2, "all_to_all", 1, 3}, Case{"gpt2", 2, 1, 1, "ring", 1}, Case{"gpt2", 4, 1, 1, "ring", 1},
                         Case{"gpt2", 4, 1, 1, "ring", 2}, Case{"gpt2", 2, 2, 1, "ring", 1},
                         Case{"llama", 2, 1, 1, "ring", 1}, Case{"llama", 1, 1, 2, "ring", 1},
                         Case{"llama", 2, 1, 2, "ring", 1}, Case{"llama", 2, 1, 2, "all_to_all", 3},
                         Case{"gpt2", 1, 2, 2, "ring", 2}}) {
-    SCOPED_TRACE(fmt::format("{} dp {} tp {} cp {} {}, batch {}", c.arch, c.dp, c.tp, c.cp, c.cp_method, c.batch));
-    const std::vector<double> want = logits(config(c.arch, 1, 1, 1, "ring"), c.batch);
-    const std::vector<double> got = logits(config(c.arch, c.dp, c.tp, c.cp, c.cp_method), c.batch);
+    SCOPED_TRACE(fmt::format("{} dp {} tp {} cp {} {}, batch {} T {}", c.arch, c.dp, c.tp, c.cp, c.cp_method, c.batch, c.T));
+    const std::vector<double> want = logits(config(c.arch, 1, 1, 1, "ring"), c.batch, c.T);
+    const std::vector<double> got = logits(config(c.arch, c.dp, c.tp, c.cp, c.cp_method), c.batch, c.T);
     ASSERT_EQ(got.size(), want.size());
     double worst = 0;
     for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
