@@ -58,15 +58,15 @@ struct Case {
 
 TEST(Predict, LogitsInEveryLayoutAreOneRanks) {
   // (Odd shapes too: 7 tokens over dp 2, one token over tp 2, 3 tokens over cp 2 all_to_all.)
-  for (const Case& c : {Case{"gpt2", 2, 1, 1, "ring", 1, 7}, Case{"gpt2", 1, 2, 1, "ring", 3, 5},
-                        Case{"llama", 1, 2, 1, "ring", 1, 1}, Case{"llama", 1, 1, 2, "ring", 2, 12},
-                        Case{"llama", 1, 1, 2, "all_to_all", 2, 6}, Case{"gpt2", 2, 2, 2, "ring", 3, 8},
-                        Case{"gpt2", 1, 1, 2, "all_to_all", 1, 3}, Case{"gpt2", 2, 1, 1, "ring", 1}, Case{"gpt2", 4, 1, 1, "ring", 1},
-                        Case{"gpt2", 4, 1, 1, "ring", 2}, Case{"gpt2", 2, 2, 1, "ring", 1},
-                        Case{"llama", 2, 1, 1, "ring", 1}, Case{"llama", 1, 1, 2, "ring", 1},
-                        Case{"llama", 2, 1, 2, "ring", 1}, Case{"llama", 2, 1, 2, "all_to_all", 3},
-                        Case{"gpt2", 1, 2, 2, "ring", 2}}) {
-    SCOPED_TRACE(fmt::format("{} dp {} tp {} cp {} {}, batch {} T {}", c.arch, c.dp, c.tp, c.cp, c.cp_method, c.batch, c.T));
+  for (const Case& c :
+       {Case{"gpt2", 2, 1, 1, "ring", 1, 7}, Case{"gpt2", 1, 2, 1, "ring", 3, 5}, Case{"llama", 1, 2, 1, "ring", 1, 1},
+        Case{"llama", 1, 1, 2, "ring", 2, 12}, Case{"llama", 1, 1, 2, "all_to_all", 2, 6},
+        Case{"gpt2", 2, 2, 2, "ring", 3, 8}, Case{"gpt2", 1, 1, 2, "all_to_all", 1, 3},
+        Case{"gpt2", 2, 1, 1, "ring", 1}, Case{"gpt2", 4, 1, 1, "ring", 1}, Case{"gpt2", 4, 1, 1, "ring", 2},
+        Case{"gpt2", 2, 2, 1, "ring", 1}, Case{"llama", 2, 1, 1, "ring", 1}, Case{"llama", 1, 1, 2, "ring", 1},
+        Case{"llama", 2, 1, 2, "ring", 1}, Case{"llama", 2, 1, 2, "all_to_all", 3}, Case{"gpt2", 1, 2, 2, "ring", 2}}) {
+    SCOPED_TRACE(
+        fmt::format("{} dp {} tp {} cp {} {}, batch {} T {}", c.arch, c.dp, c.tp, c.cp, c.cp_method, c.batch, c.T));
     const std::vector<double> want = logits(config(c.arch, 1, 1, 1, "ring"), c.batch, c.T);
     const std::vector<double> got = logits(config(c.arch, c.dp, c.tp, c.cp, c.cp_method), c.batch, c.T);
     ASSERT_EQ(got.size(), want.size());
