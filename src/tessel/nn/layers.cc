@@ -1,7 +1,6 @@
 // Transformer building blocks.
 #include "tessel/nn/layers.h"
 
-#include <algorithm>
 #include <cmath>
 
 #include "tessel/core/context.h"
@@ -140,11 +139,10 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool 
   // hand attention the reordered sequence as if it were the natural one.
   const auto on_cp = [&](const Tensor& t) {
     const DistAttr& a = dist_attr(t);
-    const std::vector<std::string>& names = a.mesh.dim_names();
-    const auto it = std::find(names.begin(), names.end(), "cp");
-    if (s.cp_method.empty() || it == names.end()) return t;
-    const size_t m = static_cast<size_t>(it - names.begin());
-    if (a.mesh.dim_size(static_cast<int64_t>(m)) == 1 || a.placements[m].is_shard(2)) return t;
+    const int64_t cp = a.mesh.find_dim("cp");
+    if (s.cp_method.empty() || cp < 0 || a.mesh.dim_size(cp) == 1) return t;
+    const size_t m = static_cast<size_t>(cp);
+    if (a.placements[m].is_shard(2)) return t;
     Placements want = a.placements;
     for (Placement& p : want)
       if (p.is_shard(2)) p = Replicate();  // the sequence split over cp alone

@@ -674,10 +674,9 @@ SpmdDecision sdpa_spmd(const SpmdCall& c) {
   // it) leaves it in the natural order there, which the whole-sequence kernel then sees.
   std::vector<size_t> seq_dims;
   const Placements& qp = c.input_attrs[0].placements;
-  const std::vector<std::string>& names = c.mesh().dim_names();
-  for (size_t m = 0; m < qp.size() && c.attrs.has("cp"); ++m)
-    if (qp[m].is_shard(2) && c.mesh().dim_size(static_cast<int64_t>(m)) > 1 && m < names.size() && names[m] == "cp")
-      seq_dims.push_back(m);
+  const int64_t cp = c.attrs.has("cp") ? c.mesh().find_dim("cp") : -1;
+  if (cp >= 0 && qp[static_cast<size_t>(cp)].is_shard(2) && c.mesh().dim_size(cp) > 1)
+    seq_dims.push_back(static_cast<size_t>(cp));
   if (seq_dims.empty()) return sdpa_batch_heads(c);
   std::vector<DistAttr> whole(c.input_attrs.begin(), c.input_attrs.end());
   for (DistAttr& a : whole)

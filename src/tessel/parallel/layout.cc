@@ -170,10 +170,7 @@ Layout::Layout(ParallelConfig config, int64_t world_rank) : rank(world_rank), co
 
 ProcessMesh Layout::stage_mesh(int64_t pp) const { return world_.sub_mesh(world_.dim_index("pp"), pp); }
 
-bool Layout::has_dim(std::string_view dim) const {
-  const std::vector<std::string>& names = world_.dim_names();
-  return std::find(names.begin(), names.end(), dim) != names.end();
-}
+bool Layout::has_dim(std::string_view dim) const { return world_.find_dim(dim) >= 0; }
 
 int64_t Layout::coord(std::string_view dim) const {
   return has_dim(dim) ? coord_[static_cast<size_t>(world_.dim_index(dim))] : 0;

@@ -207,13 +207,6 @@ void attention(Pass& p, const ModelSpec& m, int64_t b, int64_t hq, int64_t hkv, 
        false, true);
 }
 
-// Context-parallel communication of one attention (docs/plan.md, "Context parallel"). Ring:
-// cp - 1 steps, each sending this rank's key/value block on (and receiving the next) while the
-// attention of the block in hand runs — exposed per step is what the transfer takes beyond
-// that block's compute (1/cp of the rank's attention); the backward sends the blocks and their
-// gradients (twice the bytes) beside a backward step. all_to_all: q, k and v turned from
-// sequence shards into head shards before the attention and the output back after (four
-// all_to_alls), and as many in the backward; nothing to overlap them with.
 // The ring's cp - 1 steps each way, a key/value block of `block` bytes per step in the forward,
 // the block and its gradient accumulator side by side in the backward, each under the attention
 // of the block in hand (a cp-th of the layer's): what the attention cannot cover is exposed.
@@ -227,6 +220,13 @@ void ring_comm(LayerCost& lc, const Cluster& c, const LayerShape& s, double bloc
   lc.cp_hidden += steps * (std::min(x_fwd, c_fwd) + std::min(x_bwd, c_bwd));
 }
 
+// Context-parallel communication of one attention (docs/plan.md, "Context parallel"). Ring:
+// cp - 1 steps, each sending this rank's key/value block on (and receiving the next) while the
+// attention of the block in hand runs — exposed per step is what the transfer takes beyond
+// that block's compute (1/cp of the rank's attention); the backward sends the blocks and their
+// gradients (twice the bytes) beside a backward step. all_to_all: q, k and v turned from
+// sequence shards into head shards before the attention and the output back after (four
+// all_to_alls), and as many in the backward; nothing to overlap them with.
 void cp_comm(LayerCost& lc, const Cluster& c, const LayerShape& s, const ModelSpec& m, double attn_fwd, double attn_bwd,
              int64_t hq, int64_t hkv, double act) {
   if (s.cp <= 1) return;

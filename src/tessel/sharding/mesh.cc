@@ -99,9 +99,14 @@ ProcessMesh ProcessMesh::parse(std::string_view text) {
   return ProcessMesh(shape, ids, names);
 }
 
-int64_t ProcessMesh::dim_index(std::string_view name) const {
+int64_t ProcessMesh::find_dim(std::string_view name) const {
   for (size_t i = 0; i < data().names.size(); ++i)
     if (data().names[i] == name) return static_cast<int64_t>(i);
+  return -1;
+}
+
+int64_t ProcessMesh::dim_index(std::string_view name) const {
+  if (const int64_t at = find_dim(name); at >= 0) return at;
   TESSEL_THROW("mesh {} has no dim named '{}' (dims: {})", str(), name, fmt::join(data().names, ", "));
 }
 

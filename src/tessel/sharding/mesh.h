@@ -30,6 +30,8 @@ class ProcessMesh {
   const std::vector<std::string>& dim_names() const { return data().names; }
   // Index of the dim called `name`; throws listing the names when absent.
   int64_t dim_index(std::string_view name) const;
+  // Index of the dim called `name`, or -1 when the mesh has none.
+  int64_t find_dim(std::string_view name) const;
   const std::vector<int64_t>& process_ids() const { return data().ids; }
 
   bool contains(int64_t rank) const;
