@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from train_job import Node, free_port, losses, train_command, uninterrupted_losses, workers
+from train_job import Node, free_port, losses, rejoin, train_command, uninterrupted_losses, workers
 
 tessel, src = sys.argv[1], sys.argv[2]
 runs = int(sys.argv[3]) if len(sys.argv) > 3 else 4
@@ -86,13 +86,13 @@ with tempfile.TemporaryDirectory() as tmp:
         grown = None
         if what == "node":
             n1.p.wait()
-            rejoin = time.monotonic()
-            nodes.append(node(work, 1, port, "node 1 again"))
+            again, rejoined = rejoin(n0, lambda: node(work, 1, port, "node 1 again"))
+            nodes.append(again)
             g = n0.wait_line(lambda l: "tessel launch: round 2: 2 nodes" in l, k)
             if g is None:
                 sys.exit(f"run {run}: the job did not grow back to 2 nodes\n{logs()}")
             s = n0.wait_line(lambda l: l.startswith("[rank 0]") and "info: step " in l, g)
-            grown = (n0.lines[s][0] if s is not None else time.monotonic()) - rejoin
+            grown = (n0.lines[s][0] if s is not None else time.monotonic()) - rejoined
         for n in nodes[:1] + nodes[2:] + ([n1] if what == "rank" else []):
             if n.p.wait(timeout=180) != 0:
                 sys.exit(f"run {run}: {n.name}'s launcher exited {n.p.returncode}\n{logs()}")

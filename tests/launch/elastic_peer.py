@@ -6,8 +6,8 @@ memory every step — each machine keeping its own ranks' pieces and a peer copy
 and to disk only every 10 steps. RUNS times, node 1's launcher is killed (SIGKILL, its processes
 die with it) at a random step after the disk checkpoint of step 10 is out: node 0 must go on alone from
 the newest step in its memory, which holds node 1's pieces only as peer copies (the log must say
-so), newer than the disk's; then node 1 starts again (its memory folder stale) and the job grows
-back to 4 ranks. Both launchers must exit 0 and the metrics file must hold every step once with
+so), newer than the disk's; then node 1 starts again (its memory folder stale; node 0's round
+holds still until it waits to join) and the job grows back to 4 ranks. Both launchers must exit 0 and the metrics file must hold every step once with
 the losses of an uninterrupted 4-rank job (relative 1e-5). Prints detection (kill to the
 launcher's report) and recovery (kill to the next completed step) times.
   elastic_peer.py TESSEL_BINARY SOURCE_DIR [RUNS]
@@ -20,11 +20,11 @@ import sys
 import tempfile
 import time
 
-from train_job import Node, free_port, losses, train_command, uninterrupted_losses
+from train_job import Node, free_port, losses, rejoin, train_command, uninterrupted_losses
 
 tessel, src = sys.argv[1], sys.argv[2]
 runs = int(sys.argv[3]) if len(sys.argv) > 3 else 2
-steps, disk_every = 24, 10
+steps, disk_every = 40, 10
 rng = random.Random(26)
 token = "9ee12c0b9ee12c0b9ee12c0b9ee12c0b"
 train = train_command(tessel, src, steps, save_every=disk_every)
@@ -67,6 +67,10 @@ with tempfile.TemporaryDirectory() as tmp:
         k = n0.wait_line(lambda l: l.startswith("[rank 0]") and "info: step " in l, j if j is not None else i)
         if j is None or k is None:
             sys.exit(f"run {run}: the loss of node 1 at step {at_step} was not detected and recovered from\n{logs()}")
+        # Node 1 starts again at once; node 0's round holds still until it waits to join.
+        n1.p.wait()
+        again, rejoined = rejoin(n0, lambda: node(work, 1, port, "node 1 again"))
+        nodes.append(again)
         detected, recovered = n0.lines[j][0] - killed, n0.lines[k][0] - killed
         # Node 0 alone holds node 1's pieces (saving ranks 2 and 3) only as peer copies.
         held = n0.wait_line(lambda l: "is held whole by the 1 machine left" in l and
@@ -83,14 +87,11 @@ with tempfile.TemporaryDirectory() as tmp:
             sys.exit(f"run {run}: resumed at step {from_step}, not newer than the disk's step {disk_every}\n{logs()}")
         if n0.wait_line(lambda l: "tessel launch: round 1: 1 node " in l, j) is None:
             sys.exit(f"run {run}: round 1 should run on node 0 alone\n{logs()}")
-        n1.p.wait()
-        rejoin = time.monotonic()
-        nodes.append(node(work, 1, port, "node 1 again"))
         g = n0.wait_line(lambda l: "tessel launch: round 2: 2 nodes" in l, k)
         if g is None:
             sys.exit(f"run {run}: the job did not grow back to 2 nodes\n{logs()}")
         s = n0.wait_line(lambda l: l.startswith("[rank 0]") and "info: step " in l, g)
-        grown = (n0.lines[s][0] if s is not None else time.monotonic()) - rejoin
+        grown = (n0.lines[s][0] if s is not None else time.monotonic()) - rejoined
         for n in (n0, nodes[2]):
             if n.p.wait(timeout=180) != 0:
                 sys.exit(f"run {run}: {n.name}'s launcher exited {n.p.returncode}\n{logs()}")

@@ -4,6 +4,7 @@ losses its metrics file holds, a launcher's worker processes, and an elastic nod
 whose log lines are collected)."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -98,3 +99,26 @@ class Node:
 
     def text(self):
         return "".join(f"{t:.3f} [{self.name}] {l}" for t, l in self.lines)
+
+
+def rejoin(n0, start_node, timeout=60):
+    """Starts a node again (`start_node()` returns it) while the round node 0 runs alone holds
+    still: node 0's worker processes are stopped (SIGSTOP) until node 0's launcher has seen the
+    newcomer and asked them to stop at a checkpoint, then continued. Without the pause the
+    round's last steps (a few ms each) can end the job before node 0's launcher polls the
+    newcomer in (every 100 ms), and the job rightly finishes on one node. The pause is far below
+    the collective timeout. Returns the new node and the time it was started."""
+    held = workers(n0.p.pid)
+    for pid in held:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        again = start_node()
+        started = time.monotonic()
+        n0.wait_line(lambda l: "membership change:" in l, len(n0.lines), timeout=timeout)
+    finally:
+        for pid in held:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    return again, started
