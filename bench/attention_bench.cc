@@ -7,9 +7,11 @@
 // unfused kernel's grows with T (B·H·T² values of P). The last line runs T = 8k as packed
 // documents of 1k tokens, where the kernel skips the key blocks of other documents.
 // bench/attention_vs_pytorch.py runs this with --json beside PyTorch's explicit attention.
+// --dropout P adds, for each T up to 4k, the fused kernel with dropout P on the probabilities
+// (each mask drawn from Philox in the forward and again in the backward) beside it without.
 //
 //   attention_bench [--threads 1] [--tokens 32768] [--t 1024,2048,...] [--reps 3]
-//                   [--unfused-max-t 4096] [--clock wall|cpu] [--json]
+//                   [--unfused-max-t 4096] [--clock wall|cpu] [--dropout P] [--json]
 #include <fmt/format.h>
 
 #include <ctime>
@@ -112,6 +114,7 @@ int run(int argc, char** argv) {
   int64_t tokens = 32768, unfused_max_t = 4096;
   std::vector<int64_t> ts{1024, 2048, 4096, 8192, 16384, 32768};
   bool json = false;
+  double dropout = 0.0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -125,6 +128,8 @@ int run(int argc, char** argv) {
     else if (a == "--unfused-max-t") unfused_max_t = std::atoll(next());
     else if (a == "--json") json = true;
     else if (a == "--clock") g_cpu_clock = std::string(next()) == "cpu";
+    else if (a == "--dropout")
+      dropout = std::atof(next());
     else throw std::runtime_error("unknown argument " + a);
   }
   set_default_num_threads(threads);
@@ -188,6 +193,21 @@ int run(int argc, char** argv) {
     else
       fmt::print("T=8k as {} documents of 1k: {:.1f} ms (one 8k sequence: {:.1f} ms, {:.2f}x), peak {:.1f} MiB\n", N,
                  f.median_ms, fused_at[8192].median_ms, fused_at[8192].median_ms / f.median_ms, mib(f.peak_bytes));
+  }
+  for (const auto& [T, plain] : fused_at) {
+    if (dropout <= 0.0 || T > 4096) continue;
+    const int64_t B = std::max<int64_t>(1, tokens / T);
+    Figures f = measure(B, T, reps, [dropout](const Tensor& q, const Tensor& k, const Tensor& v) {
+      return scaled_dot_product_attention(q, k, v, Tensor(), true, 0.0, {}, SdpaDropout{dropout, 1, 2, 0});
+    });
+    if (json)
+      fmt::print("{{\"T\": {}, \"B\": {}, \"dropout\": {}, \"fused_ms\": {:.3f}, \"fused_peak_bytes\": {}}}\n", T, B,
+                 dropout, f.median_ms, f.peak_bytes);
+    else
+      fmt::print(
+          "T={} with dropout {} on the probabilities: {:.1f} ms (fwd {:.1f}), without {:.1f} ms: {:.2f}x the time, "
+          "peak {:.1f} MiB\n",
+          T, dropout, f.median_ms, f.forward_ms, plain.median_ms, f.median_ms / plain.median_ms, mib(f.peak_bytes));
   }
   return 0;
 }

@@ -4,11 +4,14 @@
 // made by permuting [B, T, H, D], q, k and v as the heads of one fused projection, and one
 // tensor passed as all three; and document masks (packed sequences: documents of one row
 // that must not see each other, causal or not, with T != S, empty documents and blocks of
-// keys entirely in other documents).
+// keys entirely in other documents); and dropout on the probabilities (the reference drops
+// P[b, h, t, j] where the documented Philox word of its index ((b·H + h)·T + t)·S + j is below
+// p·2^32), also with documents, grouped heads and several blocks.
 #include <algorithm>
 #include <cmath>
 
 #include "op_cases.h"
+#include "tessel/core/philox.h"
 
 namespace tessel::testing {
 
@@ -17,9 +20,11 @@ namespace {
 // out[b, h, t, :] = Σ_j p_j v[b, h / (H / Hkv), j, :] with p = softmax over visible keys j of
 // scale · q[b, h, t, :] · k[b, kvh, j, :]; a query with no visible key gives 0. docs[b] (empty:
 // one document) lists where the documents of row b start: query t, at key position
-// p = t + S - T, sees key j only when both lie in the same document.
+// p = t + S - T, sees key j only when both lie in the same document. With dropout, p_j is
+// zeroed where the Philox word of its global index is below p·2^32 and scaled by 1/(1-p) elsewhere.
+constexpr uint64_t kDropSeed = 1234, kDropStream = 77;
 Tensor ref_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
-                const std::vector<std::vector<int64_t>>& docs = {}) {
+                const std::vector<std::vector<int64_t>>& docs = {}, double dropout = 0.0) {
   Nd qn(q), kn(k), vn(v);
   int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], D = q.shape()[3];
   int64_t Hkv = k.shape()[1], S = k.shape()[2];
@@ -47,9 +52,16 @@ Tensor ref_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, 
         if (m == -INFINITY) continue;  // no visible key
         double z = 0;
         for (int64_t j = 0; j < S; ++j) z += std::exp(s[j] - m);
+        std::vector<double> keep(static_cast<size_t>(S), 1.0);
+        for (int64_t j = 0; j < S && dropout > 0; ++j) {
+          const auto at = static_cast<uint64_t>(((b * H + h) * T + t) * S + j);
+          const bool dropped = philox_at(kDropSeed, kDropStream, at / 4)[at % 4] < dropout * 4294967296.0;
+          keep[static_cast<size_t>(j)] = dropped ? 0.0 : 1.0 / (1.0 - dropout);
+        }
         for (int64_t d = 0; d < D; ++d) {
           double acc = 0;
-          for (int64_t j = 0; j < S; ++j) acc += std::exp(s[j] - m) / z * vn({b, kvh, j, d});
+          for (int64_t j = 0; j < S; ++j)
+            acc += std::exp(s[j] - m) / z * keep[static_cast<size_t>(j)] * vn({b, kvh, j, d});
           out({b, h, t, d}) = acc;
         }
       }
@@ -62,12 +74,15 @@ struct SdpaCase {
   bool causal;
   double scale = 0.0;
   std::vector<std::vector<int64_t>> docs = {};  // document starts per batch row (empty: none)
+  double dropout = 0.0;                         // on the probabilities
 };
 // The rule validator runs the first two: grouped-query heads that split unevenly (H=6 over
 // Hkv=3 keeps its groups on 3 ranks, not on 2 or 4), batch 2, causal with T < S; and document
-// starts (a fourth input, sharded with the batch) with grouped heads.
+// starts (a fourth input, sharded with the batch) with grouped heads and dropout (each piece
+// draws its mask at its global batch row and head).
 const SdpaCase kSdpaCases[] = {
     {"gqa_uneven_causal", {2, 6, 3, 2}, {2, 3, 4, 2}, true},
+    {"dropout_docs_gqa_causal_batch", {2, 4, 5, 2}, {2, 2, 5, 2}, true, 0.0, {{0, 2, 5}, {0, 4, 4}}, 0.3},
     {"docs_gqa_causal_batch", {2, 4, 5, 2}, {2, 2, 5, 2}, true, 0.0, {{0, 2, 5}, {0, 4, 4}}},
     {"gqa_causal", {1, 4, 3, 2}, {1, 2, 3, 2}, true},
     {"plain", {1, 2, 3, 4}, {1, 2, 3, 4}, false},
@@ -102,6 +117,12 @@ const SdpaCase kSdpaCases[] = {
     // short ones, longer than a block each way).
     {"docs_causal_blocks", {1, 2, 150, 2}, {1, 2, 150, 2}, true, 0.0, {{0, 5, 70, 140}}},
     {"docs_plain_blocks_gqa", {1, 2, 140, 2}, {1, 1, 140, 2}, false, 0.0, {{0, 66, 66, 130}}},
+    // Dropout: fully visible block pairs and the causal diagonal's partial ones, grouped heads,
+    // T < S, a wide head dim, documents across blocks.
+    {"dropout_causal_two_blocks_gqa", {1, 2, 130, 3}, {1, 1, 130, 3}, true, 0.0, {}, 0.2},
+    {"dropout_plain_t_lt_s", {1, 1, 20, 3}, {1, 1, 150, 3}, false, 0.0, {}, 0.5},
+    {"dropout_wide_heads_causal_gqa", {1, 4, 70, 20}, {1, 2, 70, 20}, true, 0.0, {}, 0.1},
+    {"dropout_docs_causal_blocks", {1, 2, 150, 2}, {1, 2, 150, 2}, true, 0.0, {{0, 5, 70, 140}}, 0.25},
 };
 
 }  // namespace
@@ -126,11 +147,18 @@ std::vector<OpCase> attention_cases() {
             },
         .run =
             [s](const Tensors& in) {
-              if (in.size() == 4) return Tensors{scaled_dot_product_attention(in[0], in[1], in[2], in[3], s.causal, s.scale)};
+              const SdpaDropout drop{s.dropout, kDropSeed, kDropStream, 0};
+              if (in.size() == 4)
+                return Tensors{scaled_dot_product_attention(in[0], in[1], in[2], in[3], s.causal, s.scale, {}, drop)};
+              if (s.dropout > 0)
+                return Tensors{
+                    scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), s.causal, s.scale, {}, drop)};
               return Tensors{scaled_dot_product_attention(in[0], in[1], in[2], s.causal, s.scale)};
             },
         .reference =
-            [s](const Tensors& in) { return Tensors{ref_sdpa(in[0], in[1], in[2], s.causal, s.scale, s.docs)}; },
+            [s](const Tensors& in) {
+              return Tensors{ref_sdpa(in[0], in[1], in[2], s.causal, s.scale, s.docs, s.dropout)};
+            },
         .f32_rtol = 1e-4,
         .f32_atol = 1e-5});
   }

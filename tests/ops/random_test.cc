@@ -90,3 +90,40 @@ TEST(Dropout, ThreadCountDoesNotChangeTheMask) {
 
 }  // namespace
 }  // namespace tessel
+
+namespace tessel {
+namespace {
+
+// A [B, T, C] tensor whose sequence is held in ring attention's load-balanced order over n
+// ranks (rank r: chunks r and 2n-1-r of 2n) drops what the natural-order tensor drops, each
+// element at its natural position — also one rank's piece placed by its box.
+TEST(Dropout, RingOrderDrawsTheNaturalOrdersMask) {
+  const int64_t B = 2, T = 16, C = 3;
+  Tensor x = rand_tensor({B, T, C}, DType::f32, 9);
+  const Tensor want = dropout(x, kP, kSeed, kStream);
+  for (int64_t n : {2, 4}) {
+    SCOPED_TRACE(fmt::format("{} ranks", n));
+    const int64_t c = T / (2 * n);
+    std::vector<int64_t> order;  // position i of the ring's order holds natural position order[i]
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t chunk : {r, 2 * n - 1 - r})
+        for (int64_t i = 0; i < c; ++i) order.push_back(chunk * c + i);
+    auto ring = [&](const Tensor& t) {
+      Tensor out = Tensor::empty(t.shape(), t.dtype());
+      for (int64_t i = 0; i < T; ++i)
+        view::copy(view::select(out, 1, i), view::select(t, 1, order[static_cast<size_t>(i)]));
+      return out;
+    };
+    const Tensor got = dropout(ring(x), kP, kSeed, kStream, {}, SequenceOrder{1, n});
+    EXPECT_EQ(got.to_vector<float>(), ring(want).to_vector<float>());
+    // Rank 1's piece: rows 2c .. 4c of the ring's order, placed by its box.
+    const Tensor piece = view::clone(view::slice(ring(x), 1, 2 * c, 4 * c));
+    const Tensor part = dropout(piece, kP, kSeed, kStream, GlobalBox{{B, T, C}, {0, 2 * c, 0}}, SequenceOrder{1, n});
+    EXPECT_EQ(part.to_vector<float>(), view::clone(view::slice(ring(want), 1, 2 * c, 4 * c)).to_vector<float>());
+    // Without the order the mask is the reordered tensor's own, not the natural one's.
+    EXPECT_NE(dropout(ring(x), kP, kSeed, kStream).to_vector<float>(), ring(want).to_vector<float>());
+  }
+}
+
+}  // namespace
+}  // namespace tessel

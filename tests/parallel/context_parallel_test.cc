@@ -1,7 +1,8 @@
 // Context parallel attention on thread ranks, against the single-rank sdpa: ring attention
 // (the sequence held in the load-balanced order, key/value blocks passed around the ring) and
 // all_to_all (sequence shards turned into head shards by a reshard), over 2 and 4 ranks, with
-// grouped-query heads and document masks whose documents cross the shards. Checked by value
+// grouped-query heads, document masks whose documents cross the shards, and dropout on the
+// probabilities (also with the batch split over dp beside cp). Checked by value
 // (outputs and the gradients of q, k and v) and by what ran: the ring's sends and receives and
 // no gather of the sequence; the all_to_all's one all_to_all before and one after.
 #include <gtest/gtest.h>
@@ -26,7 +27,7 @@ using Counts = std::map<std::string, int64_t>;  // op -> calls
 
 Counts issued(const ProcessMesh& mesh) {
   Counts c;
-  std::shared_ptr<ProcessGroup> g = mesh_dim_group(mesh, 0);
+  std::shared_ptr<ProcessGroup> g = mesh_dim_group(mesh, mesh.dim_index("cp"));
   for (const auto& [op, e] : g->stats().ops)
     if (op != "barrier") c[op] += e.calls;
   g->reset_stats();
@@ -61,6 +62,8 @@ struct Case {
   int cp;
   const char* method;
   bool docs;
+  double dropout = 0.0;
+  int dp = 1;  // a mesh [dp, cp], the batch split over dp
 };
 
 TEST(ContextParallel, AttentionEqualsOneRankByRingAndByAllToAll) {
@@ -69,34 +72,42 @@ TEST(ContextParallel, AttentionEqualsOneRankByRingAndByAllToAll) {
   // Documents that start inside chunks and span several (row 1 pads with T).
   const Tensor docs = Tensor::from_doubles({0, 3, 13, 27, 0, 9, 32, 32}, {kB, 4}, DType::i64);
   for (const Case& c : {Case{2, "ring", false}, Case{4, "ring", false}, Case{2, "ring", true}, Case{4, "ring", true},
-                        Case{2, "all_to_all", false}, Case{2, "all_to_all", true}}) {
-    SCOPED_TRACE(fmt::format("cp {} {}{}", c.cp, c.method, c.docs ? " with documents" : ""));
+                        Case{2, "all_to_all", false}, Case{2, "all_to_all", true}, Case{2, "ring", false, 0.3},
+                        Case{4, "ring", true, 0.3}, Case{2, "all_to_all", true, 0.3}, Case{2, "ring", true, 0.3, 2},
+                        Case{2, "all_to_all", false, 0.3, 2}}) {
+    SCOPED_TRACE(
+        fmt::format("dp {} cp {} {}{} dropout {}", c.dp, c.cp, c.method, c.docs ? " with documents" : "", c.dropout));
+    // Row 0 of this batch is row 6 of the step's: the mask's batch index counts from there.
+    const SdpaDropout drop{c.dropout, 11, 29, 6};
     // The oracle: one rank, natural order.
     Tensor q = view::clone(q0), k = view::clone(k0), v = view::clone(v0);
     for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
-    Tensor y = scaled_dot_product_attention(q, k, v, c.docs ? docs : Tensor(), true);
+    Tensor y = scaled_dot_product_attention(q, k, v, c.docs ? docs : Tensor(), true, 0.0, {}, drop);
     backward(sum(mul(y, dy)));
     const Tensor want = y.detach(), want_dq = q.grad(), want_dk = k.grad(), want_dv = v.grad();
 
     const std::vector<int64_t> order = parallel::cp_order(kT, c.cp, c.method);
-    spawn(c.cp, [&](int) {
-      const ProcessMesh mesh = ProcessMesh::iota({c.cp}, {"cp"});
+    spawn(c.dp * c.cp, [&](int) {
+      const ProcessMesh mesh =
+          c.dp == 1 ? ProcessMesh::iota({c.cp}, {"cp"}) : ProcessMesh::iota({c.dp, c.cp}, {"dp", "cp"});
+      const Placements split = c.dp == 1 ? Placements{Shard(2)} : Placements{Shard(0), Shard(2)};
       auto shard = [&](const Tensor& x) {
-        Tensor t = shard_tensor(reorder(x, order, false), mesh, {Shard(2)});
+        Tensor t = shard_tensor(reorder(x, order, false), mesh, split);
         t.set_requires_grad(true);
         return t;
       };
       Tensor dq = shard(q0), dk = shard(k0), dv = shard(v0);
+      const Tensor dd = c.dp == 1 || !c.docs ? docs : shard_tensor(docs, mesh, {Shard(0), Replicate()});
       issued(mesh);
-      Tensor out = scaled_dot_product_attention(dq, dk, dv, c.docs ? docs : Tensor(), true, 0.0, c.method);
+      Tensor out = scaled_dot_product_attention(dq, dk, dv, c.docs ? dd : Tensor(), true, 0.0, c.method, drop);
       const Counts fwd = issued(mesh);
       EXPECT_EQ(fwd.count("all_gather"), 0u);
       if (std::string(c.method) == "ring") {
-        EXPECT_EQ(placements_str(dist_attr(out).placements), "[S(2)]");
+        EXPECT_EQ(placements_str(dist_attr(out).placements), c.dp == 1 ? "[S(2)]" : "[S(0),S(2)]");
         EXPECT_EQ(fwd.at("send"), c.cp - 1);  // one key/value block on each hop
         EXPECT_EQ(fwd.at("recv"), c.cp - 1);
       } else {
-        EXPECT_EQ(placements_str(dist_attr(out).placements), "[S(1)]");  // heads, as the rule said
+        EXPECT_EQ(placements_str(dist_attr(out).placements), c.dp == 1 ? "[S(1)]" : "[S(0),S(1)]");  // heads
         EXPECT_EQ(fwd.at("all_to_all"), 3);                               // q, k and v
       }
       Tensor g = shard_tensor(reorder(dy, order, false), mesh, dist_attr(out).placements);

@@ -296,6 +296,13 @@ TEST(HybridParallel, ContextParallelLayoutsTrainLikeOneRank) {
       {{1, 2, 1, 0, 1, 1, 0, 1, 0, 1}, 2, "ring", false, "none", false, true},
       {{1, 2, 1, 0, 1, 1, 0, 0, 0, 1}, 2, "ring", false, "none", false, true},
       {{1, 2, 1, 0, 1, 1, 0, 0, 0, 1}, 2, "all_to_all", false, "none", false, true},
+      // GPT-2 with dropout (residual, embedding and attention probabilities) under the ring: the
+      // masks are drawn in the natural order of the tokens the ring holds reordered.
+      {{1, 1, 1, 0, 0, 1, 0, 0, 1, 0}, 4, "ring"},
+      {{2, 1, 1, 1, 0, 1, 1, 0, 1, 0}, 2, "ring"},
+      {{1, 2, 1, 0, 1, 1, 0, 0, 1, 0}, 2, "ring", false, "none", true},
+      {{1, 1, 2, 0, 0, 2, 1, 0, 1, 0}, 2, "ring", false, "full"},
+      {{1, 2, 1, 0, 1, 1, 0, 0, 1, 1}, 2, "ring", false, "none", false, true},
   };
   for (const CpRow& row : rows) {
     const Layout& l = row.layout;

@@ -307,9 +307,11 @@ TEST(Planner, RefusesCountsAndSizesThatWouldOverflow) {
   o.global_batch = 16;
   EXPECT_THROW(candidate_layouts(m, huge, o), InputError);
   EXPECT_THROW(evaluate(m, huge, Layout{}, 16), InputError);
-  // The largest cluster tessel plans: a handful of layouts, found at once.
+  // The largest cluster tessel plans: 16 sequences over 2^20 devices, a few hundred layouts
+  // (only context parallel spreads the sequences that far), found at once.
   SearchResult r = search(m, cluster_preset("dgx-a100-80g:1048576"), o);
-  EXPECT_EQ(r.candidates, 0);
+  EXPECT_LE(r.candidates, 1000);
+  for (const Estimate& e : r.best) EXPECT_GT(e.layout.cp, 1);
   // Sizes whose products count one tensor's elements.
   ModelSpec long_seq = m;
   long_seq.seq = int64_t{1} << 32;

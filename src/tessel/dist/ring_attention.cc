@@ -76,7 +76,19 @@ struct RingState {
   bool causal = true;
   double scale = 0.0;
   int64_t T = 0, c = 0;  // global sequence, chunk
+  // Dropout on the probabilities: the stream, and where this rank's batch rows and heads sit
+  // among the global ones (the block pairs add their chunks' positions).
+  SdpaBlockPlace drop;
 };
+
+// The place of block pair (query chunk gq, key chunk gk) in the global sequence.
+SdpaBlockPlace block_place(const RingState& st, int64_t gq, int64_t gk) {
+  SdpaBlockPlace at = st.drop;
+  at.q0 = gq * st.c;
+  at.k0 = gk * st.c;
+  at.total = st.T;
+  return at;
+}
 
 // A block pair's call in this rank's op trace (ops/trace.h), in a real step with trace_ops on
 // and in a traced one alike: sdpa's cost and product sizes on the pair's shapes, forward or
@@ -164,7 +176,7 @@ std::vector<Tensor> ring_forward(RingState& st, const std::shared_ptr<ProcessGro
           if (meta_mode()) continue;  // a traced step: shapes only, acc keeps its own
           // Named tensors, not a structured binding: clang 14 (the fuzz build) cannot capture those.
           const std::array<Tensor, 2> block =
-              sdpa_block_forward(qb, kb, vb, st.docs, st.causal, st.scale, {gq * c, gk * c, st.T});
+              sdpa_block_forward(qb, kb, vb, st.docs, st.causal, st.scale, block_place(st, gq, gk));
           const Tensor &o = block[0], &l = block[1];
           TESSEL_DISPATCH_FLOAT(q.dtype(), "sdpa", [&]<typename T>() { merge<T>(acc, acc_lse, o, l, qh * c); });
         }
@@ -210,11 +222,10 @@ std::array<Tensor, 3> ring_backward(const RingState& st, const std::shared_ptr<P
           const Tensor qb = half_of(q, 2, qh, c), kb = half_of(k, 2, kh, c), vb = half_of(v, 2, kh, c);
           trace_block(qb, kb, vb, st, true);
           const std::array<Tensor, 3> g =
-              meta_mode() ? std::array<Tensor, 3>{Tensor::empty(qb.meta()), Tensor::empty(kb.meta()),
-                                                  Tensor::empty(vb.meta())}
-                          : sdpa_block_backward(qb, kb, vb, half_of(st.out, 2, qh, c), half_of(st.lse, 2, qh, c),
-                                                half_of(dout, 2, qh, c), st.docs, st.causal, st.scale,
-                                                {gq * c, gk * c, st.T});
+              meta_mode()
+                  ? std::array<Tensor, 3>{Tensor::empty(qb.meta()), Tensor::empty(kb.meta()), Tensor::empty(vb.meta())}
+                  : sdpa_block_backward(qb, kb, vb, half_of(st.out, 2, qh, c), half_of(st.lse, 2, qh, c),
+                                        half_of(dout, 2, qh, c), st.docs, st.causal, st.scale, block_place(st, gq, gk));
           add_(half_of(dq, 2, qh, c), g[0]);
           add_(half_of(dk, 2, kh, c), g[1]);
           add_(half_of(dv, 2, kh, c), g[2]);
@@ -278,6 +289,14 @@ std::vector<Tensor> dist_ring_sdpa(const OpDef& op, std::vector<Tensor>& inputs,
   st->c = st->T / (2 * n);
   st->causal = attrs.b("causal");
   st->scale = attrs.f("scale");
+  if (attrs.has("dropout") && attrs.f("dropout") != 0.0) {
+    const Shape at = DistAttr(st->mesh, dec.inputs[0]).local_offset(inputs[0].shape(), current_world_rank());
+    st->drop.dropout = SdpaDropout{attrs.f("dropout"), static_cast<uint64_t>(attrs.i("seed")),
+                                   static_cast<uint64_t>(attrs.i("stream")), attrs.i("row0")};
+    st->drop.b0 = at[0];
+    st->drop.h0 = at[1];
+    st->drop.heads = inputs[0].size(1);
+  }
   for (size_t i = 0; i < 3; ++i) {
     st->in_attrs.push_back(dist_attr(inputs[i]));
     st->global.push_back(inputs[i].shape());

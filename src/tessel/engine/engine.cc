@@ -418,12 +418,6 @@ Engine::Engine(RunConfig config, std::unique_ptr<nn::LanguageModel> model) : s_(
     const int64_t heads = gpt2 ? gpt2->config().n_head : llama ? llama->config().num_attention_heads : 1;
     const int64_t kv_heads = gpt2 ? heads : llama ? llama->config().num_key_value_heads : 1;
     pc.validate_cp(t.seq_len, heads, kv_heads);
-    // Dropout masks are keyed by each element's place in the global tensor, a box of it per
-    // rank; the ring's load-balanced order puts two far-apart chunks on one rank.
-    TESSEL_CHECK(!(gpt2 && gpt2->config().dropout > 0 && pc.cp > 1 && pc.cp_method == "ring"),
-                 "train.dropout {} with parallel.cp_method ring is not supported (its masks would not match the "
-                 "single-rank run's); use parallel.cp_method all_to_all or no dropout",
-                 gpt2 ? gpt2->config().dropout : 0.0);
   }
   s.layout = std::make_unique<Layout>(pc, s.world->rank());
   const Layout& layout = *s.layout;

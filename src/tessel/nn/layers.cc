@@ -75,7 +75,15 @@ Tensor Dropout::forward(const Tensor& x) const {
     box.offset.assign(x.shape().size(), 0);
     box.offset[0] = s.row_offset;
   }
-  return dropout(x, p_, s.seed, stream_combine(stream_key(path()), s.step), box);
+  // Under ring attention the activations [B, T, C] hold the sequence in the load-balanced
+  // order over the mesh dim named cp: the masks are drawn in the natural order.
+  SequenceOrder order;
+  if (is_dist(x) && x.dim() >= 2 && sequence_state().cp_method == "ring") {
+    const DistAttr& a = dist_attr(x);
+    const int64_t cp = a.mesh.find_dim("cp");
+    if (cp >= 0 && a.mesh.dim_size(cp) > 1) order = SequenceOrder{1, a.mesh.dim_size(cp)};
+  }
+  return dropout(x, p_, s.seed, stream_combine(stream_key(path()), s.step), box, order);
 }
 
 Mlp::Mlp(int64_t dim, int64_t hidden, double init_std, double proj_std) {
@@ -126,12 +134,11 @@ Tensor apply_rope(const Tensor& x, const Rope& rope, const Tensor& positions) {
   return add(mul(x, cos), mul(rotated, sin));
 }
 
-Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool recompute_probs) {
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool /*recompute_probs*/,
+                        const SdpaDropout& dropout) {
   const SequenceState& s = sequence_state();
-  if (!is_dist(q)) {
-    if (s.doc_starts.defined()) return scaled_dot_product_attention(q, k, v, s.doc_starts, /*causal=*/true);
-    return scaled_dot_product_attention(q, k, v, /*causal=*/true, /*scale=*/0.0, recompute_probs);
-  }
+  if (!is_dist(q))
+    return scaled_dot_product_attention(q, k, v, s.doc_starts, /*causal=*/true, /*scale=*/0.0, {}, dropout);
   // Context parallel: attention takes the sequence split over the mesh dim named cp, whatever
   // placements the ops before it chose. Under ring attention the tokens are held in the
   // load-balanced order (parallel/data.h), which only that split maps back to causal positions:
@@ -150,8 +157,8 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool 
     return reshard(t, a.mesh, want);
   };
   const Tensor qs = on_cp(q);
-  Tensor y =
-      scaled_dot_product_attention(qs, on_cp(k), on_cp(v), s.doc_starts, /*causal=*/true, /*scale=*/0.0, s.cp_method);
+  Tensor y = scaled_dot_product_attention(qs, on_cp(k), on_cp(v), s.doc_starts, /*causal=*/true, /*scale=*/0.0,
+                                          s.cp_method, dropout);
   // all_to_all hands the output back split by heads where q's sequence was split: the
   // all_to_all back, so the projection after it sees the sequence split as before.
   const DistAttr& qa = dist_attr(qs);
@@ -161,7 +168,8 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool 
   return y;
 }
 
-Gpt2Attention::Gpt2Attention(int64_t dim, int64_t heads, double init_std, double proj_std) : heads_(heads) {
+Gpt2Attention::Gpt2Attention(int64_t dim, int64_t heads, double init_std, double proj_std, double attn_pdrop)
+    : heads_(heads), attn_pdrop_(attn_pdrop) {
   TESSEL_CHECK(dim % heads == 0, "gpt2 attention: n_embd {} is not a multiple of n_head {}", dim, heads);
   c_attn_ = &add_module("c_attn", std::make_unique<Linear>(dim, Shape{3, dim}, true, init_std));
   c_proj_ = &add_module("c_proj", std::make_unique<Linear>(dim, dim, true, Linear::Layout::in_out, proj_std));
@@ -174,7 +182,14 @@ Tensor Gpt2Attention::forward(const Tensor& x) const {
   Tensor qkv = reshape(c_attn_->forward(x), {B, T, 3, H, D});
   std::vector<Tensor> parts = split(qkv, {1, 1, 1}, 2);
   auto heads = [&](const Tensor& t) { return permute(squeeze(t, 2), {0, 2, 1, 3}); };  // [B, H, T, D]
-  Tensor y = causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), recompute_probs_);
+  // The probabilities' dropout is keyed like the Dropout modules': seed, this module's path and
+  // the step name the stream, the micro-batch's place in the step's batch its first row.
+  SdpaDropout drop;
+  if (training() && attn_pdrop_ > 0.0) {
+    const DropoutState& s = dropout_state();
+    drop = SdpaDropout{attn_pdrop_, s.seed, stream_combine(stream_key(path()), s.step), s.row_offset};
+  }
+  Tensor y = causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), recompute_probs_, drop);
   return c_proj_->forward(reshape(permute(y, {0, 2, 1, 3}), {B, T, C}));
 }
 

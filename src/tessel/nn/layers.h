@@ -6,6 +6,7 @@
 #pragma once
 
 #include "tessel/nn/module.h"
+#include "tessel/ops/attention.h"
 
 namespace tessel::nn {
 
@@ -130,21 +131,25 @@ Tensor apply_rope(const Tensor& x, const Rope& rope, const Tensor& positions = T
 
 // Causal attention of q [B, H, T, D] with k, v [B, Hkv, T, D] as the sequence state says: with
 // the sequence split over a mesh dim (context parallel), by ring attention or by heads after an
-// all_to_all, the output resharded back to q's sequence split.
-Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool recompute_probs);
+// all_to_all, the output resharded back to q's sequence split. `dropout` drops probabilities
+// (layout-invariant; ops/attention.h).
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool recompute_probs,
+                        const SdpaDropout& dropout = {});
 
 // GPT-2 attention: fused qkv projection (c_attn), causal multi-head attention, c_proj.
 // c_attn's weight is [C, 3, C] (bias [3, C]): Hugging Face's [C, 3C] with q, k, v on their own
 // dim, so sharding its last dim over tp gives each rank the q, k and v columns of its heads.
 class Gpt2Attention : public Module {
  public:
-  Gpt2Attention(int64_t dim, int64_t heads, double init_std, double proj_std);
+  // attn_pdrop: dropout on the attention probabilities in training mode.
+  Gpt2Attention(int64_t dim, int64_t heads, double init_std, double proj_std, double attn_pdrop = 0.0);
   Tensor forward(const Tensor& x) const;  // [B, T, C] -> [B, T, C]
   // Selective recompute: keep no [B, H, T, T] probabilities for the backward, rebuild them there.
   void set_recompute_probs(bool on) { recompute_probs_ = on; }
 
  private:
   int64_t heads_;
+  double attn_pdrop_;
   bool recompute_probs_ = false;
   Linear* c_attn_;
   Linear* c_proj_;

@@ -13,7 +13,8 @@ Gpt2Block::Gpt2Block(const Gpt2Config& c) {
   // Residual output projections start smaller: std / sqrt(2 · n_layer) (GPT-2 paper §2.3).
   double proj_std = c.initializer_range / std::sqrt(2.0 * static_cast<double>(c.n_layer));
   ln_1_ = &add_module("ln_1", std::make_unique<LayerNorm>(c.n_embd, c.layer_norm_epsilon));
-  attn_ = &add_module("attn", std::make_unique<Gpt2Attention>(c.n_embd, c.n_head, c.initializer_range, proj_std));
+  attn_ = &add_module("attn",
+                      std::make_unique<Gpt2Attention>(c.n_embd, c.n_head, c.initializer_range, proj_std, c.dropout));
   ln_2_ = &add_module("ln_2", std::make_unique<LayerNorm>(c.n_embd, c.layer_norm_epsilon));
   mlp_ = &add_module("mlp", std::make_unique<Mlp>(c.n_embd, 4 * c.n_embd, c.initializer_range, proj_std));
   drop_ = &add_module("drop", std::make_unique<Dropout>(c.dropout));

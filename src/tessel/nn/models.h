@@ -13,7 +13,7 @@ namespace tessel::nn {
 struct Gpt2Config {
   int64_t n_layer = 12, n_embd = 768, n_head = 12, vocab_size = 50257, n_positions = 1024;
   double layer_norm_epsilon = 1e-5;
-  double dropout = 0.0;  // embd_pdrop = resid_pdrop
+  double dropout = 0.0;  // embd_pdrop = resid_pdrop = attn_pdrop
   double initializer_range = 0.02;
 };
 

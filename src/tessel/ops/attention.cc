@@ -20,7 +20,14 @@
 // query therefore sees one interval [lo(t), hi(t)) of keys, lo and hi non-decreasing in t;
 // a block pair outside every row's interval is skipped, one inside every row's is not
 // masked. A query that sees no key gets out = 0 (not NaN) and passes no gradient.
-// There is no dropout on the probabilities (GPT-2's attn_pdrop is not modelled).
+// Dropout on the probabilities (GPT-2's attn_pdrop; attribute "dropout" p): after the softmax,
+// whose normaliser counts every key, each probability is zeroed with probability p and the
+// rest scaled by 1/(1-p). Whether P[b, h, i, j] is dropped is a pure function of (seed,
+// stream, its index in the global [B, H, T, S] tensor) — a word of the Philox block at
+// index / 4 — so every layout draws the same mask (the SPMD rule and ring attention give the
+// kernel its piece's global batch row, head and positions), and the backward draws it again:
+// nothing is stored. With Z the scales (0 or 1/(1-p)): out = (P ⊙ Z) V, and the backward
+// dV += (P ⊙ Z)^T dO, dS = P ⊙ (Z ⊙ dO V^T - D), D = rowsum(dO ⊙ O) as without dropout.
 //
 // Reproducible at any thread count: the work split depends on the shape alone. The forward
 // runs one (batch, head, query block) per task; the backward one (batch, kv head) per task,
@@ -51,8 +58,9 @@
 #include <optional>
 #include <type_traits>
 
-#include "tessel/ops/dispatch.h"
+#include "tessel/core/philox.h"
 #include "tessel/ops/attention_tiles.h"
+#include "tessel/ops/dispatch.h"
 #include "tessel/ops/fast_math.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ops/op_list.h"
@@ -77,6 +85,59 @@ struct Dims {
 
 Dims dims_of(const Shape& q, const Shape& k) {
   return Dims{q[0], q[1], k[1], q[2], k[2], q[3], k[2] - q[2], 0, k[2]};
+}
+
+// The dropout of one call: where its q sits in the global [B, H, T, S] tensor of
+// probabilities (batch row b0, head h0 of `heads`, query q0 of `queries`, key k0 of `keys`)
+// and the Philox stream. Off when p is 0.
+struct DropMask {
+  uint64_t seed = 0, stream = 0;
+  uint32_t threshold = 0;  // a word below it drops
+  double keep_scale = 1.0;
+  int64_t b0 = 0, h0 = 0, heads = 0, q0 = 0, queries = 0, k0 = 0, keys = 0;
+  bool on() const { return threshold > 0; }
+};
+
+DropMask drop_mask(const SdpaDropout& dr, const Dims& d, int64_t b0, int64_t h0, int64_t heads) {
+  DropMask m;
+  TESSEL_CHECK(dr.p >= 0.0 && dr.p < 1.0, "sdpa: attention dropout p={} must be in [0, 1)", dr.p);
+  m.threshold = static_cast<uint32_t>(std::min(dr.p * 4294967296.0, 4294967295.0));
+  m.keep_scale = 1.0 / (1.0 - dr.p);
+  m.seed = dr.seed;
+  m.stream = dr.stream;
+  m.b0 = dr.row0 + b0;
+  m.h0 = h0;
+  m.heads = heads > 0 ? heads : d.H;
+  m.queries = d.T;
+  m.keys = d.S;
+  return m;
+}
+
+// The op's dropout attributes: p, seed, stream and row0 from the caller, b0, h0 and heads
+// (the piece's place among the global batch rows and heads) from the SPMD rule.
+DropMask drop_mask_of(const Attrs& a, const Dims& d) {
+  if (!a.has("dropout") || a.f("dropout") == 0.0) return {};
+  const SdpaDropout dr{a.f("dropout"), static_cast<uint64_t>(a.i("seed")), static_cast<uint64_t>(a.i("stream")),
+                       a.i("row0")};
+  auto get = [&](const char* key) { return a.has(key) ? a.i(key) : 0; };
+  return drop_mask(dr, d, get("b0"), get("h0"), get("heads"));
+}
+
+// Multiplies x[r·ldr + c·ldc] (query rows [t0, t0 + rows), keys [j0, j0 + bc) of head (b, h),
+// local) by its dropout scale: 0 where dropped, 1/(1-p) elsewhere.
+template <typename T>
+void apply_drop(const DropMask& m, int64_t b, int64_t h, int64_t t0, int64_t rows, int64_t j0, int64_t bc, T* x,
+                int64_t ldr, int64_t ldc) {
+  const T keep = static_cast<T>(m.keep_scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto first =
+        static_cast<uint64_t>((((m.b0 + b) * m.heads + m.h0 + h) * m.queries + m.q0 + t0 + r) * m.keys + m.k0 + j0);
+    for (int64_t c = 0; c < bc;) {
+      const uint64_t at = first + static_cast<uint64_t>(c);
+      const PhiloxBlock w = philox_at(m.seed, m.stream, at >> 2);
+      for (uint64_t k = at & 3; k < 4 && c < bc; ++k, ++c) x[r * ldr + c * ldc] *= w[k] < m.threshold ? T(0) : keep;
+    }
+  }
 }
 
 double scale_of(const Attrs& attrs, int64_t D) {
@@ -269,9 +330,9 @@ struct ForwardScratch {
 
 // out and LSE of query rows [t0, t0 + rows) of head (b, h).
 template <typename T>
-void forward_block(const Dims& d, T scale, const Visible& vis, const Heads<T>& q, const Heads<T>& k,
-                   const Heads<T>& v, const Heads<T>& out, T* lse, int64_t b, int64_t h, int64_t t0, int64_t rows,
-                   ForwardScratch<T>& w) {
+void forward_block(const Dims& d, T scale, const Visible& vis, const DropMask& drop, const Heads<T>& q,
+                   const Heads<T>& k, const Heads<T>& v, const Heads<T>& out, T* lse, int64_t b, int64_t h, int64_t t0,
+                   int64_t rows, ForwardScratch<T>& w) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   const int64_t kvh = h / d.group(), D = d.D;
   const T scale2 = scale * kLogBase<T>;
@@ -314,6 +375,8 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const Heads<T>& q
     // before.
     if (ov == Overlap::full) online_softmax<T, true>(st, kBlockQ, bc, rows, m, l, base, alpha);
     else online_softmax<T>(st, kBlockQ, bc, rows, m, l, base, alpha);
+    // Dropout after the normaliser has counted every key: only the product sees the mask.
+    if (drop.on()) apply_drop(drop, b, h, t0, rows, j0, bc, st, 1, kBlockQ);
     // acc[rows, D] = alpha ⊙ acc + P[rows, bc] @ v[j0:j1, D]  (P read transposed out of st);
     // a full pair rescales in the product's epilogue, a partial pair first (rows whose max
     // stayed put are left alone: a factor of exactly 1) and then adds by strips of queries,
@@ -343,14 +406,14 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const Heads<T>& q
 }
 
 template <typename T>
-void sdpa_forward_t(const Dims& d, T scale, const std::vector<Visible>& vis, const Heads<T>& q, const Heads<T>& k,
-                    const Heads<T>& v, const Heads<T>& out, T* lse) {
+void sdpa_forward_t(const Dims& d, T scale, const std::vector<Visible>& vis, const DropMask& drop, const Heads<T>& q,
+                    const Heads<T>& k, const Heads<T>& v, const Heads<T>& out, T* lse) {
   const int64_t blocks = (d.T + kBlockQ - 1) / kBlockQ;
   parallel_for(0, d.B * d.H * blocks, 1, [&](int64_t lo, int64_t hi) {
     ForwardScratch<T> w(d.D);
     for (int64_t unit = lo; unit < hi; ++unit) {
       const int64_t bh = unit / blocks, t0 = unit % blocks * kBlockQ, b = bh / d.H, h = bh % d.H;
-      forward_block(d, scale, vis[static_cast<size_t>(b)], q, k, v, out, lse + bh * d.T, b, h, t0,
+      forward_block(d, scale, vis[static_cast<size_t>(b)], drop, q, k, v, out, lse + bh * d.T, b, h, t0,
                     std::min(kBlockQ, d.T - t0), w);
     }
   });
@@ -366,7 +429,8 @@ std::vector<Tensor> sdpa_forward(const OpCall& c) {
   TESSEL_DISPATCH_FLOAT(c.inputs[0].dtype(), "sdpa", [&]<typename T>() {
     Tensor kq, kk, kv, ko;
     Heads<T> q = heads_of<T>(c.inputs[0], kq), k = heads_of<T>(c.inputs[1], kk), v = heads_of<T>(c.inputs[2], kv);
-    sdpa_forward_t<T>(d, static_cast<T>(scale), vis, q, k, v, heads_of<T>(out, ko), lse.data<T>());
+    sdpa_forward_t<T>(d, static_cast<T>(scale), vis, drop_mask_of(c.attrs, d), q, k, v, heads_of<T>(out, ko),
+                      lse.data<T>());
   });
   return {out, lse};
 }
@@ -378,14 +442,21 @@ std::vector<Tensor> sdpa_forward(const OpCall& c) {
 // query block's LSE in the kernel's base.
 template <typename T>
 struct BackwardScratch {
-  std::vector<T> kt, vt, p, ds, dk, dv, lse;
+  std::vector<T> kt, vt, p, ds, z, dk, dv, lse;
   explicit BackwardScratch(int64_t D)
-      : kt(static_cast<size_t>(D * kBlockK)), vt(kt.size()), p(static_cast<size_t>(kBlockQ * kBlockK)), ds(p.size()),
-        dk(static_cast<size_t>(kBlockK * D)), dv(dk.size()), lse(kBlockQ) {}
+      : kt(static_cast<size_t>(D * kBlockK)),
+        vt(kt.size()),
+        p(static_cast<size_t>(kBlockQ * kBlockK)),
+        ds(p.size()),
+        z(p.size()),
+        dk(static_cast<size_t>(kBlockK * D)),
+        dv(dk.size()),
+        lse(kBlockQ) {}
 };
 
 struct BackwardArgs {
   bool dq = false, dk = false, dv = false;
+  DropMask drop;
 };
 
 // Key block [j0, j0 + bc) of kv head (b, kvh) against every query block of its group's heads,
@@ -405,6 +476,8 @@ void backward_key_block(const Dims& d, T scale, const Visible& vis, const Heads<
   T* __restrict p = w.p.data();
   T* __restrict ds = w.ds.data();
   const T scale2 = scale * kLogBase<T>;  // the scores' scale in the kernel's base
+  const bool drop = want.drop.on();
+  T* __restrict z = w.z.data();  // the pair's dropout scales, laid out like P
   for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
     const T* lse_h = lse + (b * d.H + h) * d.T;
     const T* delta_h = delta + (b * d.H + h) * d.T;
@@ -417,6 +490,28 @@ void backward_key_block(const Dims& d, T scale, const Visible& vis, const Heads<
       T* dqi = want.dq ? dq.at(b, h) + t0 * dq.ld : nullptr;
       T* __restrict L = w.lse.data();  // the rows' LSE in the kernel's base
       for (int64_t r = 0; r < rows; ++r) L[r] = lse_h[t0 + r] * kLogBase<T>;
+      if (drop) {
+        for (int64_t r = 0; r < rows; ++r) std::fill_n(z + r * kBlockK, bc, T(1));
+        apply_drop(want.drop, b, h, t0, rows, j0, bc, z, kBlockK, 1);
+      }
+      if (ov == Overlap::full && drop) {
+        // As below, with the dropped probabilities P ⊙ Z in dV's product and the scales on dP.
+        kernels::small_gemm_ep<T>(rows, bc, D, qi, q.ld, 1, w.kt.data(), kBlockK, p, kBlockK, ExpShifted<T>{scale2, L});
+        if (want.dv) {
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t x = r * kBlockK; x < r * kBlockK + bc; ++x) ds[x] = p[x] * z[x];
+          small_gemm<T>(bc, D, rows, T(1), ds, 1, kBlockK, gi, dO.ld, T(1), w.dv.data(), D);
+        }
+        if (!need_ds) continue;
+        small_gemm<T>(rows, bc, D, T(1), gi, dO.ld, 1, w.vt.data(), kBlockK, T(0), ds, kBlockK);
+        for (int64_t r = 0; r < rows; ++r) {
+          const T dr = delta_h[t0 + r];
+          for (int64_t x = r * kBlockK; x < r * kBlockK + bc; ++x) ds[x] = p[x] * (z[x] * ds[x] - dr);
+        }
+        if (want.dq) small_gemm<T>(rows, D, bc, scale, ds, kBlockK, 1, kj, k.ld, T(1), dqi, dq.ld);
+        if (want.dk) small_gemm<T>(bc, D, rows, scale, ds, 1, kBlockK, qi, q.ld, T(1), w.dk.data(), D);
+        continue;
+      }
       if (ov == Overlap::full) {
         // P[rows, bc] = e^(q[rows, D] @ kt[D, bc] · scale - LSE), the exponentials in the
         // product's epilogue
@@ -452,11 +547,18 @@ void backward_key_block(const Dims& d, T scale, const Visible& vis, const Heads<
       for (int64_t r = 0; r < rows; ++r)
         exp_shifted_within(p + r * kBlockK, L[r], bc, vis.lo[static_cast<size_t>(t0 + r)] - j0,
                            vis.hi[static_cast<size_t>(t0 + r)] - j0);
+      // dV's product reads the dropped probabilities P ⊙ Z (in ds until dS overwrites it).
+      const T* pd = p;
+      if (drop && want.dv) {
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t x = r * kBlockK; x < r * kBlockK + bc; ++x) ds[x] = p[x] * z[x];
+        pd = ds;
+      }
       if (want.dv)
         for (int64_t c0 = 0, i = 0; c0 < bc; c0 += kStrip, ++i) {
           const Span r = seeing[static_cast<size_t>(i)];
           if (r.size() > 0)
-            small_gemm<T>(std::min(kStrip, bc - c0), D, r.size(), T(1), p + r.lo * kBlockK + c0, 1, kBlockK,
+            small_gemm<T>(std::min(kStrip, bc - c0), D, r.size(), T(1), pd + r.lo * kBlockK + c0, 1, kBlockK,
                           gi + r.lo * dO.ld, dO.ld, T(1), w.dv.data() + c0 * D, D);
         }
       if (!need_ds) continue;
@@ -470,6 +572,12 @@ void backward_key_block(const Dims& d, T scale, const Visible& vis, const Heads<
           const T dr = delta_h[t0 + r];
           T* __restrict drow = ds + r * kBlockK;
           const T* __restrict prow = p + r * kBlockK;
+          if (drop) {
+            const T* __restrict zrow = z + r * kBlockK;
+            for (int64_t x = 0; x < bc; ++x)
+              drow[x] = x >= c.lo && x < c.hi ? prow[x] * (zrow[x] * drow[x] - dr) : T(0);
+            continue;
+          }
           for (int64_t x = 0; x < bc; ++x) drow[x] = x >= c.lo && x < c.hi ? prow[x] * (drow[x] - dr) : T(0);
         }
         if (want.dq && c.size() > 0)
@@ -592,7 +700,7 @@ std::vector<Tensor> sdpa_backward(const GradCall& c) {
     if (dk.defined()) hk = heads_of<T>(dk, keep[6]);
     if (dv.defined()) hv = heads_of<T>(dv, keep[7]);
     sdpa_backward_t<T>(d, static_cast<T>(scale), vis, q, k, v, out, lse.data<T>(), dO, delta.data<T>(), hq, hk, hv,
-                       BackwardArgs{dq.defined(), dk.defined(), dv.defined()});
+                       BackwardArgs{dq.defined(), dk.defined(), dv.defined(), drop_mask_of(c.attrs, d)});
   });
   if (c.inputs.size() == 4) return {dq, dk, dv, Tensor()};
   return {dq, dk, dv};
@@ -662,7 +770,26 @@ SpmdDecision sdpa_batch_heads(const SpmdCall& c) {
 //                       heads; the caller reshards the output back.
 // The other mesh dims are decided as if the sequence were whole; the document starts are
 // replicated over the sequence dims.
+// With dropout the kernel draws each probability's mask at its global index: the local call
+// gets the global batch row and head of its piece of q, and the global head count.
+SpmdDecision with_drop_offsets(const SpmdCall& c, SpmdDecision d) {
+  if (!c.attrs.has("dropout") || c.attrs.f("dropout") == 0.0) return d;
+  const Shape& q = c.inputs[0].shape;
+  const Shape at = DistAttr(c.mesh(), d.inputs[0]).local_offset(q, c.rank);
+  Attrs a = c.attrs;
+  a.set("b0", at[0]).set("h0", at[1]).set("heads", q[1]);
+  d.local_attrs = a;
+  return d;
+}
+
+SpmdDecision sdpa_spmd_placements(const SpmdCall& c);
+
 SpmdDecision sdpa_spmd(const SpmdCall& c) {
+  SpmdDecision d = sdpa_spmd_placements(c);
+  return d.custom ? d : with_drop_offsets(c, std::move(d));
+}
+
+SpmdDecision sdpa_spmd_placements(const SpmdCall& c) {
   const Placements all_r = spmd::replicated(c);
   const bool docs = c.inputs.size() == 4;
   bool well_formed = c.inputs.size() == 3 || (docs && c.inputs[3].shape.size() == 2);
@@ -717,9 +844,16 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& doc_starts,
-                                    bool causal, double scale, std::string_view cp_method) {
+                                    bool causal, double scale, std::string_view cp_method, const SdpaDropout& dropout) {
   Attrs attrs{{"causal", causal}, {"scale", scale}};
   if (!cp_method.empty()) attrs.set("cp", std::string(cp_method));
+  if (dropout.p != 0.0) {
+    TESSEL_CHECK(dropout.p > 0.0 && dropout.p < 1.0, "sdpa: attention dropout p={} must be in [0, 1)", dropout.p);
+    attrs.set("dropout", dropout.p)
+        .set("seed", static_cast<int64_t>(dropout.seed))
+        .set("stream", static_cast<int64_t>(dropout.stream))
+        .set("row0", dropout.row0);
+  }
   if (!doc_starts.defined()) return call_op1(op_sdpa, {q, k, v}, attrs);
   return call_op1(op_sdpa, {q, k, v, doc_starts}, attrs);
 }
@@ -736,6 +870,16 @@ Dims block_dims(const Tensor& q, const Tensor& k, const SdpaBlockPlace& at) {
   d.total = at.total;
   return d;
 }
+
+// A block's dropout: its queries and keys at their global positions of a sequence of `total`.
+DropMask block_drop(const SdpaBlockPlace& at, const Dims& d) {
+  if (at.dropout.p == 0.0) return {};
+  DropMask m = drop_mask(at.dropout, d, at.b0, at.h0, at.heads);
+  m.q0 = at.q0;
+  m.k0 = at.k0;
+  m.queries = m.keys = at.total;
+  return m;
+}
 }  // namespace
 
 std::array<Tensor, 2> sdpa_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& doc_starts,
@@ -749,7 +893,7 @@ std::array<Tensor, 2> sdpa_block_forward(const Tensor& q, const Tensor& k, const
   TESSEL_DISPATCH_FLOAT(q.dtype(), "sdpa", [&]<typename T>() {
     Tensor kq, kk, kv, ko;
     Heads<T> hq = heads_of<T>(q, kq), hk = heads_of<T>(k, kk), hv = heads_of<T>(v, kv);
-    sdpa_forward_t<T>(d, static_cast<T>(s), vis, hq, hk, hv, heads_of<T>(out, ko), lse.data<T>());
+    sdpa_forward_t<T>(d, static_cast<T>(s), vis, block_drop(at, d), hq, hk, hv, heads_of<T>(out, ko), lse.data<T>());
   });
   return {out, lse};
 }
@@ -772,7 +916,7 @@ std::array<Tensor, 3> sdpa_block_backward(const Tensor& q, const Tensor& k, cons
              hdo = heads_of<T>(dout, keep[3]), ho = heads_of<T>(out, keep[4]);
     Heads<T> gq = heads_of<T>(dq, keep[5]), gk = heads_of<T>(dk, keep[6]), gv = heads_of<T>(dv, keep[7]);
     sdpa_backward_t<T>(d, static_cast<T>(s), vis, hq, hk, hv, ho, l.data<T>(), hdo, delta.data<T>(), gq, gk, gv,
-                       BackwardArgs{true, true, true});
+                       BackwardArgs{true, true, true, block_drop(at, d)});
   });
   return {dq, dk, dv};
 }

@@ -20,6 +20,18 @@ namespace tessel {
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
                                     double scale = 0.0, bool recompute_probs = false);
 
+// Dropout on the attention probabilities (GPT-2's attn_pdrop), after the softmax: each is
+// zeroed with probability p and the rest scaled by 1/(1-p). Whether the probability of (batch
+// row b, head h, query i, key j) is dropped is a pure function of (seed, stream, its index in
+// the global [B, H, T, S] tensor, b counted from row0 — the input's first row in the step's
+// batch), so every layout and thread count draws the same mask, and the backward draws it
+// again instead of keeping it. p = 0: no dropout.
+struct SdpaDropout {
+  double p = 0.0;
+  uint64_t seed = 0, stream = 0;
+  int64_t row0 = 0;
+};
+
 // The same with document masks for packed sequences: doc_starts [B, N] (i64) lists, per
 // batch row, the key positions where its documents start — ascending, the first 0, within
 // [0, S]; a row with fewer documents pads with S (empty documents). Query i (at key position
@@ -28,13 +40,18 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // document per row. cp_method (ring | all_to_all, empty: ring) says how a call whose sequence
 // is split over a mesh dim runs (context parallel; docs/attention.md); one rank ignores it.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& doc_starts,
-                                    bool causal = false, double scale = 0.0, std::string_view cp_method = {});
+                                    bool causal = false, double scale = 0.0, std::string_view cp_method = {},
+                                    const SdpaDropout& dropout = {});
 
 // ---- blocks of a longer sequence (ring attention, dist/ring_attention.cc) ----
 // Where a block pair sits: query t at global position q0 + t, key j at k0 + j; the document
-// starts (global, [B, N]) index a sequence of `total` positions.
+// starts (global, [B, N]) index a sequence of `total` positions. With dropout, the block's
+// batch rows and heads start at global row b0 (after the dropout's row0) and head h0 of
+// `heads` (0: q's own).
 struct SdpaBlockPlace {
   int64_t q0 = 0, k0 = 0, total = 0;
+  SdpaDropout dropout = {};
+  int64_t b0 = 0, h0 = 0, heads = 0;
 };
 // {out [B, H, T, D], LSE [B, H, T]} of q [B, H, T, D] against the key/value block k, v
 // [B, Hkv, S, D] alone (plain tensors, not recorded): partial results that merge by their LSE.

@@ -6,6 +6,9 @@
 //
 // Shapes: out[...] = u(k) < p ? 0 : x[...] / (1 - p), k = the element's global linear index,
 //         u(k) = uniform_f32_at(seed, stream, k).
+// With the attributes ring_dim and ring_ranks (context parallel's ring: that dim of the global
+// tensor holds the sequence in the load-balanced order), k is the index the element has in the
+// natural order, so the mask is the single-rank run's whatever order the tokens are held in.
 #include "tessel/ops/random.h"
 
 #include "tessel/ops/dispatch.h"
@@ -17,6 +20,24 @@ namespace tessel {
 namespace {
 
 GlobalBox box_of(const Attrs& a) { return GlobalBox{a.ints("global_shape"), a.ints("offset")}; }
+
+SequenceOrder order_of(const Attrs& a) {
+  if (!a.has("ring_dim")) return {};
+  return SequenceOrder{a.i("ring_dim"), a.i("ring_ranks")};
+}
+
+// The natural-order index of element g of a tensor of `shape` whose dim `o.dim` holds the
+// sequence in the ring's order: position s (chunk s / c of 2·ranks chunks of c) came from
+// chunk r (an even chunk 2r) or 2·ranks-1-r (the odd chunk 2r + 1).
+int64_t natural_index(int64_t g, const Shape& shape, const SequenceOrder& o) {
+  int64_t inner = 1;
+  for (size_t d = static_cast<size_t>(o.dim) + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t T = shape[static_cast<size_t>(o.dim)], c = T / (2 * o.ranks);
+  const int64_t outer = g / (inner * T), s = g / inner % T, rest = g % inner;
+  const int64_t chunk = s / c, r = chunk / 2;
+  const int64_t natural = (chunk % 2 == 0 ? r : 2 * o.ranks - 1 - r) * c + s % c;
+  return (outer * T + natural) * inner + rest;
+}
 
 std::vector<TensorMeta> dropout_infer(const MetaCall& c) {
   kernels::check_floating(c, 0);
@@ -34,15 +55,33 @@ std::vector<TensorMeta> dropout_infer(const MetaCall& c) {
   }
   TESSEL_CHECK(ok, "dropout: local input {} at offset {} does not fit inside global shape {}", shape_str(local),
                shape_str(box.offset), shape_str(global));
+  const SequenceOrder o = order_of(c.attrs);
+  if (o.dim >= 0) {
+    TESSEL_CHECK(o.dim < static_cast<int64_t>(global.size()) && o.ranks >= 1 &&
+                     global[static_cast<size_t>(o.dim)] % (2 * o.ranks) == 0,
+                 "dropout: ring order over {} ranks on dim {} of global shape {} needs that dim to be a multiple of {}",
+                 o.ranks, o.dim, shape_str(global), 2 * o.ranks);
+  }
   return {c.inputs[0]};
 }
 
 // out = x with each element dropped where u(global index) < p and the rest scaled by 1/(1-p).
 // x contiguous; rows are mapped to global indices by for_each_global_row.
 template <typename T>
-void dropout_kernel(const T* x, T* out, const Shape& shape, const GlobalBox& box, double p, uint64_t seed,
-                    uint64_t stream) {
+void dropout_kernel(const T* x, T* out, const Shape& shape, const GlobalBox& box, const SequenceOrder& order, double p,
+                    uint64_t seed, uint64_t stream) {
   const T scale = static_cast<T>(1.0 / (1.0 - p));
+  if (order.dim >= 0 && order.ranks > 1) {
+    const Shape& global_shape = box.global_shape.empty() ? shape : box.global_shape;
+    for_each_global_row(shape, box, [&](int64_t local, int64_t global, int64_t len) {
+      for (int64_t i = 0; i < len; ++i) {
+        const auto at = static_cast<uint64_t>(natural_index(global + i, global_shape, order));
+        bool drop = static_cast<double>(uniform_f32_at(seed, stream, at)) < p;
+        out[local + i] = drop ? T(0) : x[local + i] * scale;
+      }
+    });
+    return;
+  }
   for_each_global_row(shape, box, [&](int64_t local, int64_t global, int64_t len) {
     for (int64_t i = 0; i < len; ++i) {
       bool drop = static_cast<double>(uniform_f32_at(seed, stream, static_cast<uint64_t>(global + i))) < p;
@@ -62,7 +101,7 @@ Tensor dropout_raw(const Tensor& x, const Attrs& a) {
   }
   auto seed = static_cast<uint64_t>(a.i("seed")), stream = static_cast<uint64_t>(a.i("stream"));
   TESSEL_DISPATCH_FLOAT(xc.dtype(), "dropout", [&]<typename T>() {
-    dropout_kernel<T>(xc.data<T>(), out.data<T>(), xc.shape(), box_of(a), p, seed, stream);
+    dropout_kernel<T>(xc.data<T>(), out.data<T>(), xc.shape(), box_of(a), order_of(a), p, seed, stream);
   });
   return out;
 }
@@ -98,12 +137,15 @@ SpmdDecision dropout_spmd(const SpmdCall& c) {
 const OpDef op_dropout{.name = "dropout", .num_inputs = 1, .infer = dropout_infer, .forward = dropout_forward,
                        .backward = dropout_backward, .cost = dropout_cost, .spmd = dropout_spmd};
 
-Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, const GlobalBox& box) {
-  return call_op1(op_dropout, {x}, Attrs{{"p", p},
-                                         {"seed", static_cast<int64_t>(seed)},
-                                         {"stream", static_cast<int64_t>(stream)},
-                                         {"global_shape", box.global_shape},
-                                         {"offset", box.offset}});
+Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, const GlobalBox& box,
+               const SequenceOrder& order) {
+  Attrs attrs{{"p", p},
+              {"seed", static_cast<int64_t>(seed)},
+              {"stream", static_cast<int64_t>(stream)},
+              {"global_shape", box.global_shape},
+              {"offset", box.offset}};
+  if (order.dim >= 0 && order.ranks > 1) attrs.set("ring_dim", order.dim).set("ring_ranks", order.ranks);
+  return call_op1(op_dropout, {x}, attrs);
 }
 
 }  // namespace tessel

@@ -128,12 +128,10 @@ std::string cp_refusal(const ModelSpec& m, int tp, int cp, const std::string& me
                        cp);
   if (method == "ring") {
     if (m.seq % (2 * cp) != 0)
-      return fmt::format("cp {} ring: the sequence length {} must be a multiple of 2 x cp = {} (each rank holds a "
-                         "chunk from each end)",
-                         cp, m.seq, 2 * cp);
-    if (m.dropout > 0)
-      return fmt::format("cp {} ring: dropout {} is not supported with the ring (use cp_method all_to_all)", cp,
-                         m.dropout);
+      return fmt::format(
+          "cp {} ring: the sequence length {} must be a multiple of 2 x cp = {} (each rank holds a "
+          "chunk from each end)",
+          cp, m.seq, 2 * cp);
     return "";
   }
   if (method == "all_to_all") {
