@@ -82,5 +82,21 @@ TEST(Philox, RejectsABlockOutsideTheGlobalShape) {
   EXPECT_THROW(rng_fill(ints, Distribution::uniform, 0, 1, 1, 1), Error);
 }
 
+// The vector-lane batch gives philox_at's words, for runs that start anywhere (a carry into the
+// counter's high word included) and are not multiples of the 16 lanes.
+TEST(Philox, BlocksInLanesEqualOneAtATime) {
+  const uint64_t seed = 0x0123456789abcdefull, stream = 0xfeedface12345678ull;
+  for (const auto& [first, n] : std::vector<std::pair<uint64_t, int64_t>>{
+           {0, 1}, {5, 16}, {1000, 17}, {(uint64_t{1} << 32) - 7, 40}, {~uint64_t{0} - 20, 21}}) {
+    std::vector<uint32_t> words(static_cast<size_t>(4 * n));
+    philox_blocks(seed, stream, first, n, words.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const PhiloxBlock want = philox_at(seed, stream, first + static_cast<uint64_t>(i));
+      for (size_t w = 0; w < 4; ++w)
+        EXPECT_EQ(words[static_cast<size_t>(4 * i) + w], want[w]) << "index " << first + static_cast<uint64_t>(i);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tessel

@@ -20,6 +20,9 @@ PhiloxBlock philox4x32_10(PhiloxBlock counter, std::array<uint32_t, 2> key);
 
 // The 4 words for element `index` of `stream` under `seed`.
 PhiloxBlock philox_at(uint64_t seed, uint64_t stream, uint64_t index);
+// philox_at for indices first .. first + n - 1, written to words[4·i .. 4·i + 3]: the same
+// values, computed 16 blocks at a time in vector lanes (attention's dropout masks).
+void philox_blocks(uint64_t seed, uint64_t stream, uint64_t first, int64_t n, uint32_t* words);
 
 // A 64-bit stream key from a name (FNV-1a, then a SplitMix64 finaliser).
 uint64_t stream_key(std::string_view name);

@@ -123,23 +123,6 @@ DropMask drop_mask_of(const Attrs& a, const Dims& d) {
   return drop_mask(dr, d, get("b0"), get("h0"), get("heads"));
 }
 
-// Multiplies x[r·ldr + c·ldc] (query rows [t0, t0 + rows), keys [j0, j0 + bc) of head (b, h),
-// local) by its dropout scale: 0 where dropped, 1/(1-p) elsewhere.
-template <typename T>
-void apply_drop(const DropMask& m, int64_t b, int64_t h, int64_t t0, int64_t rows, int64_t j0, int64_t bc, T* x,
-                int64_t ldr, int64_t ldc) {
-  const T keep = static_cast<T>(m.keep_scale);
-  for (int64_t r = 0; r < rows; ++r) {
-    const auto first =
-        static_cast<uint64_t>((((m.b0 + b) * m.heads + m.h0 + h) * m.queries + m.q0 + t0 + r) * m.keys + m.k0 + j0);
-    for (int64_t c = 0; c < bc;) {
-      const uint64_t at = first + static_cast<uint64_t>(c);
-      const PhiloxBlock w = philox_at(m.seed, m.stream, at >> 2);
-      for (uint64_t k = at & 3; k < 4 && c < bc; ++k, ++c) x[r * ldr + c * ldc] *= w[k] < m.threshold ? T(0) : keep;
-    }
-  }
-}
-
 double scale_of(const Attrs& attrs, int64_t D) {
   double s = attrs.f("scale");
   return s != 0.0 ? s : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(D, 1)));
@@ -151,6 +134,25 @@ double scale_of(const Attrs& attrs, int64_t D) {
 // the noise of 64; smaller blocks skip more of the causal triangle, larger ones make fewer calls.
 constexpr int64_t kBlockQ = 64;
 constexpr int64_t kBlockK = 64;
+
+// Multiplies x[r·ldr + c·ldc] (query rows [t0, t0 + rows), keys [j0, j0 + bc) of head (b, h),
+// local; bc at most a key block) by its dropout scale: 0 where dropped, 1/(1-p) elsewhere. A
+// row's words come from the Philox blocks it spans, computed together.
+template <typename T>
+void apply_drop(const DropMask& m, int64_t b, int64_t h, int64_t t0, int64_t rows, int64_t j0, int64_t bc, T* x,
+                int64_t ldr, int64_t ldc) {
+  TESSEL_ASSERT(bc <= kBlockK, "attention dropout: a block of {} keys (at most {})", bc, kBlockK);
+  const T keep = static_cast<T>(m.keep_scale);
+  std::array<uint32_t, 4 * (kBlockK / 4 + 1)> words;
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto first =
+        static_cast<uint64_t>((((m.b0 + b) * m.heads + m.h0 + h) * m.queries + m.q0 + t0 + r) * m.keys + m.k0 + j0);
+    const uint64_t last = first + static_cast<uint64_t>(bc) - 1;
+    philox_blocks(m.seed, m.stream, first >> 2, static_cast<int64_t>((last >> 2) - (first >> 2) + 1), words.data());
+    const uint32_t* w = words.data() + (first & 3);  // key c's word
+    for (int64_t c = 0; c < bc; ++c) x[r * ldr + c * ldc] *= w[c] < m.threshold ? T(0) : keep;
+  }
+}
 
 std::vector<TensorMeta> sdpa_infer(const MetaCall& c) {
   TESSEL_CHECK(c.inputs.size() == 3 || c.inputs.size() == 4,
