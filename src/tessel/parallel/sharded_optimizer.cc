@@ -68,7 +68,8 @@ struct ShardedOptimizer::Bucket {
   Tensor flat, mine;                     // what is sent, and this rank's reduced part
   std::vector<std::vector<int64_t>> at;  // per slot and dp rank, its place in that rank's region
   std::vector<int64_t> region;           // stages 1, 2: every dp rank's region size
-  WorkPtr work;
+  WorkPtr work;                          // over dp (none when dp is 1)
+  WorkPtr cp_work;                       // the sum over cp of what the dp collective left here
 };
 
 template <typename F>
@@ -83,7 +84,10 @@ ShardedOptimizer::~ShardedOptimizer() {
     s.p->value.autograd_meta().grad_ready_hooks.clear();
     s.p->value.autograd_meta().post_accumulate_hooks.clear();
   }
-  for (Bucket& b : in_flight_) b.work->wait();  // never free a buffer a collective still uses
+  // Never free a buffer a collective still uses.
+  for (Bucket& b : in_flight_)
+    if (b.work) b.work->wait();
+  for (Bucket& b : cp_in_flight_) b.cp_work->wait();
 }
 
 ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Layout& layout, OptimizerOptions options,
@@ -96,6 +100,10 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
   const int64_t stage = layout_.config().sharding_stage, dp = layout_.degree("dp");
   const size_t dp_dim = static_cast<size_t>(layout_.stage_dim("dp")), tp_dim = static_cast<size_t>(layout_.stage_dim("tp"));
   const ProcessMesh mesh = layout_.stage_mesh();
+  if (layout_.has_dim("cp") && layout_.degree("cp") > 1) {
+    cp_dim_ = layout_.stage_dim("cp");
+    cp_group_ = layout_.group("cp");
+  }
   MemoryKindScope charge(MemoryKind::optimizer);
   slots_.reserve(params.size());
   for (nn::Parameter* p : params) {
@@ -137,8 +145,8 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
     slots_.push_back(std::move(s));
   }
   // Gradients are synced from the backward when a data-parallel collective is owed for them
-  // (stages 0 to 2 over dp > 1); the rest waits for step().
-  if (dp > 1 && stage <= 2) {
+  // (stages 0 to 2 over dp > 1, or a sum over cp); the rest waits for step().
+  if ((dp > 1 || cp_dim_ >= 0) && stage <= 2) {
     for (size_t i = 0; i < slots_.size(); ++i) {
       if (stage >= 1 && !slots_[i].split) continue;
       slots_[i].hooked = true;
@@ -156,14 +164,16 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
 namespace {
 
 // `g` laid out as the optimizer reduces it: like `stored`, except a partial sum over dp when
-// `over_dp` (the data-parallel sum is still owed) and a partial sum over tp that the parameter
-// is replicated over, which is summed later with the others. Sets `tp_partial` for the latter.
-// A partial sum over cp (context parallel: every cp rank's tokens reach every parameter) is
-// summed here by the reshard to `stored`, whole on every cp rank.
-Tensor as_reduced(const Tensor& g, const Placements& stored, size_t dp_dim, size_t tp_dim, bool over_dp,
+// `over_dp` (the data-parallel sum is still owed), a partial sum over cp when `cp_dim` >= 0
+// (context parallel: every cp rank's tokens reach every parameter; a gradient a rule left
+// whole over cp becomes a partial one locally, so one sum over cp serves a whole bucket), and
+// a partial sum over tp that the parameter is replicated over, which is summed later with the
+// others. Sets `tp_partial` for the latter.
+Tensor as_reduced(const Tensor& g, const Placements& stored, size_t dp_dim, size_t tp_dim, bool over_dp, int64_t cp_dim,
                   const ProcessMesh& mesh, bool& tp_partial) {
   Placements target = stored;
   if (over_dp) target[dp_dim] = Partial();
+  if (cp_dim >= 0) target[static_cast<size_t>(cp_dim)] = Partial();
   const Placements& have = dist_attr(g).placements;
   tp_partial = have[tp_dim].is_partial() && target[tp_dim].is_replicate();
   if (tp_partial) target[tp_dim] = have[tp_dim];
@@ -226,7 +236,7 @@ void ShardedOptimizer::enqueue_grad(size_t i, Tensor g) {
   Placements stored = s.stored;
   if (s.gathered) stored[static_cast<size_t>(layout_.stage_dim("dp"))] = Replicate();
   g = as_reduced(g, stored, static_cast<size_t>(layout_.stage_dim("dp")), static_cast<size_t>(layout_.stage_dim("tp")),
-                 true, layout_.stage_mesh(), s.tp_partial);
+                 layout_.degree("dp") > 1, cp_dim_, layout_.stage_mesh(), s.tp_partial);
   if (!filling_) filling_ = std::make_unique<Bucket>();
   filling_->slots.push_back(i);
   filling_->grads.push_back(local_piece(g));
@@ -239,8 +249,10 @@ void ShardedOptimizer::enqueue_grad(size_t i, Tensor g) {
 }
 
 void ShardedOptimizer::launch(Bucket&& b) {
-  // At most one bucket in flight while the next is packed: the full-size gradients alive are
-  // those of the bucket filling, the one being packed and the one on the wire.
+  // At most one bucket in flight over dp while the next is packed (and, under cp, the one
+  // before it summing over cp): the full-size gradients alive are those of the bucket filling,
+  // the one being packed and the ones on the wire.
+  while (!cp_in_flight_.empty()) finish_oldest_cp();
   while (!in_flight_.empty()) finish_oldest();
   MemoryKindScope charge(MemoryKind::grads);
   const int64_t dp = layout_.degree("dp");
@@ -254,7 +266,7 @@ void ShardedOptimizer::launch(Bucket&& b) {
     b.flat = Tensor::empty({total}, DType::f32);
     for (size_t k = 0; k < b.grads.size(); ++k) pack(b.flat, b.at[k][0], b.grads[k]);
     b.grads.clear();
-    b.work = group->all_reduce_async(b.flat.raw_data(), total, DType::f32, ReduceOp::sum);
+    if (dp > 1) b.work = group->all_reduce_async(b.flat.raw_data(), total, DType::f32, ReduceOp::sum);
   } else {
     // Region r holds dp rank r's box of every gradient of the bucket, one after another.
     b.region.assign(static_cast<size_t>(dp), 0);
@@ -288,10 +300,34 @@ void ShardedOptimizer::launch(Bucket&& b) {
 void ShardedOptimizer::finish_oldest() {
   Bucket b = std::move(in_flight_.front());
   in_flight_.erase(in_flight_.begin());
-  {
+  if (b.work) {
     ProfileScope profile_scope("(grad bucket wait)");
     timed("wait for gradient bucket", [&] { b.work->wait(); });
   }
+  if (cp_dim_ >= 0) {
+    // What this rank holds after the dp collective (the whole bucket, or its reduce-scattered
+    // part) is still a partial sum over cp.
+    const Tensor& held = layout_.config().sharding_stage == 0 ? b.flat : b.mine;
+    b.cp_work = cp_group_->all_reduce_async(held.raw_data(), held.numel(), DType::f32, ReduceOp::sum);
+    cp_in_flight_.push_back(std::move(b));
+    return;
+  }
+  unpack_bucket(b);
+}
+
+void ShardedOptimizer::finish_oldest_cp() {
+  Bucket b = std::move(cp_in_flight_.front());
+  cp_in_flight_.erase(cp_in_flight_.begin());
+  {
+    ProfileScope profile_scope("(grad bucket wait)");
+    timed("wait for gradient bucket (cp)", [&] { b.cp_work->wait(); });
+  }
+  unpack_bucket(b);
+}
+
+// Each slot's reduced piece of a finished bucket, onto its gradient (stage 2's later
+// micro-batches add to the first's).
+void ShardedOptimizer::unpack_bucket(Bucket& b) {
   const ProcessMesh mesh = layout_.stage_mesh();
   const size_t me = static_cast<size_t>(layout_.coord("dp")), tp_dim = static_cast<size_t>(layout_.stage_dim("tp"));
   const bool stage0 = layout_.config().sharding_stage == 0;
@@ -325,11 +361,13 @@ double ShardedOptimizer::step(double lr, double max_norm) {
     launch(std::move(b));
   }
   while (!in_flight_.empty()) finish_oldest();
+  while (!cp_in_flight_.empty()) finish_oldest_cp();
 
   // 2. Gradients the hooks did not sync: a data-parallel sum still owed (dp > 1 at stage 0 with
   //    no hook, or a parameter stages 1 and 2 keep whole) goes in one all_reduce; stage 3's
   //    arrive as dp shards already; a parameter with no gradient counts zero.
-  std::vector<size_t> owe_dp;
+  //    Under cp every such gradient also owes its sum over cp, in one more all_reduce.
+  std::vector<size_t> owe_dp, owe_cp;
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     TESSEL_CHECK(!(s.gathered && s.grad.defined() && s.p->value.grad().defined()),
@@ -342,9 +380,10 @@ double ShardedOptimizer::step(double lr, double max_norm) {
       s.grad = dtensor_from_local(Tensor::zeros(s.shard_shape(me), DType::f32), mesh, s.shard, s.p->shape);
       continue;
     }
-    g = as_reduced(g, s.stored, dp_dim, tp_dim, over_dp, mesh, s.tp_partial);
+    g = as_reduced(g, s.stored, dp_dim, tp_dim, over_dp, cp_dim_, mesh, s.tp_partial);
     s.grad = g;
     if (over_dp) owe_dp.push_back(i);
+    if (cp_dim_ >= 0) owe_cp.push_back(i);
   }
   // One buffer for a group of gradients: each's local piece packed, summed over `group`, and
   // each replaced by its summed piece (placed as `placed(slot)`).
@@ -373,6 +412,12 @@ double ShardedOptimizer::step(double lr, double max_norm) {
     pl[dp_dim] = s.stored[dp_dim];
     return pl;
   });
+  if (cp_dim_ >= 0)
+    sum_over(owe_cp, *cp_group_, [&](const Slot& s) {
+      Placements pl = dist_attr(s.grad).placements;
+      pl[static_cast<size_t>(cp_dim_)] = Replicate();
+      return pl;
+    });
   // 3. Sums over tp of tp-replicated parameters (sequence parallel), and over the pipeline
   //    ranks sharing a tied parameter.
   std::vector<size_t> owe_tp, owe_tied;

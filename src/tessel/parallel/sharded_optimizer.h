@@ -14,7 +14,10 @@
 // Gradient sync runs from the autograd engine's grad-ready hooks (a parameter's gradient is
 // complete for a backward): gradients are packed into buckets of `bucket_bytes` in the order
 // they become ready and each bucket's collective is launched asynchronously, so it overlaps the
-// rest of the backward; step() waits only for what is still in flight. Over tp (and across
+// rest of the backward; step() waits only for what is still in flight. Under context parallel
+// every parameter's gradient is also a partial sum over cp: a bucket, once reduced over dp, is
+// summed over cp by one more asynchronous all_reduce (of this rank's reduce-scattered part
+// under ZeRO), which runs while the next bucket is reduced over dp. Over tp (and across
 // pipeline stages for a tied parameter) gradients are made to match their parameter's layout.
 // Global-norm clipping counts every element once across all shards, replicas and stages
 // (torch.nn.utils.clip_grad_norm_ semantics). See docs/parallel.md.
@@ -93,15 +96,21 @@ class ShardedOptimizer {
   void enqueue(size_t slot);  // into the bucket being filled
   void enqueue_grad(size_t slot, Tensor grad);
   void launch(Bucket&& bucket);
-  void finish_oldest();
+  void finish_oldest();     // its dp collective; then its cp sum goes in flight, or it is unpacked
+  void finish_oldest_cp();  // its cp sum, then unpacked
+  void unpack_bucket(Bucket& bucket);
   void update(size_t slot, float clip, double lr);
   // Runs `fn` (a blocking collective) and records the time as a Wait called `what`.
   template <typename F>
   void timed(const char* what, F&& fn);
 
   std::vector<Slot> slots_;
-  std::vector<Bucket> in_flight_;
+  std::vector<Bucket> in_flight_;     // reducing over dp
+  std::vector<Bucket> cp_in_flight_;  // summing over cp
   std::unique_ptr<Bucket> filling_;
+  // Context parallel (cp > 1): the mesh dim whose partial sums every gradient owes, and its group.
+  int64_t cp_dim_ = -1;
+  std::shared_ptr<ProcessGroup> cp_group_;
   const Layout& layout_;
   OptimizerOptions options_;
   std::shared_ptr<ProcessGroup> tied_group_;
