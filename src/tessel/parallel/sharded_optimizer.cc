@@ -36,6 +36,9 @@ struct ShardedOptimizer::Slot {
   bool hooked = false;      // synced from grad-ready hooks
   int64_t ready = 0;        // backwards this step whose gradient is complete
   bool tp_partial = false;  // the gradient is still a partial sum over tp
+  // The mesh dim besides dp over which the gradient is a partial sum of the batch's pieces:
+  // cp (context parallel), or ep for a parameter replicated over it; -1 when none.
+  int64_t sum_dim = -1;
   Tensor grad;              // the synced gradient: distributed, placed like `shard` (tp partial aside)
   Tensor m, v;              // distributed, placed `shard` (SGD: m is the momentum buffer)
 
@@ -69,7 +72,8 @@ struct ShardedOptimizer::Bucket {
   std::vector<std::vector<int64_t>> at;  // per slot and dp rank, its place in that rank's region
   std::vector<int64_t> region;           // stages 1, 2: every dp rank's region size
   WorkPtr work;                          // over dp (none when dp is 1)
-  WorkPtr cp_work;                       // the sum over cp of what the dp collective left here
+  int64_t sum_dim = -1;                  // the slots' sum_dim
+  WorkPtr sum_work;                      // the sum over it of what the dp collective left here
 };
 
 template <typename F>
@@ -87,7 +91,7 @@ ShardedOptimizer::~ShardedOptimizer() {
   // Never free a buffer a collective still uses.
   for (Bucket& b : in_flight_)
     if (b.work) b.work->wait();
-  for (Bucket& b : cp_in_flight_) b.cp_work->wait();
+  for (Bucket& b : sum_in_flight_) b.sum_work->wait();
 }
 
 ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Layout& layout, OptimizerOptions options,
@@ -100,10 +104,13 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
   const int64_t stage = layout_.config().sharding_stage, dp = layout_.degree("dp");
   const size_t dp_dim = static_cast<size_t>(layout_.stage_dim("dp")), tp_dim = static_cast<size_t>(layout_.stage_dim("tp"));
   const ProcessMesh mesh = layout_.stage_mesh();
-  if (layout_.has_dim("cp") && layout_.degree("cp") > 1) {
-    cp_dim_ = layout_.stage_dim("cp");
-    cp_group_ = layout_.group("cp");
-  }
+  auto batch_dim = [&](const char* name) {  // a mesh dim of more than one rank the batch is split over
+    return layout_.has_dim(name) && layout_.degree(name) > 1 ? layout_.stage_dim(name) : int64_t{-1};
+  };
+  const int64_t cp_dim = batch_dim("cp"), ep_dim = batch_dim("ep");
+  TESSEL_CHECK(cp_dim < 0 || ep_dim < 0, "shard_optimizer: context parallel with expert parallel is not supported");
+  for (int64_t d : {cp_dim, ep_dim})
+    if (d >= 0) sum_groups_[d] = layout_.group(d == cp_dim ? "cp" : "ep");
   MemoryKindScope charge(MemoryKind::optimizer);
   slots_.reserve(params.size());
   for (nn::Parameter* p : params) {
@@ -116,6 +123,8 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
     s.stored = s.shard = dist_attr(p->value).placements;
     s.decay = p->stored_shape().size() >= 2;  // matrices as checkpoints hold them (c_attn's bias [3, C] is a vector)
     for (nn::Parameter* t : tied) s.tied = s.tied || t == p;
+    if (cp_dim >= 0) s.sum_dim = cp_dim;
+    if (ep_dim >= 0 && !s.stored[static_cast<size_t>(ep_dim)].is_shard()) s.sum_dim = ep_dim;
     // A placement over a mesh dim of one rank splits nothing.
     Placements splits = s.stored;
     for (size_t m = 0; m < splits.size(); ++m)
@@ -144,11 +153,12 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
     if (options_.kind == "adamw") s.v = zeros();
     slots_.push_back(std::move(s));
   }
-  // Gradients are synced from the backward when a data-parallel collective is owed for them
-  // (stages 0 to 2 over dp > 1, or a sum over cp); the rest waits for step().
-  if ((dp > 1 || cp_dim_ >= 0) && stage <= 2) {
+  // Gradients are synced from the backward when a collective is owed for them (stages 0 to 2
+  // over dp > 1, or a sum over cp or ep); the rest waits for step().
+  if (stage <= 2) {
     for (size_t i = 0; i < slots_.size(); ++i) {
       if (stage >= 1 && !slots_[i].split) continue;
+      if (dp == 1 && slots_[i].sum_dim < 0) continue;
       slots_[i].hooked = true;
       auto& meta = slots_[i].p->value.autograd_meta();
       meta.grad_ready_hooks.push_back([this, i](const Tensor&) { on_ready(i); });
@@ -164,16 +174,16 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
 namespace {
 
 // `g` laid out as the optimizer reduces it: like `stored`, except a partial sum over dp when
-// `over_dp` (the data-parallel sum is still owed), a partial sum over cp when `cp_dim` >= 0
-// (context parallel: every cp rank's tokens reach every parameter; a gradient a rule left
-// whole over cp becomes a partial one locally, so one sum over cp serves a whole bucket), and
-// a partial sum over tp that the parameter is replicated over, which is summed later with the
-// others. Sets `tp_partial` for the latter.
-Tensor as_reduced(const Tensor& g, const Placements& stored, size_t dp_dim, size_t tp_dim, bool over_dp, int64_t cp_dim,
-                  const ProcessMesh& mesh, bool& tp_partial) {
+// `over_dp` (the data-parallel sum is still owed), a partial sum over `sum_dim` when >= 0 (cp
+// or ep: each rank there saw its own tokens; a gradient a rule left whole over it becomes a
+// partial one locally, so one sum serves a whole bucket), and a partial sum over tp that the
+// parameter is replicated over, which is summed later with the others. Sets `tp_partial` for
+// the latter.
+Tensor as_reduced(const Tensor& g, const Placements& stored, size_t dp_dim, size_t tp_dim, bool over_dp,
+                  int64_t sum_dim, const ProcessMesh& mesh, bool& tp_partial) {
   Placements target = stored;
   if (over_dp) target[dp_dim] = Partial();
-  if (cp_dim >= 0) target[static_cast<size_t>(cp_dim)] = Partial();
+  if (sum_dim >= 0) target[static_cast<size_t>(sum_dim)] = Partial();
   const Placements& have = dist_attr(g).placements;
   tp_partial = have[tp_dim].is_partial() && target[tp_dim].is_replicate();
   if (tp_partial) target[tp_dim] = have[tp_dim];
@@ -236,23 +246,27 @@ void ShardedOptimizer::enqueue_grad(size_t i, Tensor g) {
   Placements stored = s.stored;
   if (s.gathered) stored[static_cast<size_t>(layout_.stage_dim("dp"))] = Replicate();
   g = as_reduced(g, stored, static_cast<size_t>(layout_.stage_dim("dp")), static_cast<size_t>(layout_.stage_dim("tp")),
-                 layout_.degree("dp") > 1, cp_dim_, layout_.stage_mesh(), s.tp_partial);
-  if (!filling_) filling_ = std::make_unique<Bucket>();
-  filling_->slots.push_back(i);
-  filling_->grads.push_back(local_piece(g));
-  filling_->bytes += local_piece(g).numel() * 4;
-  if (filling_->bytes >= options_.bucket_bytes) {
-    Bucket b = std::move(*filling_);
-    filling_.reset();
+                 layout_.degree("dp") > 1, s.sum_dim, layout_.stage_mesh(), s.tp_partial);
+  std::unique_ptr<Bucket>& filling = filling_[s.sum_dim];
+  if (!filling) {
+    filling = std::make_unique<Bucket>();
+    filling->sum_dim = s.sum_dim;
+  }
+  filling->slots.push_back(i);
+  filling->grads.push_back(local_piece(g));
+  filling->bytes += local_piece(g).numel() * 4;
+  if (filling->bytes >= options_.bucket_bytes) {
+    Bucket b = std::move(*filling);
+    filling.reset();
     launch(std::move(b));
   }
 }
 
 void ShardedOptimizer::launch(Bucket&& b) {
-  // At most one bucket in flight over dp while the next is packed (and, under cp, the one
-  // before it summing over cp): the full-size gradients alive are those of the bucket filling,
-  // the one being packed and the ones on the wire.
-  while (!cp_in_flight_.empty()) finish_oldest_cp();
+  // At most one bucket in flight over dp while the next is packed (and the one before it
+  // summing over cp or ep): the full-size gradients alive are those of the buckets filling, the
+  // one being packed and the ones on the wire.
+  while (!sum_in_flight_.empty()) finish_oldest_sum();
   while (!in_flight_.empty()) finish_oldest();
   MemoryKindScope charge(MemoryKind::grads);
   const int64_t dp = layout_.degree("dp");
@@ -304,23 +318,23 @@ void ShardedOptimizer::finish_oldest() {
     ProfileScope profile_scope("(grad bucket wait)");
     timed("wait for gradient bucket", [&] { b.work->wait(); });
   }
-  if (cp_dim_ >= 0) {
+  if (b.sum_dim >= 0) {
     // What this rank holds after the dp collective (the whole bucket, or its reduce-scattered
-    // part) is still a partial sum over cp.
+    // part) is still a partial sum over cp or ep.
     const Tensor& held = layout_.config().sharding_stage == 0 ? b.flat : b.mine;
-    b.cp_work = cp_group_->all_reduce_async(held.raw_data(), held.numel(), DType::f32, ReduceOp::sum);
-    cp_in_flight_.push_back(std::move(b));
+    b.sum_work = sum_groups_.at(b.sum_dim)->all_reduce_async(held.raw_data(), held.numel(), DType::f32, ReduceOp::sum);
+    sum_in_flight_.push_back(std::move(b));
     return;
   }
   unpack_bucket(b);
 }
 
-void ShardedOptimizer::finish_oldest_cp() {
-  Bucket b = std::move(cp_in_flight_.front());
-  cp_in_flight_.erase(cp_in_flight_.begin());
+void ShardedOptimizer::finish_oldest_sum() {
+  Bucket b = std::move(sum_in_flight_.front());
+  sum_in_flight_.erase(sum_in_flight_.begin());
   {
     ProfileScope profile_scope("(grad bucket wait)");
-    timed("wait for gradient bucket (cp)", [&] { b.cp_work->wait(); });
+    timed("wait for gradient bucket (cp/ep sum)", [&] { b.sum_work->wait(); });
   }
   unpack_bucket(b);
 }
@@ -355,19 +369,21 @@ double ShardedOptimizer::step(double lr, double max_norm) {
   // 1. The rest of the backward's buckets, and gradients set without a backward's hooks.
   for (size_t i = 0; i < slots_.size(); ++i)
     if (slots_[i].hooked && slots_[i].p->value.grad().defined()) enqueue(i);
-  if (filling_) {
-    Bucket b = std::move(*filling_);
-    filling_.reset();
+  for (auto& [dim, filling] : filling_) {
+    if (!filling) continue;
+    Bucket b = std::move(*filling);
+    filling.reset();
     launch(std::move(b));
   }
   while (!in_flight_.empty()) finish_oldest();
-  while (!cp_in_flight_.empty()) finish_oldest_cp();
+  while (!sum_in_flight_.empty()) finish_oldest_sum();
 
   // 2. Gradients the hooks did not sync: a data-parallel sum still owed (dp > 1 at stage 0 with
   //    no hook, or a parameter stages 1 and 2 keep whole) goes in one all_reduce; stage 3's
   //    arrive as dp shards already; a parameter with no gradient counts zero.
-  //    Under cp every such gradient also owes its sum over cp, in one more all_reduce.
-  std::vector<size_t> owe_dp, owe_cp;
+  //    A gradient that owes a sum over cp or ep gets it in one more all_reduce per dim.
+  std::vector<size_t> owe_dp;
+  std::map<int64_t, std::vector<size_t>> owe_sum;
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     TESSEL_CHECK(!(s.gathered && s.grad.defined() && s.p->value.grad().defined()),
@@ -380,10 +396,10 @@ double ShardedOptimizer::step(double lr, double max_norm) {
       s.grad = dtensor_from_local(Tensor::zeros(s.shard_shape(me), DType::f32), mesh, s.shard, s.p->shape);
       continue;
     }
-    g = as_reduced(g, s.stored, dp_dim, tp_dim, over_dp, cp_dim_, mesh, s.tp_partial);
+    g = as_reduced(g, s.stored, dp_dim, tp_dim, over_dp, s.sum_dim, mesh, s.tp_partial);
     s.grad = g;
     if (over_dp) owe_dp.push_back(i);
-    if (cp_dim_ >= 0) owe_cp.push_back(i);
+    if (s.sum_dim >= 0) owe_sum[s.sum_dim].push_back(i);
   }
   // One buffer for a group of gradients: each's local piece packed, summed over `group`, and
   // each replaced by its summed piece (placed as `placed(slot)`).
@@ -412,10 +428,10 @@ double ShardedOptimizer::step(double lr, double max_norm) {
     pl[dp_dim] = s.stored[dp_dim];
     return pl;
   });
-  if (cp_dim_ >= 0)
-    sum_over(owe_cp, *cp_group_, [&](const Slot& s) {
+  for (const auto& [dim, which] : owe_sum)
+    sum_over(which, *sum_groups_.at(dim), [&](const Slot& s) {
       Placements pl = dist_attr(s.grad).placements;
-      pl[static_cast<size_t>(cp_dim_)] = Replicate();
+      pl[static_cast<size_t>(dim)] = Replicate();
       return pl;
     });
   // 3. Sums over tp of tp-replicated parameters (sequence parallel), and over the pipeline

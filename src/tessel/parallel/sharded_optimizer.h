@@ -14,10 +14,12 @@
 // Gradient sync runs from the autograd engine's grad-ready hooks (a parameter's gradient is
 // complete for a backward): gradients are packed into buckets of `bucket_bytes` in the order
 // they become ready and each bucket's collective is launched asynchronously, so it overlaps the
-// rest of the backward; step() waits only for what is still in flight. Under context parallel
-// every parameter's gradient is also a partial sum over cp: a bucket, once reduced over dp, is
-// summed over cp by one more asynchronous all_reduce (of this rank's reduce-scattered part
-// under ZeRO), which runs while the next bucket is reduced over dp. Over tp (and across
+// rest of the backward; step() waits only for what is still in flight. A gradient may also be
+// a partial sum over one more mesh dim the batch is split over: cp (context parallel, every
+// parameter) or ep (expert parallel, the parameters replicated over it — attention, norms,
+// router, embeddings). Such gradients go in buckets of their own, and a bucket, once reduced
+// over dp, is summed over that dim by one more asynchronous all_reduce (of this rank's
+// reduce-scattered part under ZeRO), which runs while the next bucket is reduced over dp. Over tp (and across
 // pipeline stages for a tied parameter) gradients are made to match their parameter's layout.
 // Global-norm clipping counts every element once across all shards, replicas and stages
 // (torch.nn.utils.clip_grad_norm_ semantics). See docs/parallel.md.
@@ -96,8 +98,8 @@ class ShardedOptimizer {
   void enqueue(size_t slot);  // into the bucket being filled
   void enqueue_grad(size_t slot, Tensor grad);
   void launch(Bucket&& bucket);
-  void finish_oldest();     // its dp collective; then its cp sum goes in flight, or it is unpacked
-  void finish_oldest_cp();  // its cp sum, then unpacked
+  void finish_oldest();      // its dp collective; then its sum over cp / ep goes in flight, or it is unpacked
+  void finish_oldest_sum();  // that sum, then unpacked
   void unpack_bucket(Bucket& bucket);
   void update(size_t slot, float clip, double lr);
   // Runs `fn` (a blocking collective) and records the time as a Wait called `what`.
@@ -105,12 +107,11 @@ class ShardedOptimizer {
   void timed(const char* what, F&& fn);
 
   std::vector<Slot> slots_;
-  std::vector<Bucket> in_flight_;     // reducing over dp
-  std::vector<Bucket> cp_in_flight_;  // summing over cp
-  std::unique_ptr<Bucket> filling_;
-  // Context parallel (cp > 1): the mesh dim whose partial sums every gradient owes, and its group.
-  int64_t cp_dim_ = -1;
-  std::shared_ptr<ProcessGroup> cp_group_;
+  std::vector<Bucket> in_flight_;      // reducing over dp
+  std::vector<Bucket> sum_in_flight_;  // summing over cp or ep
+  // The buckets being filled, by the mesh dim their gradients owe a sum over (-1: none).
+  std::map<int64_t, std::unique_ptr<Bucket>> filling_;
+  std::map<int64_t, std::shared_ptr<ProcessGroup>> sum_groups_;  // the groups of those dims
   const Layout& layout_;
   OptimizerOptions options_;
   std::shared_ptr<ProcessGroup> tied_group_;
