@@ -30,85 +30,38 @@ Tensor leaf(const Shape& shape, uint64_t seed, std::vector<Tensor>& leaves) {
 }
 
 const Case kCases[] = {
-    {"matmul",
-     [](auto& l) {
-       return matmul(leaf({300, 500}, 1, l), leaf({500, 700}, 2, l));
-     }},
-    {"matmul_transposed",
-     [](auto& l) {
-       return matmul(leaf({500, 300}, 3, l), leaf({700, 500}, 4, l), true, true);
-     }},
-    {"matmul_batched",
-     [](auto& l) {
-       return matmul(leaf({16, 128, 64}, 5, l), leaf({16, 64, 128}, 6, l));
-     }},
-    {"linear_bias",
-     [](auto& l) {
-       return linear(leaf({4, 256, 256}, 7, l), leaf({768, 256}, 8, l), leaf({768}, 9, l));
-     }},
-    {"linear_in_out",
-     [](auto& l) {
+    {"matmul", [](auto& l) { return matmul(leaf({300, 500}, 1, l), leaf({500, 700}, 2, l)); }},
+    {"matmul_transposed", [](auto& l) { return matmul(leaf({500, 300}, 3, l), leaf({700, 500}, 4, l), true, true); }},
+    {"matmul_batched", [](auto& l) { return matmul(leaf({16, 128, 64}, 5, l), leaf({16, 64, 128}, 6, l)); }},
+    {"linear_bias", [](auto& l) { return linear(leaf({4, 256, 256}, 7, l), leaf({768, 256}, 8, l), leaf({768}, 9, l)); }},
+    {"linear_in_out", [](auto& l) {
        return linear(leaf({1024, 256}, 10, l), leaf({256, 3, 256}, 11, l), leaf({3, 256}, 12, l), true);
      }},
-    {"layer_norm",
-     [](auto& l) {
-       return layer_norm(leaf({4096, 256}, 13, l), leaf({256}, 14, l), leaf({256}, 15, l));
-     }},
-    {"rms_norm",
-     [](auto& l) {
-       return rms_norm(leaf({4096, 256}, 16, l), leaf({256}, 17, l));
-     }},
-    {"softmax",
-     [](auto& l) {
-       return softmax(leaf({2048, 300}, 18, l), -1);
-     }},
-    {"softmax_dim0",
-     [](auto& l) {
-       return softmax(leaf({300, 2048}, 19, l), 0);
-     }},
-    {"log_softmax",
-     [](auto& l) {
-       return log_softmax(leaf({2048, 300}, 20, l), -1);
-     }},
-    {"cross_entropy",
-     [](auto& l) {
+    {"layer_norm", [](auto& l) { return layer_norm(leaf({4096, 256}, 13, l), leaf({256}, 14, l), leaf({256}, 15, l)); }},
+    {"rms_norm", [](auto& l) { return rms_norm(leaf({4096, 256}, 16, l), leaf({256}, 17, l)); }},
+    {"softmax", [](auto& l) { return softmax(leaf({2048, 300}, 18, l), -1); }},
+    {"softmax_dim0", [](auto& l) { return softmax(leaf({300, 2048}, 19, l), 0); }},
+    {"log_softmax", [](auto& l) { return log_softmax(leaf({2048, 300}, 20, l), -1); }},
+    {"cross_entropy", [](auto& l) {
        return cross_entropy(leaf({4096, 256}, 21, l), index_tensor({4096}, 256, 22));
      }},
-    {"sum_rows",
-     [](auto& l) {
-       return sum(leaf({512, 1024}, 23, l), {0});
-     }},
-    {"sum_columns",
-     [](auto& l) {
-       return sum(leaf({512, 1024}, 24, l), {1});
-     }},
-    {"mean_all",
-     [](auto& l) {
-       return mean(leaf({700, 1000}, 25, l));
-     }},
-    {"gelu",
-     [](auto& l) {
-       return gelu(leaf({512, 1024}, 26, l), true);
-     }},
-    {"embedding",
-     [](auto& l) {
-       return embedding(leaf({256, 256}, 27, l), index_tensor({4, 1024}, 256, 28));
-     }},
-    {"sdpa_causal",
-     [](auto& l) {
+    {"sum_rows", [](auto& l) { return sum(leaf({512, 1024}, 23, l), {0}); }},
+    {"sum_columns", [](auto& l) { return sum(leaf({512, 1024}, 24, l), {1}); }},
+    {"mean_all", [](auto& l) { return mean(leaf({700, 1000}, 25, l)); }},
+    {"gelu", [](auto& l) { return gelu(leaf({512, 1024}, 26, l), true); }},
+    {"embedding", [](auto& l) { return embedding(leaf({256, 256}, 27, l), index_tensor({4, 1024}, 256, 28)); }},
+    {"sdpa_causal", [](auto& l) {
        return scaled_dot_product_attention(leaf({2, 4, 128, 64}, 29, l), leaf({2, 4, 128, 64}, 30, l),
                                            leaf({2, 4, 128, 64}, 31, l), true);
      }},
     // Several query and key blocks per head, grouped heads, T != S and document masks: the
     // backward's dK and dV sum over query heads and blocks in one order at any thread count.
-    {"sdpa_gqa_docs",
-     [](auto& l) {
+    {"sdpa_gqa_docs", [](auto& l) {
        Tensor docs = Tensor::from_vector<int64_t>({0, 100, 250, 0, 30, 300}, {2, 3});
        return scaled_dot_product_attention(leaf({2, 4, 200, 32}, 32, l), leaf({2, 2, 300, 32}, 33, l),
                                            leaf({2, 2, 300, 32}, 34, l), docs, true);
      }},
-    {"sdpa_plain_long",
-     [](auto& l) {
+    {"sdpa_plain_long", [](auto& l) {
        return scaled_dot_product_attention(leaf({1, 2, 400, 64}, 35, l), leaf({1, 2, 400, 64}, 36, l),
                                            leaf({1, 2, 400, 64}, 37, l), false);
      }},
