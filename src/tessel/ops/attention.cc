@@ -135,12 +135,12 @@ double scale_of(const Attrs& attrs, int64_t D) {
 constexpr int64_t kBlockQ = 64;
 constexpr int64_t kBlockK = 64;
 
-// Multiplies x[r·ldr + c·ldc] (query rows [t0, t0 + rows), keys [j0, j0 + bc) of head (b, h),
-// local; bc at most a key block) by its dropout scale: 0 where dropped, 1/(1-p) elsewhere. A
-// row's words come from the Philox blocks it spans, computed together.
+// z[r·ld + c] = the dropout scale of query row t0 + r and key j0 + c of head (b, h) (local;
+// bc at most a key block): 0 where dropped, 1/(1-p) elsewhere. A row's words come from the
+// Philox blocks it spans, computed together; the scales are written row by row, contiguous.
 template <typename T>
-void apply_drop(const DropMask& m, int64_t b, int64_t h, int64_t t0, int64_t rows, int64_t j0, int64_t bc, T* x,
-                int64_t ldr, int64_t ldc) {
+void drop_scales(const DropMask& m, int64_t b, int64_t h, int64_t t0, int64_t rows, int64_t j0, int64_t bc, T* z,
+                 int64_t ld) {
   TESSEL_ASSERT(bc <= kBlockK, "attention dropout: a block of {} keys (at most {})", bc, kBlockK);
   const T keep = static_cast<T>(m.keep_scale);
   std::array<uint32_t, 4 * (kBlockK / 4 + 1)> words;
@@ -149,8 +149,9 @@ void apply_drop(const DropMask& m, int64_t b, int64_t h, int64_t t0, int64_t row
         static_cast<uint64_t>((((m.b0 + b) * m.heads + m.h0 + h) * m.queries + m.q0 + t0 + r) * m.keys + m.k0 + j0);
     const uint64_t last = first + static_cast<uint64_t>(bc) - 1;
     philox_blocks(m.seed, m.stream, first >> 2, static_cast<int64_t>((last >> 2) - (first >> 2) + 1), words.data());
-    const uint32_t* w = words.data() + (first & 3);  // key c's word
-    for (int64_t c = 0; c < bc; ++c) x[r * ldr + c * ldc] *= w[c] < m.threshold ? T(0) : keep;
+    const uint32_t* __restrict w = words.data() + (first & 3);  // key c's word
+    T* __restrict zr = z + r * ld;
+    for (int64_t c = 0; c < bc; ++c) zr[c] = w[c] < m.threshold ? T(0) : keep;
   }
 }
 
@@ -324,10 +325,17 @@ std::vector<Visible> all_visible(const Dims& d, bool causal, const Tensor& docs)
 // rows and vectorise), the output accumulator and the running statistics.
 template <typename T>
 struct ForwardScratch {
-  std::vector<T> qt, st, acc, m, l, base, alpha;
+  std::vector<T> qt, st, acc, m, l, base, alpha, z, zt;  // z, zt: dropout scales, query- and key-major
   explicit ForwardScratch(int64_t D)
-      : qt(static_cast<size_t>(D * kBlockQ)), st(static_cast<size_t>(kBlockK * kBlockQ)),
-        acc(static_cast<size_t>(kBlockQ * D)), m(kBlockQ), l(kBlockQ), base(kBlockQ), alpha(kBlockQ) {}
+      : qt(static_cast<size_t>(D * kBlockQ)),
+        st(static_cast<size_t>(kBlockK * kBlockQ)),
+        acc(static_cast<size_t>(kBlockQ * D)),
+        m(kBlockQ),
+        l(kBlockQ),
+        base(kBlockQ),
+        alpha(kBlockQ),
+        z(st.size()),
+        zt(st.size()) {}
 };
 
 // out and LSE of query rows [t0, t0 + rows) of head (b, h).
@@ -377,8 +385,17 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const DropMask& d
     // before.
     if (ov == Overlap::full) online_softmax<T, true>(st, kBlockQ, bc, rows, m, l, base, alpha);
     else online_softmax<T>(st, kBlockQ, bc, rows, m, l, base, alpha);
-    // Dropout after the normaliser has counted every key: only the product sees the mask.
-    if (drop.on()) apply_drop(drop, b, h, t0, rows, j0, bc, st, 1, kBlockQ);
+    // Dropout after the normaliser has counted every key: only the product sees the mask. The
+    // scales come row by row (query-major) and are turned key-major like st.
+    if (drop.on()) {
+      drop_scales(drop, b, h, t0, rows, j0, bc, w.z.data(), kBlockK);
+      transpose_rows(w.z.data(), kBlockK, rows, bc, w.zt.data(), kBlockQ);
+      for (int64_t c = 0; c < bc; ++c) {
+        T* __restrict row = st + c * kBlockQ;
+        const T* __restrict zc = w.zt.data() + c * kBlockQ;
+        for (int64_t r = 0; r < rows; ++r) row[r] *= zc[r];
+      }
+    }
     // acc[rows, D] = alpha ⊙ acc + P[rows, bc] @ v[j0:j1, D]  (P read transposed out of st);
     // a full pair rescales in the product's epilogue, a partial pair first (rows whose max
     // stayed put are left alone: a factor of exactly 1) and then adds by strips of queries,
@@ -492,10 +509,7 @@ void backward_key_block(const Dims& d, T scale, const Visible& vis, const Heads<
       T* dqi = want.dq ? dq.at(b, h) + t0 * dq.ld : nullptr;
       T* __restrict L = w.lse.data();  // the rows' LSE in the kernel's base
       for (int64_t r = 0; r < rows; ++r) L[r] = lse_h[t0 + r] * kLogBase<T>;
-      if (drop) {
-        for (int64_t r = 0; r < rows; ++r) std::fill_n(z + r * kBlockK, bc, T(1));
-        apply_drop(want.drop, b, h, t0, rows, j0, bc, z, kBlockK, 1);
-      }
+      if (drop) drop_scales(want.drop, b, h, t0, rows, j0, bc, z, kBlockK);
       if (ov == Overlap::full && drop) {
         // As below, with the dropped probabilities P ⊙ Z in dV's product and the scales on dP.
         kernels::small_gemm_ep<T>(rows, bc, D, qi, q.ld, 1, w.kt.data(), kBlockK, p, kBlockK, ExpShifted<T>{scale2, L});
