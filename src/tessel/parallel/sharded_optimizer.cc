@@ -428,12 +428,14 @@ double ShardedOptimizer::step(double lr, double max_norm) {
     pl[dp_dim] = s.stored[dp_dim];
     return pl;
   });
-  for (const auto& [dim, which] : owe_sum)
-    sum_over(which, *sum_groups_.at(dim), [&](const Slot& s) {
+  for (const auto& owed : owe_sum) {
+    const int64_t dim = owed.first;  // a named variable: clang 14 (the fuzz build) cannot capture a binding
+    sum_over(owed.second, *sum_groups_.at(dim), [&](const Slot& s) {
       Placements pl = dist_attr(s.grad).placements;
       pl[static_cast<size_t>(dim)] = Replicate();
       return pl;
     });
+  }
   // 3. Sums over tp of tp-replicated parameters (sequence parallel), and over the pipeline
   //    ranks sharing a tied parameter.
   std::vector<size_t> owe_tp, owe_tied;
