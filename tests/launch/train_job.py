@@ -101,20 +101,23 @@ class Node:
         return "".join(f"{t:.3f} [{self.name}] {l}" for t, l in self.lines)
 
 
-def rejoin(n0, start_node, timeout=60):
+def rejoin(n0, start_node, hold=1.0):
     """Starts a node again (`start_node()` returns it) while the round node 0 runs alone holds
     still: node 0's worker processes are stopped (SIGSTOP) until node 0's launcher has seen the
-    newcomer and asked them to stop at a checkpoint, then continued. Without the pause the
-    round's last steps (a few ms each) can end the job before node 0's launcher polls the
-    newcomer in (every 100 ms), and the job rightly finishes on one node. The pause is far below
-    the collective timeout. Returns the new node and the time it was started."""
+    newcomer and asked them to stop at a checkpoint (it continues stopped workers itself when it
+    stops them), at most `hold` seconds, then continued. Without the pause the round's last
+    steps (a few ms each) can end the job before node 0's launcher polls the newcomer in (every
+    100 ms), and the job rightly finishes on one node. The hold stays below what the launcher's
+    heartbeat watch allows a silent worker (2.5 s at the scripts' --timeout 5): past it, the
+    round goes on and the scripts' 40- and 24-step jobs leave it time to see the newcomer.
+    Returns the new node and the time it was started."""
     held = workers(n0.p.pid)
     for pid in held:
         os.kill(pid, signal.SIGSTOP)
     try:
         again = start_node()
         started = time.monotonic()
-        n0.wait_line(lambda l: "membership change:" in l, len(n0.lines), timeout=timeout)
+        n0.wait_line(lambda l: "membership change:" in l, len(n0.lines), timeout=hold)
     finally:
         for pid in held:
             try:
