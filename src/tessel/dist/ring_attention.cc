@@ -41,6 +41,7 @@
 #include "tessel/ops/op.h"
 #include "tessel/ops/registry.h"
 #include "tessel/ops/trace.h"
+#include "tessel/sharding/ring_order.h"
 
 namespace tessel {
 
@@ -102,9 +103,6 @@ void trace_block(const Tensor& q, const Tensor& k, const Tensor& v, const RingSt
   const Cost cost = backward ? backward_cost(op, in, out, attrs, {true, true, true}) : op.cost(MetaCall{op, in, attrs}, out);
   trace_cost(op.name, cost, backward, product_sizes(op, in, attrs));
 }
-
-// The global chunk index of local half `half` (0 or 1) on cp rank `r` of `n`.
-int64_t chunk_of(int64_t r, int64_t n, int64_t half) { return half == 0 ? r : 2 * n - 1 - r; }
 
 // Rows [half·c, (half + 1)·c) of dim `d` of x.
 Tensor half_of(const Tensor& x, int64_t d, int64_t half, int64_t c) { return view::slice(x, d, half * c, (half + 1) * c); }
@@ -169,7 +167,7 @@ std::vector<Tensor> ring_forward(RingState& st, const std::shared_ptr<ProcessGro
       const Tensor k = view::select(cur, 0, 0), v = view::select(cur, 0, 1);
       for (int64_t qh = 0; qh < 2; ++qh)
         for (int64_t kh = 0; kh < 2; ++kh) {
-          const int64_t gq = chunk_of(r, n, qh), gk = chunk_of(src, n, kh);
+          const int64_t gq = ring_chunk(r, n, qh), gk = ring_chunk(src, n, kh);
           if (!pair_visible(st.causal, gq, gk)) continue;
           const Tensor qb = half_of(q, 2, qh, c), kb = half_of(k, 2, kh, c), vb = half_of(v, 2, kh, c);
           trace_block(qb, kb, vb, st, false);
@@ -217,7 +215,7 @@ std::array<Tensor, 3> ring_backward(const RingState& st, const std::shared_ptr<P
       const Tensor dk = view::select(dkv, 0, 0), dv = view::select(dkv, 0, 1);
       for (int64_t qh = 0; qh < 2; ++qh)
         for (int64_t kh = 0; kh < 2; ++kh) {
-          const int64_t gq = chunk_of(r, n, qh), gk = chunk_of(src, n, kh);
+          const int64_t gq = ring_chunk(r, n, qh), gk = ring_chunk(src, n, kh);
           if (!pair_visible(st.causal, gq, gk)) continue;
           const Tensor qb = half_of(q, 2, qh, c), kb = half_of(k, 2, kh, c), vb = half_of(v, 2, kh, c);
           trace_block(qb, kb, vb, st, true);

@@ -14,6 +14,7 @@
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ops/op_list.h"
+#include "tessel/sharding/ring_order.h"
 
 namespace tessel {
 
@@ -27,16 +28,13 @@ SequenceOrder order_of(const Attrs& a) {
 }
 
 // The natural-order index of element g of a tensor of `shape` whose dim `o.dim` holds the
-// sequence in the ring's order: position s (chunk s / c of 2·ranks chunks of c) came from
-// chunk r (an even chunk 2r) or 2·ranks-1-r (the odd chunk 2r + 1).
+// sequence in the ring's order.
 int64_t natural_index(int64_t g, const Shape& shape, const SequenceOrder& o) {
   int64_t inner = 1;
   for (size_t d = static_cast<size_t>(o.dim) + 1; d < shape.size(); ++d) inner *= shape[d];
-  const int64_t T = shape[static_cast<size_t>(o.dim)], c = T / (2 * o.ranks);
+  const int64_t T = shape[static_cast<size_t>(o.dim)];
   const int64_t outer = g / (inner * T), s = g / inner % T, rest = g % inner;
-  const int64_t chunk = s / c, r = chunk / 2;
-  const int64_t natural = (chunk % 2 == 0 ? r : 2 * o.ranks - 1 - r) * c + s % c;
-  return (outer * T + natural) * inner + rest;
+  return (outer * T + ring_natural_position(s, T, o.ranks)) * inner + rest;
 }
 
 std::vector<TensorMeta> dropout_infer(const MetaCall& c) {

@@ -9,6 +9,7 @@
 #include "tessel/core/view.h"
 #include "tessel/data/loader.h"
 #include "tessel/dist/dtensor.h"
+#include "tessel/sharding/ring_order.h"
 
 namespace tessel::parallel {
 
@@ -21,8 +22,8 @@ std::vector<int64_t> cp_order(int64_t seq, int64_t cp, const std::string& method
   const int64_t c = seq / (2 * cp);
   size_t at = 0;
   for (int64_t r = 0; r < cp; ++r)
-    for (int64_t chunk : {r, 2 * cp - 1 - r})
-      for (int64_t i = 0; i < c; ++i) out[at++] = chunk * c + i;
+    for (int64_t half : {0, 1})
+      for (int64_t i = 0; i < c; ++i) out[at++] = ring_chunk(r, cp, half) * c + i;
   return out;
 }
 

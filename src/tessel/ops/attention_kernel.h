@@ -1,0 +1,53 @@
+// The fused attention kernel behind the op sdpa (ops/attention.cc: the op, its SPMD rule and
+// the block calls of ring attention): tiled forward and backward over plain tensors, never
+// holding a [T, S] matrix (attention_kernel.cc says how). Internal to ops/.
+#pragma once
+
+#include <cstdint>
+
+#include "tessel/core/tensor.h"
+#include "tessel/ops/attention.h"
+
+namespace tessel::attention_kernel {
+
+// q0 and k0: the global positions of query 0 and key 0 (the op: S - T and 0, aligned at the
+// bottom right; ring attention's blocks: where their chunks sit in the whole sequence), and
+// `total` the positions the document starts index (the op: S).
+struct Dims {
+  int64_t B, H, Hkv, T, S, D;
+  int64_t q0 = 0, k0 = 0, total = 0;
+  int64_t group() const { return H / Hkv; }
+};
+
+inline Dims dims_of(const Shape& q, const Shape& k) {
+  return Dims{q[0], q[1], k[1], q[2], k[2], q[3], k[2] - q[2], 0, k[2]};
+}
+
+// The dropout of one call: where its q sits in the global [B, H, T, S] tensor of
+// probabilities (batch row b0, head h0 of `heads`, query q0 of `queries`, key k0 of `keys`)
+// and the Philox stream. Off when p is 0.
+struct DropMask {
+  uint64_t seed = 0, stream = 0;
+  uint32_t threshold = 0;  // a word below it drops
+  double keep_scale = 1.0;
+  int64_t b0 = 0, h0 = 0, heads = 0, q0 = 0, queries = 0, k0 = 0, keys = 0;
+  bool on() const { return threshold > 0; }
+};
+
+// A new [B, H, T, D] tensor laid out as [B, T, H, D] in memory, so that the usual
+// permute-and-merge of heads after attention is a view, not a copy.
+Tensor heads_major(int64_t B, int64_t H, int64_t T, int64_t D, DType dtype);
+
+// out [B, H, T, D] and the log-sum-exp lse [B, H, T] (allocated by the caller, lse
+// contiguous) of q [B, H, T, D] against k, v [B, Hkv, S, D]; docs: the document starts as a
+// contiguous i64 [B, N], or undefined; scale already resolved (not 0).
+void forward(const Dims& d, double scale, bool causal, const Tensor& docs, const DropMask& drop, const Tensor& q,
+             const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse);
+
+// dq, dk and dv (allocated by the caller; an undefined one is not wanted) from the forward's
+// out and lse and the output's gradient dout.
+void backward(const Dims& d, double scale, bool causal, const Tensor& docs, const DropMask& drop, const Tensor& q,
+              const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& dout,
+              const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
+}  // namespace tessel::attention_kernel
