@@ -288,12 +288,14 @@ std::vector<Tensor> dist_ring_sdpa(const OpDef& op, std::vector<Tensor>& inputs,
   st->causal = attrs.b("causal");
   st->scale = attrs.f("scale");
   if (attrs.has("dropout") && attrs.f("dropout") != 0.0) {
-    const Shape at = DistAttr(st->mesh, dec.inputs[0]).local_offset(inputs[0].shape(), current_world_rank());
-    st->drop.dropout = SdpaDropout{attrs.f("dropout"), static_cast<uint64_t>(attrs.i("seed")),
-                                   static_cast<uint64_t>(attrs.i("stream")), attrs.i("row0")};
-    st->drop.b0 = at[0];
-    st->drop.h0 = at[1];
-    st->drop.heads = inputs[0].size(1);
+    // The rule's local attributes place this rank's q among the global batch rows and heads.
+    TESSEL_ASSERT(dec.local_attrs.has_value(), "sdpa: the rule gave ring attention no dropout offsets");
+    const Attrs& a = *dec.local_attrs;
+    st->drop.dropout = SdpaDropout{a.f("dropout"), static_cast<uint64_t>(a.i("seed")),
+                                   static_cast<uint64_t>(a.i("stream")), a.i("row0")};
+    st->drop.b0 = a.i("b0");
+    st->drop.h0 = a.i("h0");
+    st->drop.heads = a.i("heads");
   }
   for (size_t i = 0; i < 3; ++i) {
     st->in_attrs.push_back(dist_attr(inputs[i]));

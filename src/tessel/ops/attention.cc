@@ -243,25 +243,6 @@ SpmdDecision sdpa_batch_heads(const SpmdCall& c) {
 //                       heads; the caller reshards the output back.
 // The other mesh dims are decided as if the sequence were whole; the document starts are
 // replicated over the sequence dims.
-// With dropout the kernel draws each probability's mask at its global index: the local call
-// gets the global batch row and head of its piece of q, and the global head count.
-SpmdDecision with_drop_offsets(const SpmdCall& c, SpmdDecision d) {
-  if (!c.attrs.has("dropout") || c.attrs.f("dropout") == 0.0) return d;
-  const Shape& q = c.inputs[0].shape;
-  const Shape at = DistAttr(c.mesh(), d.inputs[0]).local_offset(q, c.rank);
-  Attrs a = c.attrs;
-  a.set("b0", at[0]).set("h0", at[1]).set("heads", q[1]);
-  d.local_attrs = a;
-  return d;
-}
-
-SpmdDecision sdpa_spmd_placements(const SpmdCall& c);
-
-SpmdDecision sdpa_spmd(const SpmdCall& c) {
-  SpmdDecision d = sdpa_spmd_placements(c);
-  return d.custom ? d : with_drop_offsets(c, std::move(d));
-}
-
 SpmdDecision sdpa_spmd_placements(const SpmdCall& c) {
   const Placements all_r = spmd::replicated(c);
   const bool docs = c.inputs.size() == 4;
@@ -303,6 +284,21 @@ SpmdDecision sdpa_spmd_placements(const SpmdCall& c) {
   d.custom = true;
   return d;
 }
+
+// With dropout the kernel draws each probability's mask at its global index: the local call
+// (and ring attention's block calls) get the global batch row and head of this rank's piece of
+// q, and the global head count.
+SpmdDecision with_drop_offsets(const SpmdCall& c, SpmdDecision d) {
+  if (!c.attrs.has("dropout") || c.attrs.f("dropout") == 0.0) return d;
+  const Shape& q = c.inputs[0].shape;
+  const Shape at = DistAttr(c.mesh(), d.inputs[0]).local_offset(q, c.rank);
+  Attrs a = c.attrs;
+  a.set("b0", at[0]).set("h0", at[1]).set("heads", q[1]);
+  d.local_attrs = a;
+  return d;
+}
+
+SpmdDecision sdpa_spmd(const SpmdCall& c) { return with_drop_offsets(c, sdpa_spmd_placements(c)); }
 
 }  // namespace
 
