@@ -75,6 +75,8 @@ LAYOUTS = [
     (1, 2, 1, 1, 0, True, 1, "1F1B", "none", "llama-tiny", 2, "ring", 1),
     (1, 1, 1, 1, 0, False, 1, "1F1B", "none", "mixtral-tiny", 1, "ring", 2),
     (2, 1, 1, 1, 1, False, 1, "1F1B", "none", "mixtral-tiny", 1, "ring", 2),
+    # A mixture of experts over long sequences: the experts over ep, each sequence over cp.
+    (1, 1, 1, 1, 0, False, 1, "1F1B", "none", "mixtral-tiny", 2, "ring", 2),
 ]
 
 

@@ -322,6 +322,22 @@ TEST(Config, RejectsModelSizesNamingTheKeyPath) {
   EXPECT_EQ(config_error(llama, {"train.dropout=0"}), "<no error>");
 }
 
+// A mixture of experts splits its sequences over cp only with dropless routing: a capacity ranks
+// a whole sequence's assignments, which no cp rank holds. Refused naming both keys.
+TEST(Config, MixtureOfExpertsTakesContextParallelOnlyDropless) {
+  const std::string mixtral =
+      "model: {arch: mixtral, num_hidden_layers: 2, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2,"
+      " intermediate_size: 32, vocab_size: 256, max_position_embeddings: 32, num_local_experts: 4}\n"
+      "data: {path: " +
+      corpus() +
+      ", format: text}\n"
+      "train: {steps: 2, global_batch: 4, micro_batch: 2, seq_len: 16, threads: 1}\n";
+  EXPECT_EQ(config_error(mixtral, {"parallel.cp=2"}), "<no error>");
+  EXPECT_EQ(config_error(mixtral, {"model.capacity_factor=1.25"}), "<no error>");
+  const std::string e = config_error(mixtral, {"parallel.cp=2", "model.capacity_factor=1.25"});
+  EXPECT_NE(e.find("'parallel.cp' is 2 with 'model.capacity_factor' 1.25"), std::string::npos) << e;
+}
+
 // Optimizer and run values that parse but would train wrongly (a negative rate at the end of the
 // decay, 0/0 in AdamW) or quietly not as asked (a parallel degree of 0 fell back to one rank).
 TEST(Config, RejectsTrainAndParallelValuesNamingTheKeyPath) {

@@ -261,7 +261,7 @@ TEST(CommCounts, TracedStepComputesWhatTheRealStepComputed) {
 // their routing — so for ep's all_to_alls the bytes are compared summed over the group, which no
 // routing changes. The compute is compared the same way: each op's calls on every rank, its
 // FLOPs and bytes summed over the world (each rank's grouped products follow its tokens).
-RunConfig moe_config(int dp, int ep, int tp, bool sp) {
+RunConfig moe_config(int dp, int ep, int tp, bool sp, int cp) {
   std::vector<std::string> sets = {"train.steps=3", "train.warmup=1", "train.global_batch=8", "train.seq_len=16",
                                    "train.save_every=0", "train.threads=1", "log.every=1000", "data.val_fraction=0",
                                    fmt::format("train.micro_batch={}", 2 * dp * ep),
@@ -273,15 +273,19 @@ RunConfig moe_config(int dp, int ep, int tp, bool sp) {
   cfg.parallel.ep = ep;
   cfg.parallel.tp = tp;
   cfg.parallel.sp = sp;
+  cfg.parallel.cp = cp;
   cfg.parallel.schedule = "1F1B";
   return cfg;
 }
 
+// (With context parallel, each rank routes its part of every sequence, and the ranks add up the
+// sequences' assignment counts over cp.)
 TEST(CommCounts, TracedMixtureOfExpertsStepIssuesWhatTheRealStepIssued) {
-  for (auto [dp, ep, tp, sp] : {std::tuple{2, 1, 1, false}, std::tuple{1, 2, 1, false}, std::tuple{2, 2, 1, false},
-                                std::tuple{1, 2, 2, true}}) {
-    SCOPED_TRACE(fmt::format("mixtral-dp{}-ep{}-tp{}-sp{}", dp, ep, tp, sp));
-    const RunConfig cfg = moe_config(dp, ep, tp, sp);
+  for (auto [dp, ep, tp, sp, cp] :
+       {std::tuple{2, 1, 1, false, 1}, std::tuple{1, 2, 1, false, 1}, std::tuple{2, 2, 1, false, 1},
+        std::tuple{1, 2, 2, true, 1}, std::tuple{1, 1, 1, false, 2}, std::tuple{1, 2, 1, false, 2}}) {
+    SCOPED_TRACE(fmt::format("mixtral-dp{}-ep{}-tp{}-sp{}-cp{}", dp, ep, tp, sp, cp));
+    const RunConfig cfg = moe_config(dp, ep, tp, sp, cp);
     // Per rank, the real step's and the traced step's groups; summed over ranks, the ep
     // exchange's bytes.
     std::mutex m;

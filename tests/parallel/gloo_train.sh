@@ -74,7 +74,8 @@ resume gloo-to-thread
 resume thread-to-gloo
 
 # Mixture of experts (issue 29): a tiny Mixtral with the experts over ep (tokens exchanged by
-# all_to_all between processes), dropless and with a capacity that drops tokens, against the
+# all_to_all between processes), dropless and with a capacity that drops tokens, and with context
+# parallel (each rank routes its part of every sequence), against the
 # single-rank run; then a save with ep 2 on Gloo resumed with tp 2 on thread ranks.
 moe=(--set model.num_hidden_layers=2 --set model.hidden_size=32 --set model.num_attention_heads=4
      --set model.num_key_value_heads=2 --set model.intermediate_size=32 --set model.max_position_embeddings=32
@@ -94,6 +95,7 @@ moe_run() {  # moe_run LABEL NPROC CAPACITY SETTINGS...
 }
 moe_run moe-ep4-capacity 4 1.0 --set parallel.ep=4
 moe_run moe-dp2-ep2-stage3 4 0 --set parallel.dp=2 --set parallel.ep=2 --set parallel.sharding_stage=3
+moe_run moe-cp2-ep2 4 0 --set parallel.cp=2 --set parallel.ep=2  # each rank routes its half of every sequence
 "$tessel" launch --nproc-per-node 2 -- "$tessel" train "$src/configs/mixtral-tiny.yaml" "${moe[@]}" --backend gloo \
   --set parallel.ep=2 --set model.capacity_factor=0 --set train.save_every=3 --save "$work/m" \
   >"$work/msave.log" 2>&1 || { cat "$work/msave.log"; exit 1; }

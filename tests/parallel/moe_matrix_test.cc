@@ -28,11 +28,14 @@ struct MoeLayout {
   bool sp, capacity;
   const char* schedule;
   int micro_batches;
+  int cp = 1;  // context parallel: each rank routes its part of every sequence
+  const char* cp_method = "ring";
 };
 
 std::string describe(const MoeLayout& l) {
-  return fmt::format("dp{} ep{} tp{}{} pp{} {} m{} stage{} {}", l.dp, l.ep, l.tp, l.sp ? " sp" : "", l.pp, l.schedule,
-                     l.micro_batches, l.stage, l.capacity ? "capacity 1.0" : "dropless");
+  return fmt::format("dp{} ep{} tp{}{} pp{}{} {} m{} stage{} {}", l.dp, l.ep, l.tp, l.sp ? " sp" : "", l.pp,
+                     l.cp > 1 ? fmt::format(" cp{} {}", l.cp, l.cp_method) : "", l.schedule, l.micro_batches, l.stage,
+                     l.capacity ? "capacity 1.0" : "dropless");
 }
 
 RunConfig moe_config(bool capacity, int micro_batches) {
@@ -53,6 +56,8 @@ RunConfig with_layout(RunConfig cfg, const MoeLayout& l) {
   cfg.parallel.pp = l.pp;
   cfg.parallel.sp = l.sp;
   cfg.parallel.sharding_stage = l.stage;
+  cfg.parallel.cp = l.cp;
+  cfg.parallel.cp_method = l.cp_method;
   cfg.parallel.schedule = l.schedule;
   cfg.parallel.vpp = std::string(l.schedule) == "VPP" ? 2 : 1;
   return cfg;
@@ -61,13 +66,28 @@ RunConfig with_layout(RunConfig cfg, const MoeLayout& l) {
 double rel(double got, double want) { return std::abs(got - want) / std::abs(want); }
 
 TEST(MixtureOfExperts, EveryExpertParallelLayoutTrainsLikeOneRank) {
-  const std::vector<MoeLayout> layouts = {
-      {1, 1, 1, 1, 0, false, false, "1F1B", 1}, {2, 1, 1, 1, 0, false, false, "1F1B", 1}, {1, 2, 1, 1, 0, false, false, "1F1B", 1},  {1, 4, 1, 1, 0, false, true, "1F1B", 1},
-      {2, 2, 1, 1, 1, false, true, "1F1B", 2},   {1, 2, 2, 1, 2, true, false, "1F1B", 1},
-      {1, 2, 1, 2, 3, false, true, "1F1B", 4},   {1, 4, 1, 2, 0, false, false, "VPP", 2},
-      {2, 2, 2, 1, 3, true, true, "1F1B", 2},    {2, 2, 1, 2, 2, false, false, "VPP", 2},
+  std::vector<MoeLayout> layouts = {
+      {1, 1, 1, 1, 0, false, false, "1F1B", 1}, {2, 1, 1, 1, 0, false, false, "1F1B", 1},
+      {1, 2, 1, 1, 0, false, false, "1F1B", 1}, {1, 4, 1, 1, 0, false, true, "1F1B", 1},
+      {2, 2, 1, 1, 1, false, true, "1F1B", 2},  {1, 2, 2, 1, 2, true, false, "1F1B", 1},
+      {1, 2, 1, 2, 3, false, true, "1F1B", 4},  {1, 4, 1, 2, 0, false, false, "VPP", 2},
+      {2, 2, 2, 1, 3, true, true, "1F1B", 2},   {2, 2, 1, 2, 2, false, false, "VPP", 2},
       {2, 1, 2, 1, 0, true, true, "1F1B", 1},
   };
+  // Context parallel (dropless: a capacity ranks a sequence's assignments together and is
+  // refused with cp): every rank routes its part of each sequence and the ranks add up the
+  // sequences' counts, so the router's record is the one-rank record too.
+  const std::vector<MoeLayout> with_cp = {
+      {1, 1, 1, 1, 0, false, false, "1F1B", 1, 2, "ring"},
+      {1, 1, 1, 1, 0, false, false, "1F1B", 1, 2, "all_to_all"},
+      {1, 1, 1, 1, 0, false, false, "1F1B", 1, 4, "ring"},
+      {1, 2, 1, 1, 0, false, false, "1F1B", 1, 2, "ring"},
+      {2, 1, 1, 1, 1, false, false, "1F1B", 2, 2, "ring"},
+      {1, 1, 2, 1, 0, true, false, "1F1B", 1, 2, "ring"},
+      {1, 2, 1, 2, 2, false, false, "1F1B", 2, 2, "all_to_all"},
+      {2, 2, 1, 1, 3, false, false, "1F1B", 2, 2, "ring"},
+  };
+  layouts.insert(layouts.end(), with_cp.begin(), with_cp.end());
   std::map<std::string, TrainResult> oracles;
   std::map<std::string, Json> one_rank_router;  // the engine's router record on one rank, per step
   for (const MoeLayout& l : layouts) {

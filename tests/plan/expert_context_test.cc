@@ -147,8 +147,8 @@ TEST(Planner, ExpertParallelSplitsTheExpertsMemory) {
 }
 
 // The runtime's rules (cli/config.cc, parallel/layout.cc): ep divides the experts of a mixture
-// of experts; cp is refused for them, ring needs seq a multiple of 2·cp (with dropout too: its
-// masks follow the ring's order), all_to_all tp·cp dividing the heads and kv heads.
+// of experts; cp with a capacity is refused for them (dropless routing splits), ring needs seq a multiple of 2·cp (with
+// dropout too: its masks follow the ring's order), all_to_all tp·cp dividing the heads and kv heads.
 TEST(Planner, ExpertAndContextParallelFollowTheRuntimesRules) {
   const ModelSpec moe = model_preset("mixtral-8x7b"), dense = model_preset("llama3-8b");
   const Cluster c = cluster_preset("dgx-h100:64");
@@ -162,7 +162,10 @@ TEST(Planner, ExpertAndContextParallelFollowTheRuntimesRules) {
   };
   EXPECT_NE(error(moe, layout(1, 1, 4, 16)).find("ep 16 must divide the model's experts (8"), std::string::npos);
   EXPECT_NE(error(dense, layout(4, 1, 2, 8)).find("ep 8 must divide"), std::string::npos);
-  EXPECT_NE(error(moe, layout(4, 1, 4, 2, 2)).find("mixture-of-experts blocks route whole sequences"),
+  EXPECT_EQ(error(moe, layout(4, 1, 4, 2, 2)), "");  // dropless routing splits over cp
+  ModelSpec capped = moe;
+  capped.capacity_factor = 1.25;
+  EXPECT_NE(error(capped, layout(4, 1, 4, 2, 2)).find("a capacity (factor 1.25) ranks each sequence's assignments"),
             std::string::npos);
   EXPECT_NE(error(dense, layout(1, 8, 1, 1, 8, "all_to_all")).find("tp x cp = 64 must divide the 32 heads and 8 kv"),
             std::string::npos);
@@ -176,16 +179,20 @@ TEST(Planner, ExpertAndContextParallelFollowTheRuntimesRules) {
   EXPECT_EQ(cp_refusal(dropout, 1, 2, "ring"), "");
   EXPECT_EQ(cp_refusal(dropout, 1, 2, "all_to_all"), "");
 
-  // The search space holds only what the runtime accepts, and ep only for sparse models.
+  // The search space holds only what the runtime accepts, and ep only for sparse models; cp for
+  // a sparse model only with dropless routing.
   PlanOptions o;
   o.global_batch = 256;
-  int with_ep = 0;
+  int with_ep = 0, moe_with_cp = 0;
   for (const Layout& l : candidate_layouts(moe, c, o)) {
-    EXPECT_EQ(l.cp, 1) << l.str();
+    EXPECT_EQ(cp_refusal(moe, l.tp, l.cp, l.cp_method), "") << l.str();
     EXPECT_EQ(moe.experts % l.ep, 0) << l.str();
     with_ep += l.ep > 1;
+    moe_with_cp += l.cp > 1;
   }
   EXPECT_GT(with_ep, 0);
+  EXPECT_GT(moe_with_cp, 0);
+  for (const Layout& l : candidate_layouts(capped, c, o)) EXPECT_EQ(l.cp, 1) << l.str();
   int with_cp = 0;
   for (const Layout& l : candidate_layouts(dense, c, o)) {
     EXPECT_EQ(l.ep, 1) << l.str();

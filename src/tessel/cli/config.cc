@@ -612,11 +612,14 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   for (const char* key : {"eval_every", "eval_batches"})
     TESSEL_CHECK(c.data.has_validation() || !train.has(key),
                  "{}: config 'train.{}' needs validation tokens: 'data.val_path' or 'data.val_fraction'", source, key);
-  // A mixture-of-experts block routes whole sequences (docs/moe.md); splitting them over cp
-  // would need the routing itself split, which tessel does not do yet.
-  TESSEL_CHECK(c.model.arch != "mixtral" || pc.cp == 1,
-               "{}: config 'parallel.cp' is {}, but mixtral's experts route whole sequences: context parallel is not "
-               "supported for mixture-of-experts models yet (use dp, ep, tp+sp or pp)", source, pc.cp);
+  // A mixture-of-experts block routes each sequence as a group (docs/moe.md); under cp its
+  // ranks add up the group's counts, which serves dropless routing, not a capacity (that ranks
+  // the group's assignments together).
+  TESSEL_CHECK(c.model.arch != "mixtral" || pc.cp == 1 || c.model.llama.moe.capacity_factor == 0,
+               "{}: config 'parallel.cp' is {} with 'model.capacity_factor' {}: a capacity ranks each sequence's "
+               "assignments together, and context parallel splits the sequence over ranks; use dropless routing "
+               "(capacity_factor 0) with cp",
+               source, pc.cp, c.model.llama.moe.capacity_factor);
   if (pc.ep > 1) {
     TESSEL_CHECK(c.model.arch == "mixtral", "{}: config 'parallel.ep' is {}, but a {} model has no experts to split",
                  source, pc.ep, c.model.arch);

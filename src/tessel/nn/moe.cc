@@ -78,10 +78,17 @@ Tensor MoeBlock::forward(const Tensor& x) const {
   const int64_t B = xl.size(0), T = xl.size(1), C = xl.size(2), E = c_.num_experts, k = c_.top_k;
   const Tensor flat = reshape(xl, {B * T, C});
 
-  // Route each sequence as one group.
-  const Routing r = route_tokens(linear(flat, local(gate_->weight())),
-                                 {.top_k = k, .scores = c_.scores, .renormalize = c_.renormalize,
-                                  .capacity_factor = c_.capacity_factor, .group_tokens = T});
+  // Route each sequence as one group (its T tokens here are 1/seq_shards of it under context
+  // parallel).
+  const int64_t seq_shards = ec ? ec->seq_shards : 1;
+  const Routing r =
+      route_tokens(linear(flat, local(gate_->weight())), {.top_k = k,
+                                                          .scores = c_.scores,
+                                                          .renormalize = c_.renormalize,
+                                                          .capacity_factor = c_.capacity_factor,
+                                                          .group_tokens = T,
+                                                          .group_shards = seq_shards,
+                                                          .sum_over_shards = ec ? ec->sum_over_seq : nullptr});
   MoeStep& step = moe_step();
   if (step.record && !meta_mode() && rank_context().backward_depth == 0 && (!ec || ec->reports_stats)) {
     MoeLayerStats& s = step.layers[layer_];
@@ -89,8 +96,9 @@ Tensor MoeBlock::forward(const Tensor& x) const {
     for (int64_t e = 0; e < E; ++e) s.tokens_per_expert[static_cast<size_t>(e)] += static_cast<double>(r.counts[static_cast<size_t>(e)]);
     s.assignments += static_cast<double>(B * T * k);
     s.dropped += static_cast<double>(r.dropped);
+    // (Under context parallel each rank holds a part of B sequences and of their loss.)
     s.aux_sum += r.aux_loss.item() * static_cast<double>(B);
-    s.sequences += static_cast<double>(B);
+    s.sequences += static_cast<double>(B) / static_cast<double>(seq_shards);
     s.z_sum += r.z_loss.item() * static_cast<double>(B * T);
     s.tokens += static_cast<double>(B * T);
   }
@@ -144,10 +152,12 @@ Tensor MoeBlock::forward(const Tensor& x) const {
   const Tensor per_choice = reshape(embedding(padded, index_tensor(position)), {B * T, k, C});
   Tensor y = reshape(sum(mul(per_choice, unsqueeze(r.weights, 2)), {1}), {B, T, C});
 
-  // The balancing and z losses: means over the global batch's sequences and tokens.
+  // The balancing and z losses: means over the global batch's sequences and tokens (the
+  // balancing loss here is already this rank's part of its sequences'; the z-loss a mean over
+  // this rank's part of their tokens).
   const double share = step.loss_scale * (ec ? ec->router_share / ec->batch_shards : 1.0);
   y = attach_loss(y, r.aux_loss, c_.aux_loss_coef * share);
-  y = attach_loss(y, r.z_loss, c_.z_loss_coef * share);
+  y = attach_loss(y, r.z_loss, c_.z_loss_coef * share / static_cast<double>(seq_shards));
   if (ec) y = ec->leave(y, x);
   if (shared_) y = add(y, shared_->forward(x));
   return y;

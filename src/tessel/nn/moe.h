@@ -8,9 +8,11 @@
 //
 // Routing groups are sequences: the capacity and the load-balancing loss are per sequence, so
 // which tokens are dropped and the losses do not depend on how the batch is split over ranks or
-// micro-batches. The auxiliary and z losses reach the gradients without passing through the
-// model's output: the block's output carries them (its backward adds their gradient, scaled by
-// moe_step().loss_scale), the way Megatron-Core's MoE does — so they cross pipeline stages.
+// micro-batches. Under context parallel a sequence's tokens lie on several ranks: they add up
+// the group's assignment counts, each computes its part of the balancing loss, and only dropless
+// routing is allowed (a capacity would rank the group's assignments together). The auxiliary and z losses reach the
+// gradients without passing through the model's output: the block's output carries them (its backward adds their
+// gradient, scaled by moe_step().loss_scale), the way Megatron-Core's MoE does — so they cross pipeline stages.
 #pragma once
 
 #include <functional>
@@ -56,14 +58,18 @@ MoeStep& moe_step();
 
 // How a block's work is spread over ranks; set by the parallel layer (parallel/expert.h), null on
 // one rank. The block computes on local pieces: `enter` turns the block's (distributed) input
-// into this rank's whole sequences, `local` a parameter into its local piece, `leave` the local
-// output (a partial sum over tensor-parallel ranks) back into a distributed tensor.
+// into this rank's sequences (whole, or its context-parallel part of each), `local` a parameter into its local piece,
+// `leave` the local output (a partial sum over tensor-parallel ranks) back into a distributed tensor.
 struct ExpertComm {
   int64_t ep = 1, ep_rank = 0;  // this rank holds experts [ep_rank · E/ep, (ep_rank + 1) · E/ep)
   // The router runs alike on every tensor-parallel rank, while its gradients are summed over
   // them (the experts' are partial there): its own gradients count 1/tp each.
   double router_share = 1;
-  double batch_shards = 1;     // ranks the batch is split over: the losses' global means
+  double batch_shards = 1;  // ranks the batch's sequences are split over: the losses' global means
+  // Ranks each sequence is split over (context parallel), and the sum of a vector over them:
+  // routing groups (sequences) span those ranks.
+  int64_t seq_shards = 1;
+  std::function<void(std::vector<double>&)> sum_over_seq;
   bool reports_stats = true;   // one rank of each tensor-parallel group records stats
   std::function<Tensor(const Tensor&)> enter, local;
   std::function<Tensor(const Tensor& y, const Tensor& x)> leave;  // x: the block's input

@@ -22,6 +22,12 @@ Routing route_tokens(const Tensor& logits, const RouterOptions& o) {
                o.scores);
   TESSEL_CHECK(std::isfinite(o.capacity_factor) && o.capacity_factor >= 0,
                "moe router: capacity_factor {} must be 0 (dropless) or positive", o.capacity_factor);
+  TESSEL_CHECK(o.group_shards >= 1 && (o.group_shards == 1 || o.sum_over_shards),
+               "moe router: group_shards = {} needs a sum over the shards", o.group_shards);
+  TESSEL_CHECK(o.group_shards == 1 || o.capacity_factor == 0,
+               "moe router: a capacity (capacity_factor {}) ranks each group's assignments together, but the group is "
+               "spread over {} ranks (context parallel); only dropless routing splits",
+               o.capacity_factor, o.group_shards);
   Routing r;
   // sigmoid(x) = 1 / (1 + exp(-x)).
   const Tensor scores = o.scores == "softmax" ? softmax(logits, -1) : div(Tensor::full({1}, 1.0, logits.dtype()),
@@ -55,7 +61,7 @@ Routing route_tokens(const Tensor& logits, const RouterOptions& o) {
                                                                 static_cast<double>(E)))
                                : G * k;
   std::vector<double> keep(static_cast<size_t>(T * k), 1.0);
-  Tensor f = Tensor::zeros({groups, E}, DType::f64);  // share of each group's assignments per expert
+  std::vector<double> chose(static_cast<size_t>(groups * E), 0.0);  // each group's assignments per expert
   std::vector<std::vector<int64_t>> kept(static_cast<size_t>(E));  // per expert, in token order
   for (int64_t g = 0; g < groups; ++g) {
     // Per expert, the group's assignments; those past the capacity dropped by score (best
@@ -64,7 +70,7 @@ Routing route_tokens(const Tensor& logits, const RouterOptions& o) {
     for (int64_t a = g * G * k; a < (g + 1) * G * k; ++a) chosen[static_cast<size_t>(pe[a])].push_back(a);
     for (int64_t e = 0; e < E; ++e) {
       std::vector<int64_t>& list = chosen[static_cast<size_t>(e)];
-      if (!meta) f.data<double>()[g * E + e] = static_cast<double>(list.size()) / static_cast<double>(G * k);
+      chose[static_cast<size_t>(g * E + e)] = static_cast<double>(list.size());
       if (static_cast<int64_t>(list.size()) > capacity) {
         std::vector<int64_t> by_score = list;
         std::stable_sort(by_score.begin(), by_score.end(), [&](int64_t a, int64_t b) {
@@ -91,8 +97,15 @@ Routing route_tokens(const Tensor& logits, const RouterOptions& o) {
   r.weights = weights;
 
   // aux = mean over groups of E · Σ_e f_ge · P_ge; f from the choices before dropping, as
-  // Switch counts them.
-  const Tensor P = mean(reshape(scores, {groups, G, E}), {1});
+  // Switch counts them, over the whole group (every shard of it); P this rank's part of the
+  // group's mean score.
+  if (o.group_shards > 1) o.sum_over_shards(chose);
+  const auto whole = static_cast<double>(G * o.group_shards);
+  Tensor f = Tensor::empty({groups, E}, DType::f64);
+  if (!meta)
+    for (size_t i = 0; i < chose.size(); ++i) f.data<double>()[i] = chose[i] / (whole * static_cast<double>(k));
+  const Tensor per_group = reshape(scores, {groups, G, E});
+  const Tensor P = o.group_shards == 1 ? mean(per_group, {1}) : scale(sum(per_group, {1}), 1.0 / whole);
   r.aux_loss = scale(mean(sum(mul(P, cast(f, P.dtype())), {1})), static_cast<double>(E));
   // z = mean_t (logsumexp_t)², logsumexp = m + log Σ exp(x - m) with m the row maximum.
   const Tensor m = max(logits, {1}, true);

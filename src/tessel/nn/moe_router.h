@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,14 @@ struct RouterOptions {
   // group, so what is dropped and the loss do not depend on how the batch is split over ranks
   // or micro-batches.
   int64_t group_tokens = 0;
+  // Ranks each group's tokens are spread over (context parallel: every rank holds 1/shards of
+  // each sequence, group_tokens of them here), and how to add a vector up over those ranks. The
+  // assignment shares f then count the whole group, and the balancing loss returned is this
+  // rank's part of the group's, E · Σ_e f_e · (this rank's scores of e) / (G · shards): the parts
+  // add up over the ranks to the group's loss. Dropless only (a capacity would rank a group's
+  // assignments across ranks).
+  int64_t group_shards = 1;
+  std::function<void(std::vector<double>&)> sum_over_shards;
 };
 
 struct Routing {
@@ -45,7 +54,8 @@ struct Routing {
 };
 
 // Routes the tokens of `logits` [T, E] (the router linear's output). Throws naming the option
-// on k outside 1..E, an unknown score function or a negative capacity factor.
+// on k outside 1..E, an unknown score function, a negative capacity factor, or a capacity with
+// groups spread over ranks.
 Routing route_tokens(const Tensor& logits, const RouterOptions& options);
 
 }  // namespace tessel::nn

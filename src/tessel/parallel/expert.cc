@@ -40,11 +40,19 @@ std::shared_ptr<const nn::ExpertComm> expert_comm(const Layout& layout, const Pr
   c->router_share = 1.0 / static_cast<double>(tp);
   c->batch_shards = static_cast<double>(layout.degree("dp") * layout.degree("ep"));
   c->reports_stats = layout.coord("tp") == 0;
-  // In: this rank's whole sequences (the batch split over dp and ep, the sequence whole). Out:
-  // the experts' partial sums over tp, laid out as the activations between blocks.
+  // In: this rank's sequences (the batch split over dp and ep; the sequence whole, or split over
+  // cp). Out: the experts' partial sums over tp, laid out as the activations between blocks.
   const Placements between = layout.activation_placements();
-  const Placements whole = layout.placements({{"dp", Shard(0)}, {"ep", Shard(0)}});
-  const Placements partial = tp > 1 ? layout.placements({{"dp", Shard(0)}, {"ep", Shard(0)}, {"tp", Partial()}}) : whole;
+  const Placements whole = layout.placements({{"dp", Shard(0)}, {"ep", Shard(0)}, {"cp", Shard(1)}});
+  const Placements partial =
+      tp > 1 ? layout.placements({{"dp", Shard(0)}, {"ep", Shard(0)}, {"cp", Shard(1)}, {"tp", Partial()}}) : whole;
+  c->seq_shards = layout.degree("cp");
+  if (c->seq_shards > 1) {
+    std::shared_ptr<ProcessGroup> group = layout.group("cp");
+    c->sum_over_seq = [group](std::vector<double>& v) {
+      group->all_reduce(v.data(), static_cast<int64_t>(v.size()), DType::f64, ReduceOp::sum);
+    };
+  }
   // What the block computes from a local piece is this rank's share of the gradient over every
   // dim the piece is replicated on (its tokens alone; over tp, the experts' partial sums).
   auto share = [](const Placements& p) {

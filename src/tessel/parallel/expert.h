@@ -1,6 +1,7 @@
 // Expert parallelism: how a mixture-of-experts block (nn::MoeBlock) computes on distributed
-// tensors. The block works on this rank's whole sequences (gathered over tp when sequence
-// parallel splits them); its experts are split over the `ep` mesh dim on their expert dim, and
+// tensors. The block works on this rank's sequences (gathered over tp when sequence parallel
+// splits them; under context parallel, this rank's part of each, the sequences' routing counts
+// summed over cp); its experts are split over the `ep` mesh dim on their expert dim, and
 // the tokens travel to the rank holding their expert and back by all_to_all with per-rank
 // counts over the ep group (differentiable: the backward is the same exchange reversed).
 #pragma once

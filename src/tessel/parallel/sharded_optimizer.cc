@@ -2,6 +2,7 @@
 // Shard(d) boxes of each parameter's local piece, and the update on this rank's shard.
 #include "tessel/parallel/sharded_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -36,9 +37,9 @@ struct ShardedOptimizer::Slot {
   bool hooked = false;      // synced from grad-ready hooks
   int64_t ready = 0;        // backwards this step whose gradient is complete
   bool tp_partial = false;  // the gradient is still a partial sum over tp
-  // The mesh dim besides dp over which the gradient is a partial sum of the batch's pieces:
-  // cp (context parallel), or ep for a parameter replicated over it; -1 when none.
-  int64_t sum_dim = -1;
+  // The mesh dims besides dp over which the gradient is a partial sum of the batch's pieces, in
+  // mesh order: cp (context parallel), and ep for a parameter replicated over it.
+  std::vector<int64_t> sum_dims;
   Tensor grad;              // the synced gradient: distributed, placed like `shard` (tp partial aside)
   Tensor m, v;              // distributed, placed `shard` (SGD: m is the momentum buffer)
 
@@ -72,7 +73,8 @@ struct ShardedOptimizer::Bucket {
   std::vector<std::vector<int64_t>> at;  // per slot and dp rank, its place in that rank's region
   std::vector<int64_t> region;           // stages 1, 2: every dp rank's region size
   WorkPtr work;                          // over dp (none when dp is 1)
-  int64_t sum_dim = -1;                  // the slots' sum_dim
+  std::vector<int64_t> sum_dims;         // the slots' sum_dims
+  size_t summing = 0;                    // which of them sum_work sums over
   WorkPtr sum_work;                      // the sum over it of what the dp collective left here
 };
 
@@ -108,7 +110,6 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
     return layout_.has_dim(name) && layout_.degree(name) > 1 ? layout_.stage_dim(name) : int64_t{-1};
   };
   const int64_t cp_dim = batch_dim("cp"), ep_dim = batch_dim("ep");
-  TESSEL_CHECK(cp_dim < 0 || ep_dim < 0, "shard_optimizer: context parallel with expert parallel is not supported");
   for (int64_t d : {cp_dim, ep_dim})
     if (d >= 0) sum_groups_[d] = layout_.group(d == cp_dim ? "cp" : "ep");
   MemoryKindScope charge(MemoryKind::optimizer);
@@ -123,8 +124,9 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
     s.stored = s.shard = dist_attr(p->value).placements;
     s.decay = p->stored_shape().size() >= 2;  // matrices as checkpoints hold them (c_attn's bias [3, C] is a vector)
     for (nn::Parameter* t : tied) s.tied = s.tied || t == p;
-    if (cp_dim >= 0) s.sum_dim = cp_dim;
-    if (ep_dim >= 0 && !s.stored[static_cast<size_t>(ep_dim)].is_shard()) s.sum_dim = ep_dim;
+    if (cp_dim >= 0) s.sum_dims.push_back(cp_dim);
+    if (ep_dim >= 0 && !s.stored[static_cast<size_t>(ep_dim)].is_shard()) s.sum_dims.push_back(ep_dim);
+    std::sort(s.sum_dims.begin(), s.sum_dims.end());
     // A placement over a mesh dim of one rank splits nothing.
     Placements splits = s.stored;
     for (size_t m = 0; m < splits.size(); ++m)
@@ -158,7 +160,7 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
   if (stage <= 2) {
     for (size_t i = 0; i < slots_.size(); ++i) {
       if (stage >= 1 && !slots_[i].split) continue;
-      if (dp == 1 && slots_[i].sum_dim < 0) continue;
+      if (dp == 1 && slots_[i].sum_dims.empty()) continue;
       slots_[i].hooked = true;
       auto& meta = slots_[i].p->value.autograd_meta();
       meta.grad_ready_hooks.push_back([this, i](const Tensor&) { on_ready(i); });
@@ -174,16 +176,16 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
 namespace {
 
 // `g` laid out as the optimizer reduces it: like `stored`, except a partial sum over dp when
-// `over_dp` (the data-parallel sum is still owed), a partial sum over `sum_dim` when >= 0 (cp
+// `over_dp` (the data-parallel sum is still owed), a partial sum over each of `sum_dims` (cp
 // or ep: each rank there saw its own tokens; a gradient a rule left whole over it becomes a
 // partial one locally, so one sum serves a whole bucket), and a partial sum over tp that the
 // parameter is replicated over, which is summed later with the others. Sets `tp_partial` for
 // the latter.
 Tensor as_reduced(const Tensor& g, const Placements& stored, size_t dp_dim, size_t tp_dim, bool over_dp,
-                  int64_t sum_dim, const ProcessMesh& mesh, bool& tp_partial) {
+                  const std::vector<int64_t>& sum_dims, const ProcessMesh& mesh, bool& tp_partial) {
   Placements target = stored;
   if (over_dp) target[dp_dim] = Partial();
-  if (sum_dim >= 0) target[static_cast<size_t>(sum_dim)] = Partial();
+  for (int64_t d : sum_dims) target[static_cast<size_t>(d)] = Partial();
   const Placements& have = dist_attr(g).placements;
   tp_partial = have[tp_dim].is_partial() && target[tp_dim].is_replicate();
   if (tp_partial) target[tp_dim] = have[tp_dim];
@@ -246,11 +248,11 @@ void ShardedOptimizer::enqueue_grad(size_t i, Tensor g) {
   Placements stored = s.stored;
   if (s.gathered) stored[static_cast<size_t>(layout_.stage_dim("dp"))] = Replicate();
   g = as_reduced(g, stored, static_cast<size_t>(layout_.stage_dim("dp")), static_cast<size_t>(layout_.stage_dim("tp")),
-                 layout_.degree("dp") > 1, s.sum_dim, layout_.stage_mesh(), s.tp_partial);
-  std::unique_ptr<Bucket>& filling = filling_[s.sum_dim];
+                 layout_.degree("dp") > 1, s.sum_dims, layout_.stage_mesh(), s.tp_partial);
+  std::unique_ptr<Bucket>& filling = filling_[s.sum_dims];
   if (!filling) {
     filling = std::make_unique<Bucket>();
-    filling->sum_dim = s.sum_dim;
+    filling->sum_dims = s.sum_dims;
   }
   filling->slots.push_back(i);
   filling->grads.push_back(local_piece(g));
@@ -318,24 +320,36 @@ void ShardedOptimizer::finish_oldest() {
     ProfileScope profile_scope("(grad bucket wait)");
     timed("wait for gradient bucket", [&] { b.work->wait(); });
   }
-  if (b.sum_dim >= 0) {
+  if (!b.sum_dims.empty()) {
     // What this rank holds after the dp collective (the whole bucket, or its reduce-scattered
-    // part) is still a partial sum over cp or ep.
-    const Tensor& held = layout_.config().sharding_stage == 0 ? b.flat : b.mine;
-    b.sum_work = sum_groups_.at(b.sum_dim)->all_reduce_async(held.raw_data(), held.numel(), DType::f32, ReduceOp::sum);
+    // part) is still a partial sum over cp and/or ep: summed over the first here, the next
+    // once that is done.
+    b.summing = 0;
+    start_sum(b);
     sum_in_flight_.push_back(std::move(b));
     return;
   }
   unpack_bucket(b);
 }
 
+void ShardedOptimizer::start_sum(Bucket& b) {
+  const Tensor& held = layout_.config().sharding_stage == 0 ? b.flat : b.mine;
+  b.sum_work =
+      sum_groups_.at(b.sum_dims[b.summing])->all_reduce_async(held.raw_data(), held.numel(), DType::f32, ReduceOp::sum);
+}
+
 void ShardedOptimizer::finish_oldest_sum() {
-  Bucket b = std::move(sum_in_flight_.front());
-  sum_in_flight_.erase(sum_in_flight_.begin());
+  Bucket& front = sum_in_flight_.front();
   {
     ProfileScope profile_scope("(grad bucket wait)");
-    timed("wait for gradient bucket (cp/ep sum)", [&] { b.sum_work->wait(); });
+    timed("wait for gradient bucket (cp/ep sum)", [&] { front.sum_work->wait(); });
   }
+  if (++front.summing < front.sum_dims.size()) {  // the next dim's sum; the bucket stays first in line
+    start_sum(front);
+    return;
+  }
+  Bucket b = std::move(front);
+  sum_in_flight_.erase(sum_in_flight_.begin());
   unpack_bucket(b);
 }
 
@@ -396,10 +410,10 @@ double ShardedOptimizer::step(double lr, double max_norm) {
       s.grad = dtensor_from_local(Tensor::zeros(s.shard_shape(me), DType::f32), mesh, s.shard, s.p->shape);
       continue;
     }
-    g = as_reduced(g, s.stored, dp_dim, tp_dim, over_dp, s.sum_dim, mesh, s.tp_partial);
+    g = as_reduced(g, s.stored, dp_dim, tp_dim, over_dp, s.sum_dims, mesh, s.tp_partial);
     s.grad = g;
     if (over_dp) owe_dp.push_back(i);
-    if (s.sum_dim >= 0) owe_sum[s.sum_dim].push_back(i);
+    for (int64_t d : s.sum_dims) owe_sum[d].push_back(i);
   }
   // One buffer for a group of gradients: each's local piece packed, summed over `group`, and
   // each replaced by its summed piece (placed as `placed(slot)`).

@@ -99,7 +99,8 @@ class ShardedOptimizer {
   void enqueue_grad(size_t slot, Tensor grad);
   void launch(Bucket&& bucket);
   void finish_oldest();      // its dp collective; then its sum over cp / ep goes in flight, or it is unpacked
-  void finish_oldest_sum();  // that sum, then unpacked
+  void start_sum(Bucket& bucket);  // the all_reduce over its next sum dim
+  void finish_oldest_sum();        // that sum (and the next dim's), then unpacked
   void unpack_bucket(Bucket& bucket);
   void update(size_t slot, float clip, double lr);
   // Runs `fn` (a blocking collective) and records the time as a Wait called `what`.
@@ -108,9 +109,9 @@ class ShardedOptimizer {
 
   std::vector<Slot> slots_;
   std::vector<Bucket> in_flight_;      // reducing over dp
-  std::vector<Bucket> sum_in_flight_;  // summing over cp or ep
-  // The buckets being filled, by the mesh dim their gradients owe a sum over (-1: none).
-  std::map<int64_t, std::unique_ptr<Bucket>> filling_;
+  std::vector<Bucket> sum_in_flight_;  // summing over cp and/or ep
+  // The buckets being filled, by the mesh dims their gradients owe a sum over (none, cp, ep or both).
+  std::map<std::vector<int64_t>, std::unique_ptr<Bucket>> filling_;
   std::map<int64_t, std::shared_ptr<ProcessGroup>> sum_groups_;  // the groups of those dims
   const Layout& layout_;
   OptimizerOptions options_;

@@ -122,10 +122,11 @@ std::vector<Layout> candidate_layouts(const ModelSpec& m, const Cluster& c, cons
 
 std::string cp_refusal(const ModelSpec& m, int tp, int cp, const std::string& method) {
   if (cp <= 1) return "";
-  if (m.is_moe())
-    return fmt::format("cp {}: mixture-of-experts blocks route whole sequences, and tessel's runtime refuses context "
-                       "parallel for them",
-                       cp);
+  if (m.is_moe() && m.capacity_factor > 0)
+    return fmt::format(
+        "cp {}: a capacity (factor {}) ranks each sequence's assignments together, and tessel's runtime "
+        "refuses context parallel for mixture-of-experts blocks with one",
+        cp, m.capacity_factor);
   if (method == "ring") {
     if (m.seq % (2 * cp) != 0)
       return fmt::format(
