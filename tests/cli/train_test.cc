@@ -451,6 +451,45 @@ TEST(Config, ReadsAHuggingFaceConfigJson) {
   EXPECT_EQ(c.model.llama.rope_theta, 500000.0);
 }
 
+// GPT-2's three dropout rates as a config.json gives them (a fine-tune that turns attention
+// dropout off, say); absent, embd_pdrop and attn_pdrop follow resid_pdrop; train.dropout sets
+// all three.
+TEST(Config, ReadsGpt2sThreeDropoutRates) {
+  auto config = [](const std::string& rates, const std::vector<std::string>& sets = {}) {
+    TempDir dir;
+    std::ofstream(dir.path() / "config.json") << R"({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4,
+      "vocab_size": 256, "n_positions": 64, )" << rates
+                                              << "}";
+    return parse_run_config("model: {hf_config: config.json}\ndata: {path: " + corpus() + "}\ntrain: {seq_len: 32}\n",
+                            sets, dir.str(), "t.yaml");
+  };
+  auto parse = [&](const std::string& rates) { return config(rates).model.gpt2; };
+  nn::Gpt2Config g = parse(R"("resid_pdrop": 0.1, "embd_pdrop": 0.2, "attn_pdrop": 0.0)");
+  EXPECT_EQ(g.dropout, 0.1);
+  EXPECT_EQ(g.embd_rate(), 0.2);
+  EXPECT_EQ(g.attn_rate(), 0.0);
+  g = parse(R"("resid_pdrop": 0.1)");
+  EXPECT_EQ(g.embd_rate(), 0.1);
+  EXPECT_EQ(g.attn_rate(), 0.1);
+  // train.dropout replaces all three, and the run's log says which rates it replaced.
+  RunConfig c = config(R"("resid_pdrop": 0.1, "embd_pdrop": 0.2, "attn_pdrop": 0.05)", {"train.dropout=0.05"});
+  EXPECT_EQ(c.model.gpt2.dropout, 0.05);
+  EXPECT_EQ(c.model.gpt2.embd_rate(), 0.05);
+  EXPECT_EQ(c.model.gpt2.attn_rate(), 0.05);
+  EXPECT_NE(c.train.dropout_note.find("train.dropout (0.05) replaces the model's dropout rates (model.resid_pdrop "
+                                      "0.1, model.embd_pdrop 0.2)"),
+            std::string::npos)
+      << c.train.dropout_note;
+  EXPECT_EQ(config(R"("resid_pdrop": 0.05)", {"train.dropout=0.05"}).train.dropout_note, "");
+  try {
+    parse(R"("resid_pdrop": 0.1, "attn_pdrop": 1.5)");
+    ADD_FAILURE() << "attn_pdrop 1.5 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'model.attn_pdrop' must be in [0, 1), got 1.5"), std::string::npos)
+        << e.what();
+  }
+}
+
 // Mistral AI's Mixtral-8x7B-v0.1 config.json as Hugging Face publishes it: the MoE keys read as
 // they are; what tessel does not build (router jitter, a sliding window) refused by key.
 TEST(Config, ReadsMixtralsConfigJson) {

@@ -234,5 +234,33 @@ TEST(Dropout, MasksDependOnGlobalRowsNotOnHowTheBatchIsSplit) {
   s = DropoutState{};
 }
 
+// The three rates (Hugging Face's resid_pdrop, embd_pdrop, attn_pdrop) act where they are named:
+// a model whose attention rate alone is set differs from one without dropout, and setting each
+// of the three apart changes the output.
+TEST(Dropout, Gpt2sThreeRatesActApart) {
+  Tensor in = ids({2, 6}, 11, 9);
+  dropout_state() = DropoutState{.seed = 42, .step = 3, .global_rows = 2, .row_offset = 0};
+  auto output = [&](double resid, double embd, double attn) {
+    Gpt2Config c = tiny_gpt2();
+    c.dropout = resid;
+    c.embd_dropout = embd;
+    c.attn_dropout = attn;
+    Gpt2 m(c);
+    m.materialize(5);
+    return m.forward(in).to_doubles();
+  };
+  const std::vector<double> none = output(0, 0, 0), all = output(0.3, -1, -1);
+  const std::vector<double> attn = output(0, 0, 0.3), embd = output(0, 0.3, 0), resid = output(0.3, 0, 0);
+  for (const auto* one : {&attn, &embd, &resid}) {
+    EXPECT_NE(*one, none);
+    EXPECT_NE(*one, all);
+  }
+  EXPECT_NE(attn, embd);
+  EXPECT_NE(attn, resid);
+  EXPECT_NE(embd, resid);
+  EXPECT_EQ(output(0.3, 0.3, 0.3), all);  // -1 is "as resid_pdrop"
+  dropout_state() = DropoutState{};
+}
+
 }  // namespace
 }  // namespace tessel::nn

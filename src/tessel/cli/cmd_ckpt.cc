@@ -135,7 +135,10 @@ Json hf_config(const Json& trainer) {
     c["n_ctx"] = integer("n_positions");
     c["layer_norm_epsilon"] = real("layer_norm_epsilon");
     c["initializer_range"] = real("initializer_range");
-    for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) c[k] = real("dropout");
+    c["resid_pdrop"] = real("dropout");
+    // Recorded only where they differ from the residual rate.
+    c["embd_pdrop"] = s->find("model.embd_dropout") ? real("embd_dropout") : real("dropout");
+    c["attn_pdrop"] = s->find("model.attn_dropout") ? real("attn_dropout") : real("dropout");
     c["activation_function"] = "gelu_new";
     c["tie_word_embeddings"] = true;
   } else {

@@ -1,6 +1,7 @@
 // Strict YAML config reading.
 #include "tessel/cli/config.h"
 
+#include <fmt/ranges.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -242,8 +243,9 @@ void check_model_sizes(const ModelSection& m, const std::string& source) {
                    {{"model.n_positions", c.n_positions}, {"model.n_embd", c.n_embd}});
     check_elements(source, "the blocks' weights",
                    {{"model.n_layer", c.n_layer}, {"12", 12}, {"model.n_embd", c.n_embd}, {"model.n_embd", c.n_embd}});
-    TESSEL_CHECK(c.dropout >= 0 && c.dropout < 1, "{}: config 'model.resid_pdrop' must be in [0, 1), got {}", source,
-                 c.dropout);
+    for (const auto& [key, v] :
+         {std::pair{"resid_pdrop", c.dropout}, {"embd_pdrop", c.embd_rate()}, {"attn_pdrop", c.attn_rate()}})
+      TESSEL_CHECK(v >= 0 && v < 1, "{}: config 'model.{}' must be in [0, 1), got {}", source, key, v);
     return;
   }
   const nn::LlamaConfig& c = m.llama;
@@ -305,6 +307,9 @@ void read_model(Section& s, ModelSection& m, const std::string& base_dir, const 
     c.layer_norm_epsilon = s.get("layer_norm_epsilon", c.layer_norm_epsilon);
     c.initializer_range = s.get("initializer_range", c.initializer_range);
     c.dropout = s.get("resid_pdrop", c.dropout);
+    // Absent, the other two rates follow resid_pdrop (tessel's single rate before they were read).
+    c.embd_dropout = s.has("embd_pdrop") ? s.get("embd_pdrop", 0.0) : -1;
+    c.attn_dropout = s.has("attn_pdrop") ? s.get("attn_pdrop", 0.0) : -1;
   } else {
     nn::LlamaConfig& c = m.llama;
     c.num_hidden_layers = s.get("num_hidden_layers", c.num_hidden_layers);
@@ -338,12 +343,30 @@ void read_model(Section& s, ModelSection& m, const std::string& base_dir, const 
 }
 
 // Keys of a Hugging Face config.json that tessel reads; everything else there is ignored.
-const std::set<std::string> kHfKeys = {"n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon",
-                                       "initializer_range", "resid_pdrop", "num_hidden_layers", "hidden_size",
-                                       "num_attention_heads", "num_key_value_heads", "intermediate_size",
-                                       "max_position_embeddings", "rope_theta", "rms_norm_eps", "num_local_experts",
-                                       "num_experts_per_tok", "router_aux_loss_coef", "norm_topk_prob",
-                                       "decoder_sparse_step", "shared_expert_intermediate_size"};
+const std::set<std::string> kHfKeys = {"n_layer",
+                                       "n_embd",
+                                       "n_head",
+                                       "vocab_size",
+                                       "n_positions",
+                                       "layer_norm_epsilon",
+                                       "initializer_range",
+                                       "resid_pdrop",
+                                       "embd_pdrop",
+                                       "attn_pdrop",
+                                       "num_hidden_layers",
+                                       "hidden_size",
+                                       "num_attention_heads",
+                                       "num_key_value_heads",
+                                       "intermediate_size",
+                                       "max_position_embeddings",
+                                       "rope_theta",
+                                       "rms_norm_eps",
+                                       "num_local_experts",
+                                       "num_experts_per_tok",
+                                       "router_aux_loss_coef",
+                                       "norm_topk_prob",
+                                       "decoder_sparse_step",
+                                       "shared_expert_intermediate_size"};
 
 // Keys of a config.json that turn the model into something tessel does not build. Any value
 // but the ones tessel implements (absent or null is always fine) is refused, rather than
@@ -663,7 +686,20 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   TESSEL_CHECK(c.model.arch != "gpt2" || pc.tp < 1 || c.model.gpt2.n_head % pc.tp == 0,
                "{}: config 'model.n_head' ({}) must be a multiple of 'parallel.tp' ({}): tensor parallelism gives "
                "each tp rank whole attention heads", source, c.model.gpt2.n_head, pc.tp);
-  if (t.dropout >= 0) c.model.gpt2.dropout = t.dropout;
+  if (t.dropout >= 0 && c.model.arch == "gpt2") {  // every rate: residual, embedding and attention
+    nn::Gpt2Config& g = c.model.gpt2;
+    std::vector<std::string> replaced;
+    for (const auto& [key, v] :
+         {std::pair{"resid_pdrop", g.dropout}, {"embd_pdrop", g.embd_rate()}, {"attn_pdrop", g.attn_rate()}})
+      if (v != t.dropout) replaced.push_back(fmt::format("model.{} {}", key, v));
+    if (!replaced.empty())
+      t.dropout_note = fmt::format(
+          "train.dropout ({}) replaces the model's dropout rates ({}); leave train.dropout "
+          "out to train with those",
+          t.dropout, fmt::join(replaced, ", "));
+    g.dropout = t.dropout;
+    g.embd_dropout = g.attn_dropout = -1;
+  }
   int64_t max_len = c.model.arch == "gpt2" ? c.model.gpt2.n_positions : c.model.llama.max_position_embeddings;
   TESSEL_CHECK(t.seq_len <= max_len, "{}: config 'train.seq_len' ({}) exceeds the model's {} ({})", source, t.seq_len,
                c.model.arch == "gpt2" ? "n_positions" : "max_position_embeddings", max_len);

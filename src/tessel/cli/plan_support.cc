@@ -38,6 +38,10 @@ plan::ModelSpec model_spec_of(const RunConfig& config) {
     const nn::Gpt2Config& g = config.model.gpt2;
     m = plan::gpt_spec(config.model.arch, g.n_layer, g.n_embd, g.n_head, g.vocab_size, seq);
     m.dropout = config.train.dropout >= 0 ? config.train.dropout : g.dropout;
+    if (config.train.dropout < 0) {  // (train.dropout sets all three rates)
+      m.attn_dropout = g.attn_dropout;
+      m.embd_dropout = g.embd_dropout;
+    }
   }
   plan::validate(m);
   return m;

@@ -558,6 +558,7 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
   say(fmt::format("{} model, {:.3f}M parameters; {} ranks: {}; {} step{} of {} x {} tokens{}", s.model->arch(),
                   static_cast<double>(s.model->num_parameters()) / 1e6, pc.world_size(), pc.str(), t.steps,
                   t.steps == 1 ? "" : "s", t.global_batch, t.seq_len, t.warmup_note()));
+  if (!t.dropout_note.empty() && s.lead() && !options.base.quiet) log_warn("{}", t.dropout_note);
   if (pc.pp > 1 && s.lead() && !options.base.quiet) log_info("pipeline schedule (unit-time view):\n{}", s.schedule.grid());
 
   const TrainOptions& base = options.base;

@@ -36,6 +36,10 @@ Json trajectory_settings(const RunConfig& c) {
           {"model.vocab_size", g.vocab_size}, {"model.n_positions", g.n_positions}});
     reals({{"model.layer_norm_epsilon", g.layer_norm_epsilon}, {"model.initializer_range", g.initializer_range},
            {"model.dropout", g.dropout}});
+    // The embedding's and attention's rates only where they differ from the residual one (so a
+    // checkpoint written before they existed records the same settings).
+    if (g.embd_rate() != g.dropout) put("model.embd_dropout", g.embd_rate());
+    if (g.attn_rate() != g.dropout) put("model.attn_dropout", g.attn_rate());
   } else {
     const nn::LlamaConfig& l = m.llama;
     ints({{"model.num_hidden_layers", l.num_hidden_layers}, {"model.hidden_size", l.hidden_size},

@@ -69,6 +69,8 @@ struct TrainSection {
 
   // "" or, when warm-up outlasts the run, a clause for the run's first log line saying so.
   std::string warmup_note() const;
+  // "" or, when train.dropout replaced model rates that differ from it, a warning naming them.
+  std::string dropout_note;
 };
 
 struct LogSection {

@@ -74,6 +74,8 @@ RunConfig block_trace_config(const plan::ModelSpec& m, const plan::LayerShape& s
     g.vocab_size = m.vocab;
     g.n_positions = m.seq;
     g.dropout = m.dropout;
+    g.attn_dropout = m.attn_dropout;
+    g.embd_dropout = m.embd_dropout;
   } else {
     cfg.model.arch = "llama";
     nn::LlamaConfig& l = cfg.model.llama;

@@ -13,8 +13,8 @@ Gpt2Block::Gpt2Block(const Gpt2Config& c) {
   // Residual output projections start smaller: std / sqrt(2 · n_layer) (GPT-2 paper §2.3).
   double proj_std = c.initializer_range / std::sqrt(2.0 * static_cast<double>(c.n_layer));
   ln_1_ = &add_module("ln_1", std::make_unique<LayerNorm>(c.n_embd, c.layer_norm_epsilon));
-  attn_ = &add_module("attn",
-                      std::make_unique<Gpt2Attention>(c.n_embd, c.n_head, c.initializer_range, proj_std, c.dropout));
+  attn_ = &add_module(
+      "attn", std::make_unique<Gpt2Attention>(c.n_embd, c.n_head, c.initializer_range, proj_std, c.attn_rate()));
   ln_2_ = &add_module("ln_2", std::make_unique<LayerNorm>(c.n_embd, c.layer_norm_epsilon));
   mlp_ = &add_module("mlp", std::make_unique<Mlp>(c.n_embd, 4 * c.n_embd, c.initializer_range, proj_std));
   drop_ = &add_module("drop", std::make_unique<Dropout>(c.dropout));
@@ -33,7 +33,7 @@ Gpt2::Gpt2(const Gpt2Config& c) : config_(c) {
   auto& t = add_module("transformer", std::make_unique<ModuleGroup>());
   wte_ = &t.add("wte", std::make_unique<Embedding>(c.vocab_size, c.n_embd, c.initializer_range));
   wpe_ = &t.add("wpe", std::make_unique<Embedding>(c.n_positions, c.n_embd, c.initializer_range));
-  drop_ = &t.add("drop", std::make_unique<Dropout>(c.dropout));
+  drop_ = &t.add("drop", std::make_unique<Dropout>(c.embd_rate()));
   h_ = &t.add("h", std::make_unique<ModuleList<Gpt2Block>>());
   for (int64_t i = 0; i < c.n_layer; ++i) h_->append(std::make_unique<Gpt2Block>(c));
   ln_f_ = &t.add("ln_f", std::make_unique<LayerNorm>(c.n_embd, c.layer_norm_epsilon));

@@ -13,7 +13,12 @@ namespace tessel::nn {
 struct Gpt2Config {
   int64_t n_layer = 12, n_embd = 768, n_head = 12, vocab_size = 50257, n_positions = 1024;
   double layer_norm_epsilon = 1e-5;
-  double dropout = 0.0;  // embd_pdrop = resid_pdrop = attn_pdrop
+  // Dropout rates, Hugging Face's resid_pdrop (each residual branch), embd_pdrop (the summed
+  // embeddings) and attn_pdrop (the attention probabilities); -1: as `dropout`.
+  double dropout = 0.0;
+  double embd_dropout = -1, attn_dropout = -1;
+  double embd_rate() const { return embd_dropout >= 0 ? embd_dropout : dropout; }
+  double attn_rate() const { return attn_dropout >= 0 ? attn_dropout : dropout; }
   double initializer_range = 0.02;
 };
 

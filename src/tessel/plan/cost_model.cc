@@ -336,7 +336,7 @@ LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerSha
       Pass u{c, p.dtype, p.share, {}};
       ModelSpec shape = m;
       shape.seq = static_cast<int64_t>(r.n);
-      attention(u, shape, 1, bh, bh, m.dropout, static_cast<int64_t>(r.m));
+      attention(u, shape, 1, bh, bh, m.attn_rate(), static_cast<int64_t>(r.m));
       t = r.backward ? u.cost.bwd_input + u.cost.bwd_weight : u.cost.fwd;
       if (!r.backward && !r.recompute) {
         lc.kernels += u.cost.kernels;
@@ -456,9 +456,9 @@ LayerCost layer_cost(const ModelSpec& m, const Cluster& c, const LayerShape& s) 
   // them again over cp, with whole sequences.
   const double attn_fwd0 = p.attention_fwd, attn_bwd0 = p.attention_bwd;
   if (s.cp > 1 && s.cp_method == "all_to_all")
-    attention(p, m, b, std::max<int64_t>(1, hq / s.cp), std::max<int64_t>(1, hkv / s.cp), m.dropout, m.seq);
+    attention(p, m, b, std::max<int64_t>(1, hq / s.cp), std::max<int64_t>(1, hkv / s.cp), m.attn_rate(), m.seq);
   else
-    attention(p, m, b, hq, hkv, m.dropout, sq);
+    attention(p, m, b, hq, hkv, m.attn_rate(), sq);
   const double attn_fwd = p.attention_fwd - attn_fwd0, attn_bwd = p.attention_bwd - attn_bwd0;
   linear(p, tokens, hq * d, h, !llama);
   residual();
@@ -591,7 +591,7 @@ double layer_activation_bytes(const ModelSpec& m, const Precision& prec, const L
   const double e = prec.activation / 2;  // Korthikanti counts 2-byte activations, 1-byte masks
   if (s.recompute == "full") return 2 * e * sbh / (s.sp ? t : 1);  // each layer's input only
   const double r = static_cast<double>(m.kv_heads) / a;
-  const double mask = m.dropout > 0 ? 1 : 0;
+  const double mask = m.dropout > 0 ? 1 : 0, attn_mask = m.attn_rate() > 0 ? 1 : 0;
   const double f = static_cast<double>(m.ffn) / h;
   // Per sbh: LN inputs 2+2; attention: QKV input 2, Q 2, K and V 4r, projection input 2,
   // dropout mask 1; MLP: input 2, its width's intermediates (GELU: fc out and GELU out, 4f;
@@ -610,9 +610,9 @@ double layer_activation_bytes(const ModelSpec& m, const Precision& prec, const L
   // Scores: softmax output 2, dropout mask 1 and output 2 per (head, query, key) — per sbh
   // that is (2 + 3·mask)·a·s/h. Selective recompute drops them (they are rebuilt); a fused
   // attention never stores them and keeps a 4-byte log-sum-exp per (head, query): 4·a/h.
-  const double scores = s.fused_attention          ? 4 * a / h
+  const double scores = s.fused_attention            ? 4 * a / h
                         : s.recompute == "selective" ? 0
-                                                     : (2 * e + mask * (1 + 2 * e)) * a * sq / h;
+                                                     : (2 * e + attn_mask * (1 + 2 * e)) * a * sq / h;
   const double per_sbh = s.sp ? (replicated + split + scores) / t : replicated + (split + scores) / t;
   return sbh * per_sbh;
 }

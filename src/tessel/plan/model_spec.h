@@ -23,11 +23,15 @@ struct ModelSpec {
   // dropless; else no expert takes more than capacity_factor x its even share).
   int64_t experts = 0, top_k = 0, moe_every = 1, shared_ffn = 0;
   double capacity_factor = 0;
-  double dropout = 0;         // > 0: dropout after attention probabilities and residual branches
+  double dropout = 0;         // > 0: dropout after residual branches (and, unless set apart, the others)
+  double attn_dropout = -1;   // on the attention probabilities (GPT-2's attn_pdrop); -1: as dropout
+  double embd_dropout = -1;   // on the embeddings (embd_pdrop); -1: as dropout
   bool tied_embedding = true; // LM head shares the token embedding
   bool position_embedding = true;  // learned positions (GPT); Llama uses RoPE
 
   int64_t head_dim() const { return hidden / heads; }
+  double attn_rate() const { return attn_dropout >= 0 ? attn_dropout : dropout; }
+  double embd_rate() const { return embd_dropout >= 0 ? embd_dropout : dropout; }
   bool swiglu() const { return arch != "gpt"; }
   bool is_moe() const { return experts > 0; }
   bool moe_layer(int64_t i) const { return is_moe() && (i + 1) % moe_every == 0; }

@@ -151,8 +151,8 @@ SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o);
 // degrees that fit the device count, heads and layers, micro-batch sizes that divide the
 // global batch, o.schedules (vpp where the layers split evenly), o.recompute, sp with tp > 1,
 // ZeRO stages with dp > 1; ep dividing the experts (mixture-of-experts models only); cp by
-// each method the runtime accepts for the model (ring: seq a multiple of 2 cp, not with
-// dropout; all_to_all: tp x cp dividing the heads and kv heads; none for mixture of experts).
+// each method the runtime accepts for the model (ring: seq a multiple of 2 cp; all_to_all:
+// tp x cp dividing the heads and kv heads; for a mixture of experts only dropless routing).
 // So also every layout `tessel plan` can emit.
 std::vector<Layout> candidate_layouts(const ModelSpec& m, const Cluster& c, const PlanOptions& o);
 

@@ -26,8 +26,9 @@ std::string block_key(const ModelSpec& m, const LayerShape& s) {
   const std::string moe = m.is_moe() && s.moe ? fmt::format("moe {},{},{},{},ep {}", m.experts, m.top_k, m.shared_ffn,
                                                            m.capacity_factor, s.ep)
                                               : "dense";
-  return fmt::format("{}|{}|{},{},{},{},{},{},{}|{}|{}|{}|{},{}|{}", m.arch, m.name, m.hidden, m.heads, m.kv_heads,
-                     m.ffn, m.vocab, m.seq, m.dropout, s.micro_batch, s.tp, s.sp, s.cp, s.cp_method, moe);
+  return fmt::format("{}|{}|{},{},{},{},{},{},{},{},{}|{}|{}|{}|{},{}|{}", m.arch, m.name, m.hidden, m.heads,
+                     m.kv_heads, m.ffn, m.vocab, m.seq, m.dropout, m.attn_rate(), m.embd_rate(), s.micro_batch, s.tp,
+                     s.sp, s.cp, s.cp_method, moe);
 }
 
 std::string call_key(const OpCallRecord& r) {
