@@ -117,6 +117,14 @@ int run(int argc, char** argv) {
   double dropout = 0.0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      fmt::print(
+          "usage: attention_bench [--threads 1] [--tokens 32768] [--t 1024,2048,...] [--reps 3]\n"
+          "                       [--unfused-max-t 4096] [--clock wall|cpu] [--dropout P] [--json]\n"
+          "Fused attention forward + backward beside the unfused kernel it replaced, in the same run: median\n"
+          "time and the allocator's peak bytes at each sequence length T, B*T fixed (--tokens).\n");
+      return 0;
+    }
     auto next = [&]() -> const char* {
       if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
       return argv[++i];

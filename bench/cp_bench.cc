@@ -129,8 +129,17 @@ Result run(int64_t T, int cp, const char* method, int reps) {
 int main(int argc, char** argv) {
   std::vector<int64_t> seqs = {4096, 32768};
   int reps = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  const char* usage = "usage: cp_bench [--seqs 4096,32768] [--reps 3]\n";
+  for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", usage);
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "cp_bench: %s needs a value\n%s", a.c_str(), usage);
+      return 2;
+    }
     if (a == "--seqs") {
       seqs.clear();
       for (const char* p = argv[i + 1]; *p != 0;) {
@@ -140,7 +149,7 @@ int main(int argc, char** argv) {
     } else if (a == "--reps") {
       reps = std::atoi(argv[i + 1]);
     } else {
-      std::fprintf(stderr, "usage: cp_bench [--seqs 4096,32768] [--reps 3]\n");
+      std::fprintf(stderr, "cp_bench: unknown argument %s\n%s", a.c_str(), usage);
       return 2;
     }
   }
