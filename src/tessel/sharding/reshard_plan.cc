@@ -138,13 +138,15 @@ std::optional<ReshardStep::Kind> move_kind(const Placements& p, int64_t m, const
   return std::nullopt;  // Partial -> another Partial goes through Replicate
 }
 
-double move_cost(const Placements& p, int64_t m, const Placement& q, const DistAttr& attr, const Shape& shape, DType dtype) {
+// `numel`: the tensor's elements (shape_numel of its shape).
+double move_cost(const Placements& p, int64_t m, const Placement& q, const DistAttr& attr, int64_t numel_all,
+                 DType dtype) {
   // Data held along this mesh dim's group: the tensor divided by the other mesh dims' shards.
-  double numel = static_cast<double>(shape_numel(shape));
+  double numel = static_cast<double>(numel_all);
   for (size_t i = 0; i < p.size(); ++i)
     if (static_cast<int64_t>(i) != m && p[i].is_shard()) numel /= static_cast<double>(attr.mesh.dim_size(static_cast<int64_t>(i)));
-  TensorMeta meta{Shape{static_cast<int64_t>(std::ceil(numel))}, dtype, {}};
-  double c = spmd::transition_cost(meta, p[static_cast<size_t>(m)], q, attr.mesh.dim_size(m));
+  const auto bytes = static_cast<double>(static_cast<size_t>(std::ceil(numel)) * dtype_size(dtype));
+  double c = spmd::transition_cost(bytes, p[static_cast<size_t>(m)], q, attr.mesh.dim_size(m));
   ReshardStep::Kind k = *move_kind(p, m, q);
   bool comm = k != ReshardStep::Kind::slice && k != ReshardStep::Kind::to_partial && attr.mesh.dim_size(m) > 1;
   return c + (comm ? 4096.0 : 1e-3);  // a collective's latency, in byte-equivalents; local steps nearly free
@@ -201,7 +203,7 @@ Moves search_moves(const DistAttr& src, const Placements* goal, const Shape& sha
         if (!kind) continue;
         Placements next = p;
         next[static_cast<size_t>(m)] = q;
-        double nd = d + move_cost(p, m, q, src, shape, dtype);
+        double nd = d + move_cost(p, m, q, src, shape_numel(shape), dtype);
         std::string nk = key(next);
         auto it = mv.cost.find(nk);
         if (it != mv.cost.end() && it->second <= nd) continue;
@@ -284,11 +286,12 @@ struct CostTable {
 
 constexpr int64_t kMaxTableStates = 1 << 16;
 
-std::shared_ptr<const CostTable> cost_table(const DistAttr& src, const Shape& shape, DType dtype) {
+// The table depends on the shape only through its rank and element count (move_cost).
+std::shared_ptr<const CostTable> cost_table(const DistAttr& src, int64_t rank, int64_t numel, DType dtype) {
   auto t = std::make_shared<CostTable>();
   const int64_t M = src.mesh.ndim();
   t->options.push_back(Replicate());
-  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) t->options.push_back(Shard(d));
+  for (int64_t d = 0; d < rank; ++d) t->options.push_back(Shard(d));
   for (const Placement& p : src.placements)
     if (p.is_partial() && std::find(t->options.begin(), t->options.end(), p) == t->options.end()) t->options.push_back(p);
   const int64_t B = static_cast<int64_t>(t->options.size());
@@ -315,7 +318,7 @@ std::shared_ptr<const CostTable> cost_table(const DistAttr& src, const Shape& sh
       for (int64_t j = 0; j < B; ++j) {
         const Placement& q = t->options[static_cast<size_t>(j)];
         if (!move_kind(p, m, q)) continue;
-        const double nd = d + move_cost(p, m, q, src, shape, dtype);
+        const double nd = d + move_cost(p, m, q, src, numel, dtype);
         const int64_t nk = k + (j - digit) * place;
         if (t->cost[static_cast<size_t>(nk)] <= nd) continue;
         t->cost[static_cast<size_t>(nk)] = nd;
@@ -326,6 +329,33 @@ std::shared_ptr<const CostTable> cost_table(const DistAttr& src, const Shape& sh
   return t;
 }
 
+// What a table depends on, packed in integers: the mesh's shape (not its ranks), the source's
+// placements, the tensor's rank and element count, the dtype.
+struct TableKey {
+  std::vector<int64_t> words;
+  bool operator==(const TableKey& o) const { return words == o.words; }
+};
+struct TableKeyHash {
+  size_t operator()(const TableKey& k) const {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int64_t w : k.words) h = (h ^ static_cast<uint64_t>(w)) * 0x100000001b3ull;
+    return static_cast<size_t>(h);
+  }
+};
+TableKey table_key(const DistAttr& src, int64_t rank, int64_t numel, DType dtype) {
+  TableKey k;
+  const Shape& mesh = src.mesh.shape();
+  k.words.reserve(mesh.size() + src.placements.size() + 4);
+  k.words.push_back(static_cast<int64_t>(mesh.size()));
+  k.words.insert(k.words.end(), mesh.begin(), mesh.end());
+  for (const Placement& p : src.placements)
+    k.words.push_back(p.is_shard() ? 1 + p.dim : p.is_partial() ? -1 - static_cast<int64_t>(p.reduce) : 0);
+  k.words.push_back(rank);
+  k.words.push_back(numel);
+  k.words.push_back(static_cast<int64_t>(dtype));
+  return k;
+}
+
 }  // namespace
 
 double reshard_cost(const DistAttr& src, const Placements& dst, const Shape& shape, DType dtype) {
@@ -334,9 +364,9 @@ double reshard_cost(const DistAttr& src, const Placements& dst, const Shape& sha
   // its ranks: the planner's traced steps, each on a thread of its own, reuse them) and
   // bounded: a long run with many shapes clears them now and then.
   static std::mutex mutex;
-  static std::unordered_map<std::string, std::shared_ptr<const CostTable>> tables;
-  std::string key = fmt::format("{}|{}|{}|{}", fmt::join(src.mesh.shape(), "x"), placements_str(src.placements),
-                                shape_str(shape), dtype);
+  static std::unordered_map<TableKey, std::shared_ptr<const CostTable>, TableKeyHash> tables;
+  const auto rank = static_cast<int64_t>(shape.size());
+  TableKey key = table_key(src, rank, shape_numel(shape), dtype);
   std::shared_ptr<const CostTable> table;
   {
     std::lock_guard lock(mutex);
@@ -344,7 +374,7 @@ double reshard_cost(const DistAttr& src, const Placements& dst, const Shape& sha
   }
   if (!table) {
     src.check(shape, "reshard source");
-    std::shared_ptr<const CostTable> made = cost_table(src, shape, dtype);
+    std::shared_ptr<const CostTable> made = cost_table(src, rank, shape_numel(shape), dtype);
     std::lock_guard lock(mutex);
     if (tables.size() > 20'000) tables.clear();
     table = tables.emplace(std::move(key), std::move(made)).first->second;

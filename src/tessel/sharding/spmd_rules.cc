@@ -22,8 +22,11 @@ SpmdAudit*& spmd_audit() {
 namespace tessel::spmd {
 
 double transition_cost(const TensorMeta& meta, const Placement& from, const Placement& to, int64_t k) {
+  return transition_cost(static_cast<double>(meta.nbytes()), from, to, k);
+}
+
+double transition_cost(double bytes, const Placement& from, const Placement& to, int64_t k) {
   if (from == to || k <= 1) return 0;
-  const double bytes = static_cast<double>(meta.nbytes());
   const double ring = static_cast<double>(k - 1) / static_cast<double>(k);
   if (from.is_partial()) {
     if (to.is_replicate()) return 2 * ring * bytes;  // all_reduce

@@ -24,6 +24,8 @@ namespace tessel::spmd {
 // dim of `k` ranks (ring volumes: all_gather and reduce_scatter (k-1)/k of the data, all_reduce
 // twice that, all_to_all (k-1)/k of the local piece); local moves cost nothing.
 double transition_cost(const TensorMeta& meta, const Placement& from, const Placement& to, int64_t k);
+// The same for a tensor of `bytes` (what the reshard planner's inner loop calls).
+double transition_cost(double bytes, const Placement& from, const Placement& to, int64_t k);
 
 // What a Partial output still owes, as rules price it: half the reshard planner's cost of
 // reducing `out` to no Partial (the reduce_scatter part; the all_gather part a sharded output
