@@ -559,6 +559,8 @@ TEST(Config, RefusesHuggingFaceConfigsOfAnotherArchitecture) {
       {llama + R"(, "tie_word_embeddings": true)", "\"tie_word_embeddings\" is true"},
       {llama + R"(, "attention_bias": true)", "\"attention_bias\" is true"},
       {llama + R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0})", "\"rope_scaling\" is "},
+      {llama + R"(, "attention_dropout": 0.1)",
+       "\"attention_dropout\" is 0.1, which tessel's llama does not build: attention has no dropout"},
       {llama + R"(, "head_dim": 32)",
        "\"head_dim\" is 32, which tessel's llama does not build: a head is hidden_size"}};
   for (const auto& [json, want] : refused) {
@@ -569,8 +571,10 @@ TEST(Config, RefusesHuggingFaceConfigsOfAnotherArchitecture) {
   EXPECT_EQ(error_of(gpt2 + R"(, "activation_function": "gelu_new", "n_inner": null, "tie_word_embeddings": true,
     "scale_attn_weights": true, "task_specific_params": {"text-generation": {"max_length": 50}})"), "<no error>");
   EXPECT_EQ(error_of(gpt2 + R"(, "n_inner": 256)"), "<no error>");
-  EXPECT_EQ(error_of(llama + R"(, "hidden_act": "silu", "rope_scaling": null, "attention_bias": false,
-    "mlp_bias": false, "tie_word_embeddings": false, "head_dim": 16)"), "<no error>");
+  EXPECT_EQ(error_of(llama +
+                     R"(, "hidden_act": "silu", "rope_scaling": null, "attention_bias": false, "attention_dropout": 0.0,
+    "mlp_bias": false, "tie_word_embeddings": false, "head_dim": 16)"),
+            "<no error>");
 }
 
 }  // namespace

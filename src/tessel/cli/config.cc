@@ -388,11 +388,13 @@ const std::vector<HfFixed> kHfFixed = {
     {"llama", "attention_bias", {"false"}, "the attention projections have no biases"},
     {"llama", "mlp_bias", {"false"}, "the MLP projections have no biases"},
     {"llama", "rope_scaling", {}, "RoPE is unscaled"},
+    {"llama", "attention_dropout", {"0", "0.0"}, "attention has no dropout (llama has no dropout layers)"},
     {"mixtral", "hidden_act", {"silu"}, "the experts are SwiGLU with SiLU"},
     {"mixtral", "tie_word_embeddings", {"false"}, "the LM head is a matrix of its own"},
     {"mixtral", "rope_scaling", {}, "RoPE is unscaled"},
     {"mixtral", "sliding_window", {}, "attention is not windowed"},
     {"mixtral", "router_jitter_noise", {"0", "0.0"}, "the router adds no jitter noise"},
+    {"mixtral", "attention_dropout", {"0", "0.0"}, "attention has no dropout (mixtral has no dropout layers)"},
 };
 
 void check_hf_architecture(const YAML::Node& hf, const std::string& arch, const std::string& where) {
