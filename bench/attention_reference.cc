@@ -17,10 +17,11 @@
 #include <limits>
 #include <optional>
 
+#include "attention_reference_gemm.h"
+#include "tessel/ops/attention_kernel.h"
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/fast_math.h"
 #include "tessel/ops/kernel_util.h"
-#include "attention_reference_gemm.h"
 #include "tessel/sharding/spmd_rules.h"
 
 namespace tessel::bench {
@@ -122,31 +123,11 @@ void softmax_grad_row(const T* __restrict p, T* __restrict dp, int64_t S) {
   for (j = 0; j < S; ++j) dp[j] = p[j] * (dp[j] - dot);
 }
 
-// A [B, H, T, D] operand as BLAS reads it: head (b, h) starts at base + b·sb + h·sh and its
-// T rows are `ld` apart with D contiguous. Views such as a permuted [B, T, H, D] projection
-// are read in place; only layouts with a strided D are copied.
-template <typename T>
-struct Heads {
-  T* base = nullptr;
-  int64_t sb = 0, sh = 0, ld = 0;
-  T* at(int64_t b, int64_t h) const { return base + b * sb + h * sh; }
-};
-
-template <typename T>
-Heads<T> heads_of(const Tensor& t, Tensor& keep) {
-  const int64_t D = t.size(3), rows = t.size(2);
-  bool direct = (t.stride(3) == 1 || D <= 1) && (rows <= 1 || t.stride(2) >= std::max<int64_t>(D, 1));
-  keep = direct ? t : view::contiguous(t);
-  int64_t ld = rows <= 1 ? std::max<int64_t>(D, 1) : keep.stride(2);
-  return Heads<T>{keep.data<T>(), keep.stride(0), keep.stride(1), ld};
-}
-
-// A new [B, H, T, D] tensor laid out as [B, T, H, D] in memory, so that the usual
-// permute-and-merge of heads after attention is a view, not a copy.
-Tensor heads_major(int64_t B, int64_t H, int64_t T, int64_t D, DType dtype) {
-  Tensor buf = Tensor::empty({B, T, H, D}, dtype);
-  return view::permute(buf, {0, 2, 1, 3});
-}
+// Operands are read as the fused kernel reads them (attention_kernel.h), outputs laid out as it
+// lays them out.
+using attention_kernel::Heads;
+using attention_kernel::heads_major;
+using attention_kernel::heads_of;
 
 // Causal attention runs in blocks of kQueryBlock queries: a block computes scores only
 // against the keys its last query sees, so the fully masked part of the T×S products (about

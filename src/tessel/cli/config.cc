@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -218,6 +219,11 @@ void check_elements(const std::string& source, const char* what,
                what, terms, kMaxElements);
 }
 
+// GPT-2's three dropout rates under their config keys (Hugging Face's names).
+std::array<std::pair<const char*, double>, 3> dropout_rates(const nn::Gpt2Config& g) {
+  return {{{"resid_pdrop", g.dropout}, {"embd_pdrop", g.embd_rate()}, {"attn_pdrop", g.attn_rate()}}};
+}
+
 // Sizes and constants the model could not be built or trained with, named by key path (the
 // model constructors check again, in their own words, for callers that skip the config).
 void check_model_sizes(const ModelSection& m, const std::string& source) {
@@ -243,8 +249,7 @@ void check_model_sizes(const ModelSection& m, const std::string& source) {
                    {{"model.n_positions", c.n_positions}, {"model.n_embd", c.n_embd}});
     check_elements(source, "the blocks' weights",
                    {{"model.n_layer", c.n_layer}, {"12", 12}, {"model.n_embd", c.n_embd}, {"model.n_embd", c.n_embd}});
-    for (const auto& [key, v] :
-         {std::pair{"resid_pdrop", c.dropout}, {"embd_pdrop", c.embd_rate()}, {"attn_pdrop", c.attn_rate()}})
+    for (const auto& [key, v] : dropout_rates(c))
       TESSEL_CHECK(v >= 0 && v < 1, "{}: config 'model.{}' must be in [0, 1), got {}", source, key, v);
     return;
   }
@@ -691,8 +696,7 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   if (t.dropout >= 0 && c.model.arch == "gpt2") {  // every rate: residual, embedding and attention
     nn::Gpt2Config& g = c.model.gpt2;
     std::vector<std::string> replaced;
-    for (const auto& [key, v] :
-         {std::pair{"resid_pdrop", g.dropout}, {"embd_pdrop", g.embd_rate()}, {"attn_pdrop", g.attn_rate()}})
+    for (const auto& [key, v] : dropout_rates(g))
       if (v != t.dropout) replaced.push_back(fmt::format("model.{} {}", key, v));
     if (!replaced.empty())
       t.dropout_note = fmt::format(

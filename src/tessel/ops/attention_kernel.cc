@@ -191,25 +191,6 @@ Span rows_seeing(const Visible& vis, int64_t t0, int64_t rows, int64_t j0, int64
   return round_out(lo, hi, rows);
 }
 
-// A [B, H, T, D] operand as BLAS reads it: head (b, h) starts at base + b·sb + h·sh and its
-// T rows are `ld` apart with D contiguous. Views such as a permuted [B, T, H, D] projection
-// are read in place; only layouts with a strided D are copied.
-template <typename T>
-struct Heads {
-  T* base = nullptr;
-  int64_t sb = 0, sh = 0, ld = 0;
-  T* at(int64_t b, int64_t h) const { return base + b * sb + h * sh; }
-};
-
-template <typename T>
-Heads<T> heads_of(const Tensor& t, Tensor& keep) {
-  const int64_t D = t.size(3), rows = t.size(2);
-  bool direct = (t.stride(3) == 1 || D <= 1) && (rows <= 1 || t.stride(2) >= std::max<int64_t>(D, 1));
-  keep = direct ? t : view::contiguous(t);
-  int64_t ld = rows <= 1 ? std::max<int64_t>(D, 1) : keep.stride(2);
-  return Heads<T>{keep.data<T>(), keep.stride(0), keep.stride(1), ld};
-}
-
 // Each batch row's visible key intervals.
 std::vector<Visible> all_visible(const Dims& d, bool causal, const Tensor& docs) {
   std::vector<Visible> out;

@@ -3,9 +3,11 @@
 // holding a [T, S] matrix (attention_kernel.cc says how). Internal to ops/.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "tessel/core/tensor.h"
+#include "tessel/core/view.h"
 #include "tessel/ops/attention.h"
 
 namespace tessel::attention_kernel {
@@ -37,6 +39,27 @@ struct DropMask {
 // A new [B, H, T, D] tensor laid out as [B, T, H, D] in memory, so that the usual
 // permute-and-merge of heads after attention is a view, not a copy.
 Tensor heads_major(int64_t B, int64_t H, int64_t T, int64_t D, DType dtype);
+
+// A [B, H, T, D] operand as BLAS reads it: head (b, h) starts at base + b·sb + h·sh and its
+// T rows are `ld` apart with D contiguous. Views such as a permuted [B, T, H, D] projection
+// are read in place; only layouts with a strided D are copied (into `keep`, which holds
+// whatever `base` points into). (bench/attention_reference.cc's frozen kernel reads its
+// operands the same way.)
+template <typename T>
+struct Heads {
+  T* base = nullptr;
+  int64_t sb = 0, sh = 0, ld = 0;
+  T* at(int64_t b, int64_t h) const { return base + b * sb + h * sh; }
+};
+
+template <typename T>
+Heads<T> heads_of(const Tensor& t, Tensor& keep) {
+  const int64_t D = t.size(3), rows = t.size(2);
+  bool direct = (t.stride(3) == 1 || D <= 1) && (rows <= 1 || t.stride(2) >= std::max<int64_t>(D, 1));
+  keep = direct ? t : view::contiguous(t);
+  int64_t ld = rows <= 1 ? std::max<int64_t>(D, 1) : keep.stride(2);
+  return Heads<T>{keep.data<T>(), keep.stride(0), keep.stride(1), ld};
+}
 
 // out [B, H, T, D] and the log-sum-exp lse [B, H, T] (allocated by the caller, lse
 // contiguous) of q [B, H, T, D] against k, v [B, Hkv, S, D]; docs: the document starts as a
