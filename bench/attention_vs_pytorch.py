@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from same_blas import use_tessels_blas_kernels
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADS, HEAD_DIM = 4, 64
 MAX_SCORES = 1 << 27
@@ -95,10 +97,13 @@ def main():
     ts = [int(x) for x in a.t.split(",")]
     if not os.path.exists(a.bench):
         sys.exit(f"error: {a.bench} not found; build it with cmake --build --preset release --target attention_bench")
+    # PyTorch's products run on OpenBLAS: on the kernel set tessel runs (same_blas.py).
+    tessel_binary = os.path.join(os.path.dirname(a.bench), "..", "tessel")
+    blas = use_tessels_blas_kernels(tessel_binary) if os.path.exists(tessel_binary) else "unknown"
     rows = tessel_figures(a.bench, a.threads, a.tokens, ts, a.reps, a.clock)
     version, torch_ms = torch_times(a.threads, a.tokens, ts, a.reps, a.clock)
     print(f"attention forward+backward, causal, H={HEADS} D={HEAD_DIM} B*T={a.tokens} f32, {a.threads} thread(s), "
-          f"{a.clock} clock, medians; PyTorch {version} explicit softmax(QK^T)V")
+          f"{a.clock} clock, medians; PyTorch {version} explicit softmax(QK^T)V; BLAS: {blas}")
     print(f"{'T':>6} {'B':>3} | {'tessel fused ms':>15} {'peak MiB':>9} | {'unfused ms':>10} {'fused x':>7} | "
           f"{'PyTorch ms':>10} {'fused x':>7}")
     peaks = {}

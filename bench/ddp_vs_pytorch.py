@@ -36,6 +36,8 @@ import subprocess
 import sys
 import tempfile
 
+from same_blas import use_tessels_blas_kernels
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = dict(n_layer=4, n_embd=256, n_head=4, vocab_size=512, seq_len=128, global_batch=8, ranks=2)
 ONE_THREAD = dict(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -168,10 +170,9 @@ def main():
         "pytorch-ddp": lambda: pytorch_ddp(args.steps, args.warmup) + (None,),
     }
     names = list(runs)
-    # Both sides call the same OpenBLAS, whose kernel set (by CPU model, or OPENBLAS_CORETYPE) sets
-    # the GEMM rate: name it, or the figures cannot be compared with another host's.
-    blas = subprocess.run([args.tessel, "--version"], capture_output=True, text=True).stdout.strip()
-    print(f"BLAS (both sides): {blas[blas.find('(') + 1:-1] if '(' in blas else 'unknown'}")
+    # Both sides call the same OpenBLAS, on the same kernel set (same_blas.py), which sets the GEMM
+    # rate: name it, or the figures cannot be compared with another host's.
+    print(f"BLAS (both sides): {use_tessels_blas_kernels(args.tessel)}")
     print(f"GPT-2 n_layer {CFG['n_layer']}, n_embd {CFG['n_embd']}, n_head {CFG['n_head']}, seq {CFG['seq_len']}, "
           f"vocab {CFG['vocab_size']}, AdamW; dp {CFG['ranks']}, global batch {CFG['global_batch']} "
           f"({CFG['global_batch'] // CFG['ranks']} rows/rank), 1 thread/rank; "

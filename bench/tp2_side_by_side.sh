@@ -43,7 +43,14 @@ t = [json.loads(l)['step_time_s'] for l in open(sys.argv[1]) if 'step_time_s' in
 print('%.4f' % statistics.median(t))" "$1"
 }
 
+# Both binaries on one OpenBLAS kernel set: the one this tree's tessel runs (an older tessel may
+# not correct OpenBLAS's fallback on a CPU newer than the library; bench/same_blas.py).
+if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+  kernels=$("$new" --version | sed -n 's/.*, \([A-Za-z0-9]*\) kernels.*/\1/p')
+  [ -z "$kernels" ] || export OPENBLAS_CORETYPE=$kernels
+fi
 echo "tp=2 GPT-2 (configs/gpt2-tiny.yaml), median step seconds; old = $rev ($sha), new = this tree"
+echo "BLAS (both): $("$new" --version | sed 's/^[^(]*(//; s/)$//')"
 printf '%8s %6s %6s %10s %10s %7s\n' seq_len batch round old new old/new
 for size in "1024 8" "128 16"; do
   set -- $size

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from same_blas import use_tessels_blas_kernels
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -76,10 +78,9 @@ def main():
     cfg = dict(n_layer=4, n_embd=256, n_head=4, vocab_size=512, seq_len=128, batch=8,
                data=os.path.join(ROOT, "data/kjv.txt"))
     tokens = cfg["seq_len"] * cfg["batch"]
-    # Both sides call the same OpenBLAS, whose kernel set (by CPU model, or OPENBLAS_CORETYPE) sets
-    # the GEMM rate: name it, or the figures cannot be compared with another host's.
-    blas = subprocess.run([args.tessel, "--version"], capture_output=True, text=True).stdout.strip()
-    print(f"BLAS (both sides): {blas[blas.find('(') + 1:-1] if '(' in blas else 'unknown'}")
+    # Both sides call the same OpenBLAS, on the same kernel set (same_blas.py), which sets the GEMM
+    # rate: name it, or the figures cannot be compared with another host's.
+    print(f"BLAS (both sides): {use_tessels_blas_kernels(args.tessel)}")
     print(f"GPT-2 n_layer {cfg['n_layer']}, n_embd {cfg['n_embd']}, n_head {cfg['n_head']}, seq {cfg['seq_len']}, "
           f"batch {cfg['batch']}, vocab {cfg['vocab_size']}, AdamW; medians over {args.rounds} x {args.steps} steps")
     print(f"{'threads':>7} {'tessel tok/s':>13} {'pytorch tok/s':>14} {'ratio':>7} {'tessel model FLOP/s':>20} "

@@ -2,8 +2,14 @@
 #include "tessel/core/context.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 #include <sched.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -23,6 +29,52 @@ void blas_thread_shutdown_(void) __attribute__((weak));
 namespace tessel {
 
 namespace {
+
+// What choose_blas_kernels did: the kernel set OpenBLAS detected and the one tessel switched
+// it to (both empty when it kept OpenBLAS's choice).
+struct BlasChoice {
+  std::string detected, chosen;
+};
+
+BlasChoice& blas_choice() {
+  static BlasChoice c;
+  return c;
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+// See better_blas_kernels (context.h). OpenBLAS chooses its kernel set in a constructor that
+// runs when the library is loaded, before this one; gotoblas_dynamic_quit forgets the choice
+// and gotoblas_dynamic_init makes it again, reading OPENBLAS_CORETYPE (both exported by
+// DYNAMIC_ARCH builds; the kernel tables are exported as gotoblas_<SET>). Found by dlsym, so a
+// BLAS without them (another build, another library) is left alone.
+void choose_blas_kernels() {
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  if (forced != nullptr && *forced != '\0') return;
+  using Hook = void (*)();
+  const auto quit = reinterpret_cast<Hook>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_quit"));
+  const auto init = reinterpret_cast<Hook>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_init"));
+  if (quit == nullptr || init == nullptr) return;
+  std::vector<std::string> available;
+  const std::pair<const char*, const char*> sets[] = {
+      {"Cooperlake", "gotoblas_COOPERLAKE"}, {"SkylakeX", "gotoblas_SKYLAKEX"}, {"Haswell", "gotoblas_HASWELL"}};
+  for (const auto& [set, table] : sets)
+    if (dlsym(RTLD_DEFAULT, table) != nullptr) available.emplace_back(set);
+  const std::string detected = openblas_get_corename();
+  const std::string better = better_blas_kernels(detected, cpu_features(), available);
+  if (better.empty()) return;
+  ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+  quit();
+  init();
+  ::unsetenv("OPENBLAS_CORETYPE");
+  blas_choice() = {detected, openblas_get_corename()};
+}
+
+// Before main: no product has run yet.
+[[maybe_unused]] const bool kBlasKernelsChosen = (choose_blas_kernels(), true);
 
 int env_int(const char* name) {
   const char* v = std::getenv(name);
@@ -134,8 +186,49 @@ std::string blas_kernels_description() {
   const std::string config = openblas_get_config();
   const std::string version = config.substr(0, config.find(' ', config.find(' ') + 1));
   const char* forced = std::getenv("OPENBLAS_CORETYPE");
-  return fmt::format("{}, {} kernels{}", version, openblas_get_corename(),
-                     forced != nullptr && *forced != '\0' ? fmt::format(" (OPENBLAS_CORETYPE={})", forced) : "");
+  std::string why;
+  if (forced != nullptr && *forced != '\0')
+    why = fmt::format(" (OPENBLAS_CORETYPE={})", forced);
+  else if (!blas_choice().chosen.empty())
+    why = fmt::format(" (chosen by tessel for this CPU; OpenBLAS detected {})", blas_choice().detected);
+  return fmt::format("{}, {} kernels{}", version, openblas_get_corename(), why);
+}
+
+CpuFeatures cpu_features() {
+  CpuFeatures f;
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0) return f;
+  const bool fma = (c & (1u << 12)) != 0, osxsave = (c & (1u << 27)) != 0, avx = (c & (1u << 28)) != 0;
+  if (!osxsave || !avx) return f;
+  uint32_t xcr0 = 0, xcr0_high = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+  const bool ymm = (xcr0 & 0x6u) == 0x6u;    // the OS saves the SSE and AVX state
+  const bool zmm = (xcr0 & 0xe6u) == 0xe6u;  // and the opmask and ZMM state
+  if (!ymm || __get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return f;
+  const unsigned max_subleaf = a;
+  f.avx2_fma = fma && (b & (1u << 5)) != 0;
+  // AVX-512 F (16), DQ (17), CD (28), BW (30), VL (31)
+  const unsigned avx512 = (1u << 16) | (1u << 17) | (1u << 28) | (1u << 30) | (1u << 31);
+  f.avx512 = f.avx2_fma && zmm && (b & avx512) == avx512;
+  if (f.avx512 && max_subleaf >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0)
+    f.avx512_bf16 = (a & (1u << 5)) != 0;
+#endif
+  return f;
+}
+
+std::string better_blas_kernels(const std::string& detected, const CpuFeatures& cpu,
+                                const std::vector<std::string>& available) {
+  // OpenBLAS's sets with AVX2 kernels or wider: whichever of them it chose stands.
+  static const char* const kModern[] = {"haswell", "zen", "excavator", "skylakex", "cooperlake", "sapphirerapids"};
+  const std::string d = lower(detected);
+  for (const char* m : kModern)
+    if (d == m) return {};
+  const std::pair<bool, const char*> ranked[] = {
+      {cpu.avx512_bf16, "Cooperlake"}, {cpu.avx512, "SkylakeX"}, {cpu.avx2_fma, "Haswell"}};
+  for (const auto& [has, set] : ranked)
+    if (has && std::find(available.begin(), available.end(), set) != available.end()) return set;
+  return {};
 }
 
 std::shared_ptr<ThreadPool> current_pool() {

@@ -12,6 +12,7 @@
 #include <string>
 #include <typeindex>
 #include <unordered_map>
+#include <vector>
 
 #include "tessel/core/storage.h"
 
@@ -134,6 +135,26 @@ void quiet_blas_workers();
 // (OpenBLAS picks it by CPU model unless OPENBLAS_CORETYPE names one; the sgemm rate depends on it:
 // AVX-512 kernels ran 1.85x the AVX2 ones on a Zen 5 core).
 std::string blas_kernels_description();
+
+// OpenBLAS (built with DYNAMIC_ARCH, as Debian's is) picks its kernel set by CPU model, and a
+// CPU newer than the library falls back to its generic SSE3 set ("Prescott"): Debian 12's
+// 0.3.21 does so on Intel's Emerald Rapids (family 6, model 207), where its sgemm then runs at
+// a fifth of the AVX-512 set's rate (32 against 152 GFLOP/s on one core, 1024^3). So where
+// OPENBLAS_CORETYPE is unset and the library chose a set without AVX2 on a CPU that has
+// AVX2 and FMA, tessel switches it, once, when the process starts (before any product), to
+// the best set the library holds for what the CPU has: Cooperlake (AVX-512 with BF16),
+// SkylakeX (AVX-512 F, CD, BW, DQ, VL), Haswell (AVX2 and FMA). blas_kernels_description()
+// says when it did. OPENBLAS_CORETYPE, where set, is always obeyed.
+struct CpuFeatures {
+  bool avx2_fma = false;     // AVX2 and FMA, with the OS saving the AVX state
+  bool avx512 = false;       // AVX-512 F, CD, BW, DQ and VL, with the OS saving the ZMM state
+  bool avx512_bf16 = false;  // and AVX-512 BF16
+};
+CpuFeatures cpu_features();  // this CPU's (all false off x86-64)
+// The kernel set to switch to, given the one OpenBLAS detected, the CPU's features and the
+// sets the library holds (names as OPENBLAS_CORETYPE spells them); empty: keep the detected.
+std::string better_blas_kernels(const std::string& detected, const CpuFeatures& cpu,
+                                const std::vector<std::string>& available);
 MemoryStats& process_memory();
 // The pool the calling thread's parallel loops use.
 std::shared_ptr<ThreadPool> current_pool();
