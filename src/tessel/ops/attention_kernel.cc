@@ -256,19 +256,14 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const DropMask& d
           small_gemm<T>(c1 - c0, r.size(), D, scale2, kj + c0 * k.ld, k.ld, 1, w.qt.data() + r.lo, kBlockQ, T(0),
                         st + c0 * kBlockQ + r.lo, kBlockQ);
       }
-      const int64_t* lo = vis.lo.data() + t0;
-      const int64_t* hi = vis.hi.data() + t0;
-      for (int64_t c = 0; c < bc; ++c) {
-        T* __restrict row = st + c * kBlockQ;
-        for (int64_t r = 0; r < rows; ++r) row[r] = j0 + c >= lo[r] && j0 + c < hi[r] ? row[r] : kNegInf;
-      }
     }
     // The running max grows to cover this block; alpha = e^(m_old - m_new) rescales what came
-    // before.
+    // before. A partial pair's scores outside each row's interval (some never computed) count
+    // as -inf.
     if (ov == Overlap::full)
       online_softmax<T, true>(st, kBlockQ, bc, rows, m, l, base, alpha);
     else
-      online_softmax<T>(st, kBlockQ, bc, rows, m, l, base, alpha);
+      online_softmax<T>(st, kBlockQ, bc, rows, m, l, base, alpha, Seen{vis.lo.data() + t0, vis.hi.data() + t0, j0});
     // Dropout after the normaliser has counted every key: only the product sees the mask. The
     // scales come row by row (query-major) and are turned key-major like st.
     if (drop.on()) {

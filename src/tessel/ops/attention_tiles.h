@@ -137,25 +137,51 @@ T dot(const T* __restrict a, const T* __restrict b, int64_t n) {
 // group of 16 rows keeps its max and sum in registers through the block.
 // Finite: every score is finite (a fully visible pair), so the exponentials of the scores
 // need no clamps.
+// A partly visible pair passes `seen`: row r sees key c when lo[r] <= key0 + c < hi[r], and the
+// scores it does not see count as -inf (max unchanged, exponential 0), whatever st holds there.
+struct Seen {
+  const int64_t* lo = nullptr;  // null: every row sees every key
+  const int64_t* hi = nullptr;
+  int64_t key0 = 0;
+};
+
 template <typename T, bool Finite = false>
 void online_softmax(T* __restrict st, int64_t ld, int64_t bc, int64_t rows, T* __restrict m, T* __restrict l,
-                    T* __restrict base, T* __restrict alpha) {
+                    T* __restrict base, T* __restrict alpha, Seen seen = {}) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<T, float>) {
     const __m512 neg_inf = _mm512_set1_ps(kNegInf);
     for (int64_t r = 0; r < rows; r += 16) {
       const __mmask16 k = lanes_below(rows - r);
+      // The rows' intervals, eight 64-bit bounds to a register; the scores a row does not see
+      // are masked out in registers (a pass writing -inf over them first made every load of
+      // this loop wait on a store: 59% of a T = 128 forward).
+      __m512i lo8[2] = {}, hi8[2] = {};
+      if (seen.lo != nullptr)
+        for (int h = 0; h < 2; ++h) {
+          const auto kh = static_cast<__mmask8>(k >> (8 * h));
+          lo8[h] = _mm512_maskz_loadu_epi64(kh, seen.lo + r + 8 * h);
+          hi8[h] = _mm512_maskz_loadu_epi64(kh, seen.hi + r + 8 * h);
+        }
+      auto visible = [&](int64_t c) -> __mmask16 {
+        if (seen.lo == nullptr) return k;
+        const __m512i key = _mm512_set1_epi64(seen.key0 + c);
+        const __mmask8 v0 = _mm512_cmple_epi64_mask(lo8[0], key) & _mm512_cmpgt_epi64_mask(hi8[0], key);
+        const __mmask8 v1 = _mm512_cmple_epi64_mask(lo8[1], key) & _mm512_cmpgt_epi64_mask(hi8[1], key);
+        return k & static_cast<__mmask16>(v0 | (static_cast<unsigned>(v1) << 8));
+      };
       const __m512 m_old = _mm512_mask_loadu_ps(neg_inf, k, m + r);
       __m512 mx = m_old;
-      for (int64_t c = 0; c < bc; ++c) mx = _mm512_mask_max_ps(mx, kAll, mx, _mm512_maskz_loadu_ps(k, st + c * ld + r));
+      for (int64_t c = 0; c < bc; ++c)
+        mx = _mm512_mask_max_ps(mx, visible(c), mx, _mm512_maskz_loadu_ps(k, st + c * ld + r));
       const __m512 b = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
       const __m512 a = fast::exp2_16(_mm512_sub_ps(m_old, b));
       __m512 sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, l + r), a);
       for (int64_t c = 0; c < bc; ++c) {
         T* x = st + c * ld + r;
         const __m512 y = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, x), b);
-        const __m512 e = Finite ? fast::exp2_16_finite(y) : fast::exp2_16(y);
+        const __m512 e = _mm512_maskz_mov_ps(visible(c), Finite ? fast::exp2_16_finite(y) : fast::exp2_16(y));
         _mm512_mask_storeu_ps(x, k, e);
         sum = _mm512_add_ps(sum, e);
       }
@@ -167,6 +193,10 @@ void online_softmax(T* __restrict st, int64_t ld, int64_t bc, int64_t rows, T* _
     return;
   }
 #endif
+  if (seen.lo != nullptr)
+    for (int64_t c = 0; c < bc; ++c)
+      for (int64_t r = 0; r < rows; ++r)
+        if (seen.key0 + c < seen.lo[r] || seen.key0 + c >= seen.hi[r]) st[c * ld + r] = kNegInf;
   std::copy_n(m, rows, base);
   for (int64_t c = 0; c < bc; ++c)
     for (int64_t r = 0; r < rows; ++r) base[r] = st[c * ld + r] > base[r] ? st[c * ld + r] : base[r];
