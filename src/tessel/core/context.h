@@ -139,7 +139,8 @@ std::string blas_kernels_description();
 // OpenBLAS (built with DYNAMIC_ARCH, as Debian's is) picks its kernel set by CPU model, and a
 // CPU newer than the library falls back to its generic SSE3 set ("Prescott"): Debian 12's
 // 0.3.21 does so on Intel's Emerald Rapids (family 6, model 207), where its sgemm then runs at
-// a fifth of the AVX-512 set's rate (32 against 152 GFLOP/s on one core, 1024^3). So where
+// a third to a fifth of the AVX-512 set's rate (32 against 107-152 GFLOP/s on one core, 1024^3;
+// `tessel bench train configs/bench-gpt2.yaml`: 1449 against 5085 tokens/s). So where
 // OPENBLAS_CORETYPE is unset and the library chose a set without AVX2 on a CPU that has
 // AVX2 and FMA, tessel switches it, once, when the process starts (before any product), to
 // the best set the library holds for what the CPU has: Cooperlake (AVX-512 with BF16),
