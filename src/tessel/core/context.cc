@@ -4,12 +4,12 @@
 #include <cblas.h>
 #include <dlfcn.h>
 #include <sched.h>
+#include <strings.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
 
 #include <algorithm>
-#include <cctype>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -39,11 +39,6 @@ struct BlasChoice {
 BlasChoice& blas_choice() {
   static BlasChoice c;
   return c;
-}
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
 }
 
 // See better_blas_kernels (context.h). OpenBLAS chooses its kernel set in a constructor that
@@ -220,10 +215,9 @@ CpuFeatures cpu_features() {
 std::string better_blas_kernels(const std::string& detected, const CpuFeatures& cpu,
                                 const std::vector<std::string>& available) {
   // OpenBLAS's sets with AVX2 kernels or wider: whichever of them it chose stands.
-  static const char* const kModern[] = {"haswell", "zen", "excavator", "skylakex", "cooperlake", "sapphirerapids"};
-  const std::string d = lower(detected);
+  static const char* const kModern[] = {"Haswell", "Zen", "Excavator", "SkylakeX", "Cooperlake", "SapphireRapids"};
   for (const char* m : kModern)
-    if (d == m) return {};
+    if (strcasecmp(detected.c_str(), m) == 0) return {};
   const std::pair<bool, const char*> ranked[] = {
       {cpu.avx512_bf16, "Cooperlake"}, {cpu.avx512, "SkylakeX"}, {cpu.avx2_fma, "Haswell"}};
   for (const auto& [has, set] : ranked)

@@ -139,13 +139,13 @@ std::optional<ReshardStep::Kind> move_kind(const Placements& p, int64_t m, const
 }
 
 // `numel`: the tensor's elements (shape_numel of its shape).
-double move_cost(const Placements& p, int64_t m, const Placement& q, const DistAttr& attr, int64_t numel_all,
-                 DType dtype) {
+double move_cost(const Placements& p, int64_t m, const Placement& q, const DistAttr& attr, int64_t numel, DType dtype) {
   // Data held along this mesh dim's group: the tensor divided by the other mesh dims' shards.
-  double numel = static_cast<double>(numel_all);
+  double held = static_cast<double>(numel);
   for (size_t i = 0; i < p.size(); ++i)
-    if (static_cast<int64_t>(i) != m && p[i].is_shard()) numel /= static_cast<double>(attr.mesh.dim_size(static_cast<int64_t>(i)));
-  const auto bytes = static_cast<double>(static_cast<size_t>(std::ceil(numel)) * dtype_size(dtype));
+    if (static_cast<int64_t>(i) != m && p[i].is_shard())
+      held /= static_cast<double>(attr.mesh.dim_size(static_cast<int64_t>(i)));
+  const auto bytes = static_cast<double>(static_cast<size_t>(std::ceil(held)) * dtype_size(dtype));
   double c = spmd::transition_cost(bytes, p[static_cast<size_t>(m)], q, attr.mesh.dim_size(m));
   ReshardStep::Kind k = *move_kind(p, m, q);
   bool comm = k != ReshardStep::Kind::slice && k != ReshardStep::Kind::to_partial && attr.mesh.dim_size(m) > 1;
@@ -366,7 +366,8 @@ double reshard_cost(const DistAttr& src, const Placements& dst, const Shape& sha
   static std::mutex mutex;
   static std::unordered_map<TableKey, std::shared_ptr<const CostTable>, TableKeyHash> tables;
   const auto rank = static_cast<int64_t>(shape.size());
-  TableKey key = table_key(src, rank, shape_numel(shape), dtype);
+  const int64_t numel = shape_numel(shape);
+  TableKey key = table_key(src, rank, numel, dtype);
   std::shared_ptr<const CostTable> table;
   {
     std::lock_guard lock(mutex);
@@ -374,7 +375,7 @@ double reshard_cost(const DistAttr& src, const Placements& dst, const Shape& sha
   }
   if (!table) {
     src.check(shape, "reshard source");
-    std::shared_ptr<const CostTable> made = cost_table(src, rank, shape_numel(shape), dtype);
+    std::shared_ptr<const CostTable> made = cost_table(src, rank, numel, dtype);
     std::lock_guard lock(mutex);
     if (tables.size() > 20'000) tables.clear();
     table = tables.emplace(std::move(key), std::move(made)).first->second;
