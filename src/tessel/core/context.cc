@@ -52,7 +52,7 @@ void choose_blas_kernels() {
   using Hook = void (*)();
   const auto quit = reinterpret_cast<Hook>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_quit"));
   const auto init = reinterpret_cast<Hook>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_init"));
-  if (quit == nullptr || init == nullptr) return;
+  if (quit == nullptr || init == nullptr || blas_thread_shutdown_ == nullptr) return;
   std::vector<std::string> available;
   const std::pair<const char*, const char*> sets[] = {
       {"Cooperlake", "gotoblas_COOPERLAKE"}, {"SkylakeX", "gotoblas_SKYLAKEX"}, {"Haswell", "gotoblas_HASWELL"}};
@@ -61,6 +61,11 @@ void choose_blas_kernels() {
   const std::string detected = openblas_get_corename();
   const std::string better = better_blas_kernels(detected, cpu_features(), available);
   if (better.empty()) return;
+  // OpenBLAS's constructor has started its worker threads, and a worker that starts late reads
+  // the kernel table (its buffer's offsets) — null between quit and init: three launched test
+  // processes of a CI run died of it. So the workers are stopped (joined) first; they start
+  // again at the next threaded call. Nothing else runs yet, so setenv is safe too.
+  blas_thread_shutdown_();
   ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
   quit();
   init();
