@@ -36,9 +36,19 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kMagic = 0x7465737365'6c5348ULL;  // "tesselSH"
 constexpr size_t kLine = 64;
 constexpr size_t kDefaultSlotBytes = size_t{4} << 20;
-// How long a waiter polls before it sleeps on the futex: a partner that is computing arrives much
-// later, one that is in the same phase within microseconds.
+// How long a waiter polls before it sleeps on the futex when the processes on this node outnumber
+// its cores: a partner in the same phase arrives within microseconds, and a longer poll would take
+// the core from one that is still computing. When each process has a core, a barrier polls for
+// kSpinBudget (comm/spin.h): waking a sleeper on a virtual machine can take far longer than the
+// wait itself — with 50 µs, 2 processes on 2 cores ran a data-parallel step of
+// configs/bench-gpt2.yaml 6-15% slower than 2 thread ranks (bench/ddp_vs_pytorch.py), with 5 ms 2-4%.
 constexpr std::chrono::microseconds kShmSpin{50};
+
+// The workers a launcher started on this node (LOCAL_WORLD_SIZE; 0 without one).
+int launched_workers() {
+  const char* v = std::getenv("LOCAL_WORLD_SIZE");
+  return v != nullptr ? std::max(0, std::atoi(v)) : 0;
+}
 // Sleeps are sliced so that a waiter notices a dead process, a rank that left and its deadline.
 constexpr std::chrono::milliseconds kSleepSlice{20};
 // How often a waiter asks the OS whether the ranks it waits for still run.
@@ -208,7 +218,15 @@ std::unique_ptr<ShmCollectives> ShmCollectives::connect(Store& store, const std:
 }
 
 ShmCollectives::ShmCollectives(void* base, size_t bytes, int rank, int size, size_t slot_bytes, Millis timeout)
-    : base_(base), bytes_(bytes), rank_(rank), size_(size), slot_bytes_(slot_bytes), timeout_(timeout) {}
+    : base_(base),
+      bytes_(bytes),
+      rank_(rank),
+      size_(size),
+      slot_bytes_(slot_bytes),
+      timeout_(timeout),
+      // The processes computing on this node: the launcher's LOCAL_WORLD_SIZE where it is larger
+      // than this group (a tp group inside a node of dp x tp processes).
+      spin_(spin_budget(std::max(size, launched_workers()), kShmSpin)) {}
 
 ShmCollectives::~ShmCollectives() {
   auto* h = static_cast<Header*>(base_);
@@ -253,7 +271,7 @@ void ShmCollectives::sync() {
       if (atomic(line(r).arrived).load(std::memory_order_acquire) < e) return false;
     return true;
   };
-  if (spin_until(ready, kShmSpin)) return;
+  if (spin_until(ready, spin_)) return;
   const auto deadline = Clock::now() + timeout_;
   auto next_look = Clock::now();
   for (;;) {

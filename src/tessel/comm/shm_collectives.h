@@ -23,6 +23,7 @@
 // at once instead of at their own timeout).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -90,6 +91,7 @@ class ShmCollectives {
   int rank_, size_;
   size_t slot_bytes_;
   Millis timeout_;
+  std::chrono::microseconds spin_;  // how long a barrier polls before it sleeps
   uint64_t epoch_ = 0;  // barriers passed (the same on every rank)
 };
 

@@ -7,10 +7,19 @@
 #include <chrono>
 #include <thread>
 
+#include "tessel/core/context.h"
+
 namespace tessel {
 
 // How long a thread-backend waiter polls before it blocks.
 inline constexpr std::chrono::microseconds kSpinBudget{5000};
+
+// How long a waiter polls before it blocks when `workers` ranks (threads or processes) compute on
+// this process's cores at once: kSpinBudget when each has a core of its own, else `crowded` —
+// with more ranks than cores a polling waiter takes the core from the rank it waits for.
+inline std::chrono::microseconds spin_budget(int workers, std::chrono::microseconds crowded) {
+  return workers <= usable_cores() ? kSpinBudget : crowded;
+}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)

@@ -73,18 +73,19 @@ struct Posted {
 
 class ThreadWorld {
  public:
-  ThreadWorld(int size, Millis timeout, std::vector<int> nodes) : size_(size), timeout_(timeout), nodes_(std::move(nodes)) {
+  ThreadWorld(int size, Millis timeout, std::vector<int> nodes)
+      : size_(size),
+        timeout_(timeout),
+        spin_(spin_budget(size, std::chrono::microseconds{0})),
+        nodes_(std::move(nodes)) {
     if (nodes_.empty()) nodes_.assign(static_cast<size_t>(size), 0);
     TESSEL_CHECK(static_cast<int>(nodes_.size()) == size, "thread world: {} node ids for {} ranks", nodes_.size(), size);
   }
 
   int size() const { return size_; }
   Millis timeout() const { return timeout_; }
-  // Waiters poll before blocking only when every rank has a core: with more ranks than cores a
-  // spinning waiter would take the core from the rank it waits for.
-  std::chrono::microseconds spin() const {
-    return size_ <= static_cast<int>(std::thread::hardware_concurrency()) ? kSpinBudget : std::chrono::microseconds{0};
-  }
+  // Waiters poll before blocking only when every rank has a core (comm/spin.h).
+  std::chrono::microseconds spin() const { return spin_; }
   int node_of(int world_rank) const { return nodes_[static_cast<size_t>(world_rank)]; }
 
   std::shared_ptr<Rendezvous> rendezvous(const std::string& group, int size) {
@@ -142,6 +143,7 @@ class ThreadWorld {
  private:
   int size_;
   Millis timeout_;
+  std::chrono::microseconds spin_;
   std::vector<int> nodes_;
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Rendezvous>> groups_;

@@ -142,17 +142,19 @@ int default_num_threads() {
   if (int n = env_int("TESSEL_NUM_THREADS"); n > 0) return n;
   if (int n = env_int("OMP_NUM_THREADS"); n > 0) return n;
   if (int n = env_int("OPENBLAS_NUM_THREADS"); n > 0) return n;
-  // The cores this process may run on (its affinity mask, which a container or taskset may
-  // narrow), shared evenly with the other workers a launcher started on this node
+  // The usable cores shared evenly with the other workers a launcher started on this node
   // (LOCAL_WORLD_SIZE, as torchrun and `tessel launch` set it): two processes on two cores
   // with two threads each ran a data-parallel step of configs/bench-gpt2.yaml 7% slower
   // than with one each.
+  const int workers = std::max(1, env_int("LOCAL_WORLD_SIZE"));
+  return std::max(1, usable_cores() / workers);
+}
+
+int usable_cores() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
-                                                                : static_cast<int>(std::thread::hardware_concurrency());
-  const int workers = std::max(1, env_int("LOCAL_WORLD_SIZE"));
-  return std::max(1, cores / workers);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 void set_default_num_threads(int num_threads) {

@@ -120,6 +120,8 @@ class NoGradGuard : public GradModeGuard {
 
 inline bool grad_enabled() { return rank_context().grad_enabled; }
 
+// The cores this process may run on: its affinity mask, which a container or taskset may narrow.
+int usable_cores();
 // Process defaults: TESSEL_NUM_THREADS, else OMP_NUM_THREADS, else OPENBLAS_NUM_THREADS,
 // else the cores of the process's affinity mask divided by LOCAL_WORLD_SIZE (the workers a
 // launcher started on this node; at least 1).
