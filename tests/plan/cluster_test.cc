@@ -36,6 +36,8 @@ Cluster hand_built() {
   c.software.name = "my stack";
   c.software.fused_attention = false;
   c.software.attention_efficiency = 1.25;
+  c.software.attention_half_dim = 250;
+  c.software.optimizer_efficiency = 0.75;
   c.software.kernel_efficiency = 0.9;
   c.software.op_overhead = 3.3e-6;
   c.software.step_overhead = 0.01;
@@ -76,6 +78,8 @@ void expect_equal(const Cluster& a, const Cluster& b) {
   EXPECT_EQ(s.name, t.name);
   EXPECT_EQ(s.fused_attention, t.fused_attention);
   EXPECT_EQ(s.attention_efficiency, t.attention_efficiency);
+  EXPECT_EQ(s.attention_half_dim, t.attention_half_dim);
+  EXPECT_EQ(s.optimizer_efficiency, t.optimizer_efficiency);
   EXPECT_EQ(s.kernel_efficiency, t.kernel_efficiency);
   EXPECT_EQ(s.op_overhead, t.op_overhead);
   EXPECT_EQ(s.step_overhead, t.step_overhead);

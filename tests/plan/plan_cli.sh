@@ -122,7 +122,9 @@ import json, re, sys
 text = open(sys.argv[1]).read()
 def value(key):
     return float(re.search(r"^ *" + key + r": ([-0-9.e]+)$", text, re.M).group(1))
-assert 0 < value("attention_efficiency") <= 2, value("attention_efficiency")
+assert 0 < value("attention_efficiency") <= 4, value("attention_efficiency")
+assert 0 < value("attention_half_dim") <= 4096, value("attention_half_dim")
+assert 0 < value("optimizer_efficiency") <= 2, value("optimizer_efficiency")
 assert 0 < value("gemm_efficiency") <= 1
 assert value("memory_bandwidth") > 0
 # The streaming roof is a layer's elementwise ops, and attention is measured as GPT-2 lays it out.

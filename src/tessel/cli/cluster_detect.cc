@@ -7,12 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <map>
 #include <atomic>
-#include <functional>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <functional>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -29,6 +30,7 @@
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ops/ops.h"
 #include "tessel/ops/registry.h"
+#include "tessel/optim/optimizer.h"
 #include "tessel/plan/cost_model.h"
 
 namespace tessel {
@@ -140,7 +142,10 @@ double measure_op_overhead() {
 struct KernelFigures {
   double linear_share = 1, attention_share = 1, stream_bandwidth = 0;
   double small_linear_share = 1;  // a linear whose every dim is 256 or more, 256 at least once
+  double small_attention_share = 1;  // the attention core at T = 32 (attention_share: T = 128)
   double sgemm_rate = 0;  // 1024^3 sgemm FLOP/s over all the alternating rounds (time-averaged)
+  double optimizer_rate = 0;  // bytes/s of the optimizer step, charged optimizer_step_bytes per parameter
+  int64_t optimizer_params = 0;
 };
 
 std::vector<TensorMeta> metas(std::initializer_list<Tensor> ts) {
@@ -208,21 +213,24 @@ KernelFigures measure_kernels() {
   k.linear_share = linear_share(1024, 1024);
   k.small_linear_share = linear_share(256, 256);
   // The attention core as GPT-2 runs it: q, k and v are views of one packed projection output
-  // [16, 128, 3 x 256] (split, then [B, T, H, D] -> [B, H, T, D] strided views), and the
-  // output is laid back out as [B, T, 256] for the output projection (a copy). q, k and v
-  // must be separate tensors: one tensor passed three times keeps a third of the working set
-  // and measured some 40% fast.
-  constexpr int64_t B = 16, T = 128, H = 4, D = 64, C = H * D;
-  std::vector<Tensor> packed;
-  for (int i = 0; i < 4; ++i) packed.push_back(random_input({B, T, 3 * C}));
-  Tensor go = Tensor::full({B, T, C}, 1e-3);
-  const double scale = 0.125;
-  const TensorMeta heads{Shape{B, H, T, D}, DType::f32, {}};
-  const double sdpa_flops =
-      op_cost(op_by_name("sdpa"), std::vector<TensorMeta>{heads, heads, heads}, Attrs{{"causal", true}, {"scale", scale}}).flops;
-  {
+  // [B, T, 3 x 256] (split, then [B, T, H, D] -> [B, H, T, D] strided views), and the output is
+  // laid back out as [B, T, 256] for the output projection (a copy). q, k and v must be separate
+  // tensors: one tensor passed three times keeps a third of the working set and measured some
+  // 40% fast. At T = 128 (B = 16, GPT-2 tiny's sequence) and at T = 32 (B = 64, the blocks of a
+  // context-parallel ring over such sequences): the kernel's efficiency curve over T.
+  constexpr int64_t H = 4, D = 64, C = H * D;
+  auto attention_share = [&](int64_t T) {
+    const int64_t B = 2048 / T;
+    std::vector<Tensor> packed;
+    for (int i = 0; i < 4; ++i) packed.push_back(random_input({B, T, 3 * C}));
+    Tensor go = Tensor::full({B, T, C}, 1e-3);
+    const double scale = 0.125;
+    const TensorMeta heads{Shape{B, H, T, D}, DType::f32, {}};
+    const double sdpa_flops = op_cost(op_by_name("sdpa"), std::vector<TensorMeta>{heads, heads, heads},
+                                      Attrs{{"causal", true}, {"scale", scale}})
+                                  .flops;
     GradModeGuard grad_on(true);
-    k.attention_share = share(
+    return share(
         [&] {
           std::vector<Tensor> qkv = split(packed[static_cast<size_t>(turn++ % 4)], {C, C, C}, -1);
           auto heads = [&](const Tensor& t) { return permute(reshape(t, {B, T, H, D}), {0, 2, 1, 3}); };
@@ -230,7 +238,9 @@ KernelFigures measure_kernels() {
           backward(reshape(permute(y, {0, 2, 1, 3}), {B, T, C}), go);
         },
         3 * sdpa_flops);
-  }
+  };
+  k.attention_share = attention_share(128);
+  k.small_attention_share = attention_share(32);
   // Streaming: the elementwise ops of a GPT-2 layer of width 256 on 2048 tokens (two
   // LayerNorms and two residual adds on [2048, 256], the tanh GELU on [2048, 1024]), forward
   // and backward through autograd, on inputs taken in turn from four sets so that they come
@@ -266,6 +276,41 @@ KernelFigures measure_kernels() {
     auto t0 = Clock::now();
     for (int r = 0; r < kRounds; ++r) layer(static_cast<size_t>(r % 4));
     k.stream_bandwidth = charged * kRounds / seconds_since(t0);
+  }
+  // The optimizer step as the engine runs it once a step's gradients are in: the global gradient
+  // norm (a read of every gradient), then AdamW with the clipping coefficient folded in, over the
+  // parameters of four GPT-2 layers of width 256 (3.2M, with their gradients and moments 50 MB a
+  // rank: a step streams them from beyond the caches a core has). A 1024^3 sgemm runs between
+  // steps, as a step's forward and backward do. The rate is the bytes the cost model charges
+  // (optimizer_step_bytes, f32) over the time, all rounds together.
+  {
+    std::vector<optim::ParamRef> params;
+    for (int layer = 0; layer < 4; ++layer)
+      for (const Shape& shape : {Shape{3 * C, C}, Shape{3 * C}, Shape{C, C}, Shape{C}, Shape{4 * C, C}, Shape{4 * C},
+                                 Shape{C, 4 * C}, Shape{C}, Shape{C}, Shape{C}, Shape{C}, Shape{C}}) {
+        Tensor p = Tensor::full(shape, 0.01).set_requires_grad(true);
+        p.set_grad(Tensor::full(shape, 1e-3));
+        params.push_back({fmt::format("layer{}.{}", layer, params.size()), p});
+        k.optimizer_params += shape_numel(shape);
+      }
+    optim::AdamW adamw(params, optim::AdamWOptions{});
+    auto step = [&] {
+      double squares = 0;
+      for (const optim::ParamRef& p : params) squares += optim::sum_squares(p.param.grad());
+      adamw.step(static_cast<float>(std::min(1.0, 1.0 / (std::sqrt(squares) + 1e-6))));
+    };
+    step();  // the moments are made on the first step
+    constexpr int kRounds = 7;
+    double seconds = 0;
+    for (int r = 0; r < kRounds; ++r) {
+      big.rate(1);
+      auto t0 = Clock::now();
+      step();
+      seconds += seconds_since(t0);
+    }
+    const double bytes =
+        plan::optimizer_step_bytes(plan::precision_for("f32")) * static_cast<double>(k.optimizer_params);
+    k.optimizer_rate = bytes * kRounds / seconds;
   }
   k.sgemm_rate = sgemm_flops / sgemm_seconds;
   return k;
@@ -351,7 +396,8 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
                          concurrent, concurrent == 1 ? "" : "s", threads, threads == 1 ? "" : "s")
                  .c_str());
     std::vector<double> best(static_cast<size_t>(concurrent)), typical(static_cast<size_t>(concurrent)),
-        linear_share(best.size()), small_share(best.size()), attention_share(best.size()), stream(best.size());
+        linear_share(best.size()), small_share(best.size()), attention_share(best.size()),
+        small_attention_share(best.size()), stream(best.size()), optimizer(best.size());
     spawn(
         concurrent,
         [&](int rank) {
@@ -362,7 +408,10 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
           linear_share[r] = k.linear_share;
           small_share[r] = k.small_linear_share;
           attention_share[r] = k.attention_share;
+          small_attention_share[r] = k.small_attention_share;
           stream[r] = k.stream_bandwidth;
+          optimizer[r] = k.optimizer_rate;
+          kernels.optimizer_params = k.optimizer_params;
         },
         SpawnOptions{.threads_per_rank = threads});
     // Medians over the ranks; the peak is the time-averaged 1024^3 rate while every rank
@@ -372,7 +421,9 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
     kernels.linear_share = median(linear_share);
     kernels.small_linear_share = median(small_share);
     kernels.attention_share = median(attention_share);
+    kernels.small_attention_share = median(small_attention_share);
     kernels.stream_bandwidth = median(stream);
+    kernels.optimizer_rate = median(optimizer);
   }
   // eff(d) = E * d / (d + half) through the two linears, d their harmonic gemm_size (a CPU's
   // GEMMs are bound by operand traffic, not by tiles): the ratio R = eff(d1) / eff(d2) gives
@@ -385,6 +436,14 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
                       : ratio >= 0.999 * d1 / d2 ? 4096.0
                                                  : std::clamp(d1 * d2 * (ratio - 1) / (d1 - ratio * d2), 1.0, 4096.0);
   const double gemm_eff = std::clamp(kernels.linear_share * (d1 + half) / d1, 0.05, 1.0);
+  // The attention kernel's own curve, the same way from its shares at T = 128 and 32.
+  const double a1 = 128, a2 = 32;
+  const double attention_ratio = kernels.attention_share / std::max(kernels.small_attention_share, 1e-9);
+  const double attention_half =
+      attention_ratio <= 1 ? 1.0
+      : attention_ratio >= 0.999 * a1 / a2
+          ? 4096.0
+          : std::clamp(a1 * a2 * (attention_ratio - 1) / (a1 - attention_ratio * a2), 1.0, 4096.0);
 
   progress("measuring memcpy bandwidth (one thread, 256 MiB)...");
   const double copied = measure_memcpy_bandwidth();
@@ -414,14 +473,18 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
   plan::SoftwareProfile& sw = c.software;
   sw = plan::software_profile("tessel-cpu");
   k.gemm_efficiency = sig4(gemm_eff);
-  // Over 1 where the causal kernel, skipping masked blocks, beats a GEMM of size 128 on the
-  // full count of FLOPs; the cluster form allows up to 2.
-  sw.attention_efficiency = sig4(std::clamp(kernels.attention_share / (gemm_eff * 128 / (128 + half)), 0.01, 2.0));
+  // The kernel's share at T = 128 over what its curve gives a GEMM there: over 1 where the causal
+  // kernel, skipping masked blocks, beats a GEMM on the full count of FLOPs (the cluster form
+  // allows up to 4 with a half-dim of its own).
+  sw.attention_half_dim = sig4(attention_half);
+  sw.attention_efficiency =
+      sig4(std::clamp(kernels.attention_share / (gemm_eff * a1 / (a1 + attention_half)), 0.01, 4.0));
   k.gemm_half_dim = sig4(half);
   k.gemm_size = harmonic.gemm_size;
   k.memory_efficiency = 1.0;
   k.link_efficiency = 1.0;
   sw.op_overhead = sig4(overhead);
+  sw.optimizer_efficiency = sig4(std::clamp(kernels.optimizer_rate / kernels.stream_bandwidth, 0.05, 2.0));
   k.sources = {
       {"machine", fmt::format("hwloc: {}; {} ranks; {}", m.str(), ranks, origin)},
       {"peak_flops", fmt::format("time-averaged sgemm 1024^3 rate (tiled over the pool, as tessel runs it) with {} thread{} per rank while {} rank{} "
@@ -457,12 +520,25 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
       {"attention_efficiency", fmt::format("tessel's causal sdpa on [16, 4, 128, 64], forward and backward (3x the "
                                            "forward FLOPs), with q, k and v strided views of one packed projection and "
                                            "the output laid out again for the next linear, as GPT-2 runs it, reaches "
-                                           "{:.1f}% of the sgemm peak; this share of what a GEMM with d = 128 reaches; {}",
+                                           "{:.1f}% of the sgemm peak; this share of gemm_efficiency * d / (d + "
+                                           "attention_half_dim) at d = 128; {}",
                                            100 * kernels.attention_share, origin)},
+      {"attention_half_dim", fmt::format("from the same sdpa at T = 128 and at T = 32 ([64, 4, 32, 64], the blocks of "
+                                         "a context-parallel ring over 128 tokens), which reaches {:.1f}% of the sgemm "
+                                         "peak: E * d / (d + half) through both; {}",
+                                         100 * kernels.small_attention_share, origin)},
       {"op_overhead", fmt::format("median time of add() on two 4-element f32 tensors through the op dispatch, "
                                   "recorded for autograd: "
                                   "{:.2f} us; {}",
                                   overhead * 1e6, origin)},
+      {"optimizer_efficiency",
+       fmt::format(
+           "the optimizer step as the engine runs it (the global gradient norm, then AdamW with the clipping "
+           "coefficient) on {:.2f}M parameters of four GPT-2 layers of width 256, a 1024^3 sgemm between steps, "
+           "with {} rank{} computing: {:.2f} GB/s on the {} bytes per parameter the cost model charges, this "
+           "share of memory_bandwidth; {}",
+           static_cast<double>(kernels.optimizer_params) / 1e6, concurrent, concurrent == 1 ? "" : "s",
+           kernels.optimizer_rate / 1e9, plan::optimizer_step_bytes(plan::precision_for("f32")), origin)},
       {"fragmentation", "0: host memory (malloc), no caching allocator"},
       {"reserved_bytes", "0: no device context or communication buffers beyond the process"},
   };

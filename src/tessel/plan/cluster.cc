@@ -176,7 +176,8 @@ Device read_device(Section s) {
 Calibration read_calibration(Section s) {
   Calibration c;
   // What a software profile says now lives under `software:` (docs/plan.md).
-  for (const char* moved : {"op_overhead", "attention_efficiency", "fused_attention", "fragmentation", "reserved_bytes"})
+  for (const char* moved : {"op_overhead", "attention_efficiency", "attention_half_dim", "optimizer_efficiency",
+                            "fused_attention", "fragmentation", "reserved_bytes"})
     TESSEL_CHECK(!s.has(moved), "{}: '{}' is the software's, not the device's: write it as 'software.{}' (a profile "
                  "name or a mapping; see docs/plan.md)", s.at(moved), s.full(moved), moved);
   c.gemm_efficiency = s.efficiency("gemm_efficiency", c.gemm_efficiency);
@@ -209,9 +210,12 @@ SoftwareProfile read_software(Section& parent, const std::string& origin) {
   p.name = name;
   p.fused_attention = s.get<bool>("fused_attention", p.fused_attention);
   // Up to 2: a causal kernel skips the masked half of the FLOPs that sdpa's cost counts.
-  p.attention_efficiency = s.efficiency("attention_efficiency", p.attention_efficiency, 2);
+  p.attention_half_dim = s.non_negative("attention_half_dim", p.attention_half_dim);
+  p.attention_efficiency =
+      s.efficiency("attention_efficiency", p.attention_efficiency, p.attention_half_dim > 0 ? 4 : 2);
   p.kernel_efficiency = s.efficiency("kernel_efficiency", p.kernel_efficiency);
   p.op_overhead = s.non_negative("op_overhead", p.op_overhead);
+  p.optimizer_efficiency = s.efficiency("optimizer_efficiency", p.optimizer_efficiency, 2);
   p.loss_fwd_bytes = s.non_negative("loss_fwd_bytes", p.loss_fwd_bytes);
   p.loss_bwd_bytes = s.non_negative("loss_bwd_bytes", p.loss_bwd_bytes);
   p.step_overhead = s.non_negative("step_overhead", p.step_overhead);
@@ -372,8 +376,10 @@ std::string Cluster::to_yaml() const {
   line(fmt::format("  name: {}", string_text(p.name)));
   line(fmt::format("  fused_attention: {}", p.fused_attention ? "true" : "false"));
   line(fmt::format("  attention_efficiency: {}", number_text(p.attention_efficiency)));
+  line(fmt::format("  attention_half_dim: {}", number_text(p.attention_half_dim)));
   line(fmt::format("  kernel_efficiency: {}", number_text(p.kernel_efficiency)));
   line(fmt::format("  op_overhead: {}", number_text(p.op_overhead)));
+  line(fmt::format("  optimizer_efficiency: {}", number_text(p.optimizer_efficiency)));
   line(fmt::format("  loss_fwd_bytes: {}", number_text(p.loss_fwd_bytes)));
   line(fmt::format("  loss_bwd_bytes: {}", number_text(p.loss_bwd_bytes)));
   line(fmt::format("  step_overhead: {}", number_text(p.step_overhead)));

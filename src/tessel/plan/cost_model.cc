@@ -112,6 +112,17 @@ struct Pass {
     const Calibration& k = c.calibration;
     return k.gemm_efficiency * c.software.kernel_efficiency * dim / (dim + k.gemm_half_dim);
   }
+  // A fused attention kernel's efficiency at query length `dim` on sdpa's full count of FLOPs:
+  // the software's share of a GEMM's, along the kernel's own curve where the software gives one
+  // (attention_half_dim: tiles of a few rows cost more than a GEMM's), and at most twice a large
+  // GEMM's — a causal kernel computes at least half of what the count says.
+  double attention_eff(double dim) const {
+    const Calibration& k = c.calibration;
+    const SoftwareProfile& sw = c.software;
+    const double half = sw.attention_half_dim > 0 ? sw.attention_half_dim : k.gemm_half_dim;
+    const double top = k.gemm_efficiency * sw.kernel_efficiency;
+    return std::min(top * dim / (dim + half) * sw.attention_efficiency, 2 * top);
+  }
   double stream(double bytes) const {
     return bytes / (c.device.memory_bandwidth * c.calibration.memory_efficiency * share);
   }
@@ -121,11 +132,12 @@ struct Pass {
   // gradient and a saved tensor and write a gradient).
   // Returns the forward time.
   double op(const char* name, std::vector<TensorMeta> in, const Attrs& attrs, double gemm_dim, bool has_weight,
-            bool attention_core = false, double kind_efficiency = 1) {
+            bool attention_core = false) {
     Cost k = op_cost(op_by_name(name), in, attrs);
     double t;
     if (gemm_dim > 0) {
-      t = std::max(k.flops / (c.peak() * share * gemm_eff(gemm_dim) * kind_efficiency), stream(k.bytes));
+      const double eff = attention_core && c.software.fused_attention ? attention_eff(gemm_dim) : gemm_eff(gemm_dim);
+      t = std::max(k.flops / (c.peak() * share * eff), stream(k.bytes));
     } else {
       t = stream(k.bytes);
     }
@@ -192,7 +204,7 @@ void attention(Pass& p, const ModelSpec& m, int64_t b, int64_t hq, int64_t hkv, 
   if (p.c.software.fused_attention) {
     Attrs a{{"causal", true}, {"scale", 1.0 / std::sqrt(static_cast<double>(d))}};
     p.op("sdpa", {p.meta({b, hq, sq, d}), p.meta({b, hkv, s, d}), p.meta({b, hkv, s, d})}, a, static_cast<double>(sq),
-         false, true, p.c.software.attention_efficiency);
+         false, true);
     return;  // nothing for selective recompute to redo: the kernel keeps no scores
   }
   Attrs mm{{"trans_a", false}, {"trans_b", true}};
@@ -313,9 +325,10 @@ LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerSha
   Pass p{c, prec.activation == 4 ? DType::f32 : DType::bf16, share_of(c, s), {}};
   LayerCost& lc = p.cost;
   const double overhead = c.software.op_overhead;
-  auto product_time = [&](const OpCallRecord& r, double kind_efficiency) {
+  auto product_time = [&](const OpCallRecord& r) {
     const double dim = r.op == "sdpa" ? r.m : gemm_size(c.calibration, r.m, r.n, r.k);
-    return std::max(r.cost.flops / (c.peak() * p.share * p.gemm_eff(dim) * kind_efficiency), p.stream(r.cost.bytes * scale));
+    const double eff = r.op == "sdpa" ? p.attention_eff(dim) : p.gemm_eff(dim);
+    return std::max(r.cost.flops / (c.peak() * p.share * eff), p.stream(r.cost.bytes * scale));
   };
   double linear_fwd = 0, attn_fwd = 0, attn_bwd = 0;
   // A sparse block's experts: traced with a balanced router (every expert T·k/E rows); the
@@ -343,7 +356,7 @@ LayerCost traced_layer_cost(const ModelSpec& m, const Cluster& c, const LayerSha
         p.attention_recompute += u.attention_recompute;
       }
     } else if (product) {
-      t = product_time(r, r.op == "sdpa" ? c.software.attention_efficiency : 1) + overhead * (r.backward ? 2 : 1);
+      t = product_time(r) + overhead * (r.backward ? 2 : 1);
       if (r.op == "grouped_matmul") t *= lc.imbalance;
     } else {
       t = p.stream(r.cost.bytes * scale) + overhead;

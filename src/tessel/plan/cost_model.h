@@ -27,6 +27,9 @@ struct Precision {
   double param = 2, grad = 4, optimizer = 12, activation = 2;
 };
 Precision precision_for(const std::string& dtype);
+// Bytes an optimizer step streams per parameter: its states read and written, the gradient and
+// the parameter once each.
+inline double optimizer_step_bytes(const Precision& p) { return 2 * p.optimizer + p.grad + p.param; }
 
 // One collective group as laid out on the cluster: `size` ranks, `per_node` of them on each
 // node they touch (size == per_node: inside one node).

@@ -527,11 +527,12 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
     dp_comm = reduce_exposed + gather_exposed;
     dp_hidden = reduce + gather - dp_comm;
   }
-  // The optimizer streams its state, the gradient and the parameter once (read and write).
+  // The optimizer streams its state, the gradient and the parameter once (read and write), at the
+  // share of the streaming rate the software's optimizer reaches.
   const double opt_params = l.sharding_stage >= 1 ? params_max / l.dp : params_max;
-  const double opt_time = opt_params * (2 * prec.optimizer + prec.grad + prec.param) /
+  const double opt_time = opt_params * optimizer_step_bytes(prec) /
                           (c.device.memory_bandwidth * c.calibration.memory_efficiency *
-                           c.compute_share(c.devices_per_node));
+                           c.software.optimizer_efficiency * c.compute_share(c.devices_per_node));
 
   e.step_time = makespan + dp_comm + opt_time + c.software.step_overhead;
   const size_t busiest = static_cast<size_t>(std::max_element(busy.begin(), busy.end()) - busy.begin());

@@ -110,6 +110,8 @@ SoftwareProfile tessel_cpu() {
       "in line (docs/parallel.md); pipeline sends are posted and waited for by the receiver";
   s.sources["op_overhead"] = "measured by tessel cluster detect (the local cluster); 0 here";
   s.sources["attention_efficiency"] = "measured by tessel cluster detect (the local cluster); 1 here";
+  s.sources["optimizer_efficiency"] = "measured by tessel cluster detect (the local cluster); 1 here";
+  s.sources["attention_half_dim"] = "measured by tessel cluster detect (the local cluster); 0 here (the GEMMs' curve)";
   s.sources["fragmentation"] = "0: host memory (malloc), no caching allocator";
   s.sources["reserved_bytes"] = "0: no device context or communication buffers beyond the process";
   return s;

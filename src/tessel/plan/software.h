@@ -44,11 +44,17 @@ struct SoftwareProfile {
                                      // false: scores materialised (Megatron-LM 2021)
   double attention_efficiency = 1;   // a fused attention kernel's rate as a share of a GEMM's of
                                      // its size (seq), FLOPs counted over the whole s x s: up to
-                                     // 2, since a causal kernel skips the masked half
+                                     // 2, since a causal kernel skips the masked half (up to 4
+                                     // with attention_half_dim, the share as the query length grows)
+  double attention_half_dim = 0;     // the fused kernel's own efficiency curve over its query
+                                     // length d, d / (d + half) in place of the GEMMs' (0: theirs)
   double kernel_efficiency = 1;      // share of the device's lone-GEMM rate the stack's GEMMs reach
                                      // inside a training step (clocks under load, the wgrad
                                      // accumulation into f32 main gradients, stream contention)
   double op_overhead = 0;            // seconds per kernel (launch, framework dispatch)
+  double optimizer_efficiency = 1;   // share of the streaming rate (memory_bandwidth x
+                                     // memory_efficiency) the optimizer step reaches on the bytes
+                                     // it streams (optimizer_step_bytes)
   // The loss over the (vocab-parallel) logits as memory traffic per logit element, forward and
   // backward; 0: one softmax pass as the op registry costs it (tessel's fused cross entropy).
   double loss_fwd_bytes = 0, loss_bwd_bytes = 0;
