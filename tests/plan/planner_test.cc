@@ -166,6 +166,37 @@ TEST(CostModel, GemmSizeIsTheSmallestDimOrTheHarmonicMean) {
   EXPECT_EQ(gemm_size(tiles, 256, 256, 768), gemm_size(tiles, 2048, 256, 768));
 }
 
+// A software profile's rates: optimizer_efficiency divides the optimizer's streaming time;
+// attention_half_dim gives the fused attention kernel a curve of its own over its query length
+// (a context-parallel ring's short blocks cost more than along the GEMMs' curve), and however
+// high attention_efficiency goes the kernel is charged at most twice a large GEMM's rate.
+TEST(CostModel, SoftwareRatesOfTheOptimizerAndOfShortAttention) {
+  const ModelSpec m = model_preset("gpt-1.7b");
+  Cluster c = cluster_preset("dgx-h100:8");
+  Layout l;
+  l.dp = 8;
+  l.sharding_stage = 1;
+  const Estimate base = evaluate(m, c, l, 64);
+  Cluster slow_opt = c;
+  slow_opt.software.optimizer_efficiency = 0.5;
+  EXPECT_NEAR(evaluate(m, slow_opt, l, 64).optimizer / base.optimizer, 2.0, 1e-9);
+
+  LayerShape s;
+  s.micro_batch = 1;
+  s.fused_attention = true;
+  s.cp = 8;  // ring blocks of seq / 8 queries
+  s.cp_group = GroupSpan{8, 8};
+  Cluster own_curve = c;
+  own_curve.software.attention_half_dim = 10 * c.calibration.gemm_half_dim;
+  EXPECT_GT(layer_cost(m, own_curve, s).fwd, layer_cost(m, c, s).fwd);
+  Cluster fast = c, faster = c;
+  fast.software.attention_half_dim = faster.software.attention_half_dim = 1;
+  fast.software.attention_efficiency = 3.5;
+  faster.software.attention_efficiency = 4;
+  EXPECT_DOUBLE_EQ(layer_cost(m, fast, s).fwd, layer_cost(m, faster, s).fwd);  // both at the cap
+  EXPECT_LT(layer_cost(m, fast, s).fwd, layer_cost(m, c, s).fwd);
+}
+
 // The simulated schedule and the closed form agree for balanced stages; the bubble matches
 // the schedule's theoretical idle share.
 TEST(Planner, SimulationAgreesWithTheClosedForm) {
