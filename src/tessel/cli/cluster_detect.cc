@@ -66,6 +66,16 @@ class ThreadsScope {
   int before_;
 };
 
+// The half-dim of an efficiency curve E·d/(d + half) through a kernel's shares at two sizes
+// d1 > d2: their ratio R gives half = d1 d2 (R - 1) / (d1 - R d2), within [1, 4096] (no
+// slowdown at d2: 1; the whole ratio of the sizes or more: 4096).
+double half_dim(double share1, double share2, double d1, double d2) {
+  const double ratio = share1 / std::max(share2, 1e-9);
+  if (ratio <= 1) return 1.0;
+  if (ratio >= 0.999 * d1 / d2) return 4096.0;
+  return std::clamp(d1 * d2 * (ratio - 1) / (d1 - ratio * d2), 1.0, 4096.0);
+}
+
 // n x n x n sgemm operands; rate(reps) is the FLOP/s of `reps` calls in a row.
 struct Square {
   int n;
@@ -297,7 +307,7 @@ KernelFigures measure_kernels() {
     auto step = [&] {
       double squares = 0;
       for (const optim::ParamRef& p : params) squares += optim::sum_squares(p.param.grad());
-      adamw.step(static_cast<float>(std::min(1.0, 1.0 / (std::sqrt(squares) + 1e-6))));
+      adamw.step(optim::clip_coefficient(std::sqrt(squares), 1.0));
     };
     step();  // the moments are made on the first step
     constexpr int kRounds = 7;
@@ -411,7 +421,7 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
           small_attention_share[r] = k.small_attention_share;
           stream[r] = k.stream_bandwidth;
           optimizer[r] = k.optimizer_rate;
-          kernels.optimizer_params = k.optimizer_params;
+          if (rank == 0) kernels.optimizer_params = k.optimizer_params;
         },
         SpawnOptions{.threads_per_rank = threads});
     // Medians over the ranks; the peak is the time-averaged 1024^3 rate while every rank
@@ -426,24 +436,16 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
     kernels.optimizer_rate = median(optimizer);
   }
   // eff(d) = E * d / (d + half) through the two linears, d their harmonic gemm_size (a CPU's
-  // GEMMs are bound by operand traffic, not by tiles): the ratio R = eff(d1) / eff(d2) gives
-  // half = d1 d2 (R - 1) / (d1 - R d2), then E from the large one (at most 1).
+  // GEMMs are bound by operand traffic, not by tiles): half from the two (half_dim), then E from
+  // the large one (at most 1).
   plan::Calibration harmonic;
   harmonic.gemm_size = "harmonic";
   const double d1 = plan::gemm_size(harmonic, 2048, 1024, 1024), d2 = plan::gemm_size(harmonic, 2048, 256, 256);
-  const double ratio = kernels.linear_share / std::max(kernels.small_linear_share, 1e-9);
-  const double half = ratio <= 1                 ? 1.0
-                      : ratio >= 0.999 * d1 / d2 ? 4096.0
-                                                 : std::clamp(d1 * d2 * (ratio - 1) / (d1 - ratio * d2), 1.0, 4096.0);
+  const double half = half_dim(kernels.linear_share, kernels.small_linear_share, d1, d2);
   const double gemm_eff = std::clamp(kernels.linear_share * (d1 + half) / d1, 0.05, 1.0);
   // The attention kernel's own curve, the same way from its shares at T = 128 and 32.
   const double a1 = 128, a2 = 32;
-  const double attention_ratio = kernels.attention_share / std::max(kernels.small_attention_share, 1e-9);
-  const double attention_half =
-      attention_ratio <= 1 ? 1.0
-      : attention_ratio >= 0.999 * a1 / a2
-          ? 4096.0
-          : std::clamp(a1 * a2 * (attention_ratio - 1) / (a1 - attention_ratio * a2), 1.0, 4096.0);
+  const double attention_half = half_dim(kernels.attention_share, kernels.small_attention_share, a1, a2);
 
   progress("measuring memcpy bandwidth (one thread, 256 MiB)...");
   const double copied = measure_memcpy_bandwidth();

@@ -43,16 +43,16 @@ constexpr size_t kDefaultSlotBytes = size_t{4} << 20;
 // wait itself — with 50 µs, 2 processes on 2 cores ran a data-parallel step of
 // configs/bench-gpt2.yaml 6-15% slower than 2 thread ranks (bench/ddp_vs_pytorch.py), with 5 ms 2-4%.
 constexpr std::chrono::microseconds kShmSpin{50};
+// Sleeps are sliced so that a waiter notices a dead process, a rank that left and its deadline.
+constexpr std::chrono::milliseconds kSleepSlice{20};
+// How often a waiter asks the OS whether the ranks it waits for still run.
+constexpr std::chrono::milliseconds kLookEvery{100};
 
 // The workers a launcher started on this node (LOCAL_WORLD_SIZE; 0 without one).
 int launched_workers() {
   const char* v = std::getenv("LOCAL_WORLD_SIZE");
   return v != nullptr ? std::max(0, std::atoi(v)) : 0;
 }
-// Sleeps are sliced so that a waiter notices a dead process, a rank that left and its deadline.
-constexpr std::chrono::milliseconds kSleepSlice{20};
-// How often a waiter asks the OS whether the ranks it waits for still run.
-constexpr std::chrono::milliseconds kLookEvery{100};
 
 struct Header {
   uint64_t magic;
