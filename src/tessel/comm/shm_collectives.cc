@@ -41,7 +41,7 @@ constexpr size_t kDefaultSlotBytes = size_t{4} << 20;
 // the core from one that is still computing. When each process has a core, a barrier polls for
 // kSpinBudget (comm/spin.h): waking a sleeper on a virtual machine can take far longer than the
 // wait itself — with 50 µs, 2 processes on 2 cores ran a data-parallel step of
-// configs/bench-gpt2.yaml 6-15% slower than 2 thread ranks (bench/ddp_vs_pytorch.py), with 5 ms 2-4%.
+// configs/bench-gpt2.yaml 6-15% slower than 2 thread ranks (alternating 30-step runs), with 5 ms 1-5%.
 constexpr std::chrono::microseconds kShmSpin{50};
 // Sleeps are sliced so that a waiter notices a dead process, a rank that left and its deadline.
 constexpr std::chrono::milliseconds kSleepSlice{20};
