@@ -287,8 +287,9 @@ KernelFigures measure_kernels() {
     for (int r = 0; r < kRounds; ++r) layer(static_cast<size_t>(r % 4));
     k.stream_bandwidth = charged * kRounds / seconds_since(t0);
   }
-  // The optimizer step as the engine runs it once a step's gradients are in: the global gradient
-  // norm (a read of every gradient), then AdamW with the clipping coefficient folded in, over the
+  // The optimizer step's kernels as the engine's step calls them (optim::sum_squares and
+  // optim::adamw_update, without the ZeRO shards' packing) once a step's gradients are in: the
+  // global gradient norm (a read of every gradient), then AdamW with the clip folded in, over the
   // parameters of four GPT-2 layers of width 256 (3.2M, with their gradients and moments 50 MB a
   // rank: a step streams them from beyond the caches a core has). A 1024^3 sgemm runs between
   // steps, as a step's forward and backward do. The rate is the bytes the cost model charges
@@ -535,7 +536,8 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
                                   overhead * 1e6, origin)},
       {"optimizer_efficiency",
        fmt::format(
-           "the optimizer step as the engine runs it (the global gradient norm, then AdamW with the clipping "
+           "the optimizer step's kernels as the engine calls them (the global gradient norm, then AdamW with the "
+           "clipping "
            "coefficient) on {:.2f}M parameters of four GPT-2 layers of width 256, a 1024^3 sgemm between steps, "
            "with {} rank{} computing: {:.2f} GB/s on the {} bytes per parameter the cost model charges, this "
            "share of memory_bandwidth; {}",

@@ -209,7 +209,8 @@ SoftwareProfile read_software(Section& parent, const std::string& origin) {
   SoftwareProfile p = is_software_profile(name) ? software_profile(name) : SoftwareProfile{};
   p.name = name;
   p.fused_attention = s.get<bool>("fused_attention", p.fused_attention);
-  // Up to 2: a causal kernel skips the masked half of the FLOPs that sdpa's cost counts.
+  // Up to 2: a causal kernel skips the masked half of the FLOPs that sdpa's cost counts; up to 4
+  // with a half-dim of its own, where it is the share as the query length grows (capped in the cost model).
   p.attention_half_dim = s.non_negative("attention_half_dim", p.attention_half_dim);
   p.attention_efficiency =
       s.efficiency("attention_efficiency", p.attention_efficiency, p.attention_half_dim > 0 ? 4 : 2);
