@@ -3,6 +3,7 @@
 // large enough that each op splits into several chunks (several gemm tiles for the products).
 // A gemm handed to OpenBLAS's own threads fails this: its split, and with it the rounding of
 // about one element in ten, follows the thread count.
+#include <cblas.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -144,6 +145,47 @@ TEST(GemmGrid, CoversTheProductAndSplitsLargeOnes) {
     }
     EXPECT_LE(g.row_blocks * g.col_blocks, 512);
   }
+}
+
+// kernels::gemm at 1-4 threads gives, bit for bit, what one single-threaded BLAS call a tile
+// of its grid gives, on f32 products whose tiles a thread merges into one call (and on some
+// with a corner tile of one row, small enough for BLAS to take another path, which it does
+// not merge), every transpose, beta 0 and 1.
+TEST(GemmTiles, MergedCallsKeepEachTilesBits) {
+  struct Shape3 {
+    int64_t M, N, K;
+  };
+  const Shape3 shapes[] = {{512, 1024, 256}, {512, 256, 1024}, {256, 1024, 512}, {1024, 768, 256},
+                           {1000, 700, 300}, {3000, 300, 512}, {777, 333, 4097}, {2641, 100, 2048}};
+  const int before = current_num_threads();
+  int merged = 0;
+  for (const Shape3& s : shapes)
+    for (int trans = 0; trans < 4; ++trans)
+      for (float beta : {0.0f, 1.0f}) {
+        const bool ta = trans & 1, tb = trans & 2;
+        SCOPED_TRACE(fmt::format("{}x{}x{} ta {} tb {} beta {}", s.M, s.N, s.K, ta, tb, beta));
+        const Tensor a = rand_tensor({s.M * s.K}, DType::f32, 50), b = rand_tensor({s.K * s.N}, DType::f32, 51);
+        const Tensor c0 = rand_tensor({s.M * s.N}, DType::f32, 52);
+        const int64_t lda = ta ? s.M : s.K, ldb = tb ? s.K : s.N;
+        const float* pa = a.data<float>();
+        const float* pb = b.data<float>();
+        const kernels::GemmGrid g = kernels::gemm_grid(s.M, s.N, s.K);
+        merged += g.row_blocks * g.col_blocks > 1;
+        Tensor want = view::clone(c0);
+        for (int64_t i0 = 0; i0 < s.M; i0 += g.rows)
+          for (int64_t j0 = 0; j0 < s.N; j0 += g.cols)
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                        std::min(g.rows, s.M - i0), std::min(g.cols, s.N - j0), s.K, 1.0f, ta ? pa + i0 : pa + i0 * lda,
+                        lda, tb ? pb + j0 * ldb : pb + j0, ldb, beta, want.data<float>() + i0 * s.N + j0, s.N);
+        for (int threads : {1, 2, 3, 4}) {
+          set_default_num_threads(threads);
+          Tensor got = view::clone(c0);
+          kernels::gemm<float>(ta, tb, s.M, s.N, s.K, 1.0f, pa, lda, pb, ldb, beta, got.data<float>(), s.N);
+          EXPECT_EQ(first_difference(got, want), "") << threads << " threads against a call a tile";
+        }
+      }
+  set_default_num_threads(before);
+  EXPECT_GT(merged, 0);
 }
 
 }  // namespace

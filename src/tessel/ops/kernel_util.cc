@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "tessel/ops/reduce.h"
 #include "tessel/ops/shape.h"
@@ -83,6 +84,15 @@ GemmGrid gemm_grid(int64_t M, int64_t N, int64_t K) {
   return g;
 }
 
+// Below this many multiply-adds OpenBLAS 0.3.21 may leave its packed path for one without
+// K-blocking, which rounds differently: the SkylakeX/Cooperlake "direct" sgemm (row-major, no
+// transposes, alpha 1, beta 0, below 28·512·512) and the small-matrix kernels (up to 100³).
+// Above it, every element of C is summed over K in blocks that depend on K alone, so a call
+// on a rectangle of whole tiles gives each element the bits the tiles' own calls give it
+// (tile sides are multiples of 16, the register tiles' widths, so no element moves between a
+// full and an edge register tile).
+constexpr double kBlasPackedWork = 28.0 * 512 * 512;
+
 template <typename T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
           T beta, T* C, int64_t ldc) {
@@ -95,18 +105,43 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A
   ProfileScope profile_scope("(blas gemm)");
   blas_single_threaded();
   const GemmGrid g = gemm_grid(M, N, K);
-  // Tile t covers rows [i0, i0 + m) and columns [j0, j0 + n) of C: op(A)'s rows i0.. are A's
-  // rows (or, transposed, its columns) from i0; op(B)'s columns j0.. likewise.
-  auto tile = [&](int64_t t) {
-    const int64_t i0 = (t / g.col_blocks) * g.rows, j0 = (t % g.col_blocks) * g.cols;
-    const int64_t m = std::min(g.rows, M - i0), n = std::min(g.cols, N - j0);
+  // The rows [i0, i0 + m) and columns [j0, j0 + n) of C: op(A)'s rows i0.. are A's rows (or,
+  // transposed, its columns) from i0; op(B)'s columns j0.. likewise.
+  auto rect = [&](int64_t i0, int64_t j0, int64_t m, int64_t n) {
     blas_gemm(ta, tb, m, n, K, alpha, ta ? A + i0 : A + i0 * lda, lda, tb ? B + j0 * ldb : B + j0, ldb, beta,
               C + i0 * ldc + j0, ldc);
   };
+  // Tiles [t0, t1) in row-major grid order, as few rectangles as they form: the rest of a
+  // first partial grid row, whole grid rows, the start of a last partial one.
+  auto tiles_from = [&](int64_t t0, int64_t t1) {
+    while (t0 < t1) {
+      const int64_t r = t0 / g.col_blocks, c = t0 % g.col_blocks;
+      const int64_t i0 = r * g.rows, j0 = c * g.cols;
+      if (c == 0 && t1 - t0 >= g.col_blocks) {
+        const int64_t full_rows = (t1 - t0) / g.col_blocks;
+        rect(i0, 0, std::min(full_rows * g.rows, M - i0), N);
+        t0 += full_rows * g.col_blocks;
+      } else {
+        const int64_t end = std::min(t1, (r + 1) * g.col_blocks);
+        rect(i0, j0, std::min(g.rows, M - i0), std::min((end - t0) * g.cols, N - j0));
+        t0 = end;
+      }
+    }
+  };
   const int64_t tiles = g.row_blocks * g.col_blocks;
-  if (tiles == 1) return tile(0);
-  parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) tile(t);
+  if (tiles == 1) return rect(0, 0, M, N);
+  // The grid fixes the bits; how many calls carry them is free where a call on several tiles
+  // rounds as the tiles' own calls do. Then each thread takes one run of consecutive tiles as
+  // one call (BLAS packs each operand once instead of once a tile): f32 products whose
+  // smallest tile, the corner one, stays on the packed path. OpenBLAS's SkylakeX dgemm does
+  // not keep the bits of a tile inside a larger call (a fifth of a sweep of large f64 shapes
+  // differed), so f64 — the dtype of gradient checks, not of training — keeps a call a tile.
+  const double corner = static_cast<double>(M - (g.row_blocks - 1) * g.rows) *
+                        static_cast<double>(N - (g.col_blocks - 1) * g.cols) * static_cast<double>(K);
+  const bool merge = std::is_same_v<T, float> && corner >= kBlasPackedWork;
+  const int64_t parts = merge ? std::min<int64_t>(tiles, current_num_threads()) : tiles;
+  parallel_for(0, parts, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) tiles_from(p * tiles / parts, (p + 1) * tiles / parts);
   });
 }
 

@@ -61,8 +61,10 @@ Tensor map2(const Tensor& a, const Tensor& b, F f) {
 // count and rounds its edge tiles differently from its full ones, so its result depends on the
 // thread count (0.3.21, 256x768x2048: 9% of the elements differ between 1 and 2 threads).
 // tessel therefore runs OpenBLAS on one thread and splits C itself into a grid of tiles that
-// depends only on M, N and K (gemm_grid); each tile is one single-threaded BLAS call and each
-// element of C belongs to one tile, so the bits do not depend on the number of threads.
+// depends only on M, N and K (gemm_grid); each element of C belongs to one tile and gets the
+// bits a single-threaded BLAS call on that tile gives it, so they do not depend on the number
+// of threads. The consecutive tiles one thread takes run as one call where that gives the same
+// bits (the tiles are large enough for BLAS's packed path), so BLAS packs each operand once.
 template <typename T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
           T beta, T* C, int64_t ldc);
