@@ -158,7 +158,8 @@ TEST(GemmTiles, MergedCallsKeepEachTilesBits) {
   const Shape3 shapes[] = {{512, 1024, 256}, {512, 256, 1024}, {256, 1024, 512}, {1024, 768, 256},
                            {1000, 700, 300}, {3000, 300, 512}, {777, 333, 4097}, {2641, 100, 2048}};
   const int before = current_num_threads();
-  int merged = 0;
+  openblas_set_num_threads(1);  // the reference's calls, as kernels::gemm makes them
+  int split = 0;
   for (const Shape3& s : shapes)
     for (int trans = 0; trans < 4; ++trans)
       for (float beta : {0.0f, 1.0f}) {
@@ -170,7 +171,7 @@ TEST(GemmTiles, MergedCallsKeepEachTilesBits) {
         const float* pa = a.data<float>();
         const float* pb = b.data<float>();
         const kernels::GemmGrid g = kernels::gemm_grid(s.M, s.N, s.K);
-        merged += g.row_blocks * g.col_blocks > 1;
+        split += g.row_blocks * g.col_blocks > 1;
         Tensor want = view::clone(c0);
         for (int64_t i0 = 0; i0 < s.M; i0 += g.rows)
           for (int64_t j0 = 0; j0 < s.N; j0 += g.cols)
@@ -185,7 +186,7 @@ TEST(GemmTiles, MergedCallsKeepEachTilesBits) {
         }
       }
   set_default_num_threads(before);
-  EXPECT_GT(merged, 0);
+  EXPECT_GT(split, 0) << "no shape splits into tiles: the test checks nothing";
 }
 
 }  // namespace
