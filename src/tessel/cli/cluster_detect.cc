@@ -535,14 +535,12 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
                                   "{:.2f} us; {}",
                                   overhead * 1e6, origin)},
       {"optimizer_efficiency",
-       fmt::format(
-           "the optimizer step's kernels as the engine calls them (the global gradient norm, then AdamW with the "
-           "clipping "
-           "coefficient) on {:.2f}M parameters of four GPT-2 layers of width 256, a 1024^3 sgemm between steps, "
-           "with {} rank{} computing: {:.2f} GB/s on the {} bytes per parameter the cost model charges, this "
-           "share of memory_bandwidth; {}",
-           static_cast<double>(kernels.optimizer_params) / 1e6, concurrent, concurrent == 1 ? "" : "s",
-           kernels.optimizer_rate / 1e9, plan::optimizer_step_bytes(plan::precision_for("f32")), origin)},
+       fmt::format("the optimizer step's kernels as the engine calls them (the global gradient norm, then AdamW with "
+                   "the clipping coefficient) on {:.2f}M parameters of four GPT-2 layers of width 256, a 1024^3 sgemm "
+                   "between steps, with {} rank{} computing: {:.2f} GB/s on the {} bytes per parameter the cost model "
+                   "charges, this share of memory_bandwidth; {}",
+                   static_cast<double>(kernels.optimizer_params) / 1e6, concurrent, concurrent == 1 ? "" : "s",
+                   kernels.optimizer_rate / 1e9, plan::optimizer_step_bytes(plan::precision_for("f32")), origin)},
       {"fragmentation", "0: host memory (malloc), no caching allocator"},
       {"reserved_bytes", "0: no device context or communication buffers beyond the process"},
   };
