@@ -254,8 +254,8 @@ TEST(Planner, RankMappingPutsTensorParallelInsideANode) {
   Estimate e = predict(table1_row("gpt-146b"));
   ASSERT_EQ(e.mapping.order.size(), 3u);
   EXPECT_EQ(e.mapping.order.front(), "tp");
-  ASSERT_FALSE(e.mapping.reasons.empty());
-  EXPECT_NE(e.mapping.reasons.front().find("inside one node"), std::string::npos) << e.mapping.reasons.front();
+  ASSERT_FALSE(e.mapping.reasons().empty());
+  EXPECT_NE(e.mapping.reasons().front().find("inside one node"), std::string::npos) << e.mapping.reasons().front();
   GroupSpan tp = e.mapping.span("tp", e.layout, cluster_preset("dgx-a100-80g:1536"));
   EXPECT_EQ(tp.per_node, 8);
 }

@@ -45,7 +45,7 @@ void print_table(const std::vector<plan::Estimate>& plans, const plan::Cluster& 
                 gb(c.device.memory_bytes).c_str(), gb(e.memory.params).c_str(), gb(e.memory.grads).c_str(),
                 gb(e.memory.optimizer).c_str(), gb(e.memory.activations).c_str(), gb(e.memory.other).c_str());
     std::printf("    ranks (innermost first): %s\n", fmt::format("{}", fmt::join(e.mapping.order, ", ")).c_str());
-    for (const std::string& why : e.mapping.reasons) std::printf("      %s\n", why.c_str());
+    for (const std::string& why : e.mapping.reasons()) std::printf("      %s\n", why.c_str());
   }
 }
 

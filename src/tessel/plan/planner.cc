@@ -82,6 +82,24 @@ GroupSpan RankMapping::span(const std::string& dim, const Layout& l, const Clust
   return GroupSpan{size, per_node};
 }
 
+std::vector<std::string> RankMapping::reasons() const {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const GroupSpan g = spans[i];
+    std::string where;
+    if (g.size == 1)
+      where = "size 1, no traffic";
+    else if (g.per_node == g.size)
+      where = fmt::format("all {} ranks inside one node ({})", g.size, intra);
+    else if (g.per_node == 1)
+      where = fmt::format("{} ranks on {} nodes, across {}", g.size, g.size, inter);
+    else
+      where = fmt::format("{} ranks, {} per node: {} inside, {} across", g.size, g.per_node, intra, inter);
+    out.push_back(fmt::format("{}: {:.4g} GB per device per step -> {}", order[i], bytes[i] / 1e9, where));
+  }
+  return out;
+}
+
 namespace {
 
 // The most communicating dim goes innermost (consecutive ranks: one node, the fastest links),
@@ -102,18 +120,16 @@ RankMapping map_ranks(const Cluster& c, const Layout& l, double tp_bytes, double
     return std::get<1>(a) < std::get<1>(b);
   });
   RankMapping r;
+  r.intra = c.intra.kind;
+  r.inter = c.inter.kind;
   for (const auto& d : dims) r.order.push_back(std::get<2>(d));
   for (const auto& [key, index, name] : dims) {
-    const double bytes = index == 0 ? tp_bytes : index == 1 ? cp_bytes : index == 2 ? ep_bytes : index == 3 ? dp_bytes : pp_bytes;
-    GroupSpan g = r.span(name, l, c);
-    std::string where;
-    if (g.size == 1) where = "size 1, no traffic";
-    else if (g.per_node == g.size) where = fmt::format("all {} ranks inside one node ({})", g.size, c.intra.kind);
-    else if (g.per_node == 1) where = fmt::format("{} ranks on {} nodes, across {}", g.size, g.size, c.inter.kind);
-    else
-      where = fmt::format("{} ranks, {} per node: {} inside, {} across", g.size, g.per_node, c.intra.kind,
-                          c.inter.kind);
-    r.reasons.push_back(fmt::format("{}: {:.4g} GB per device per step -> {}", name, bytes / 1e9, where));
+    r.bytes.push_back(index == 0   ? tp_bytes
+                      : index == 1 ? cp_bytes
+                      : index == 2 ? ep_bytes
+                      : index == 3 ? dp_bytes
+                                   : pp_bytes);
+    r.spans.push_back(r.span(name, l, c));
   }
   return r;
 }
@@ -706,7 +722,7 @@ Json Estimate::to_json() const {
   Json order = Json::Array{};
   for (const std::string& d : mapping.order) order.push_back(d);
   Json reasons = Json::Array{};
-  for (const std::string& r : mapping.reasons) reasons.push_back(r);
+  for (const std::string& r : mapping.reasons()) reasons.push_back(r);
   Json map = Json::Object{};
   map["innermost_first"] = order;
   map["why"] = reasons;

@@ -55,9 +55,14 @@ Layout parse_layout(const std::string& text, int64_t global_batch, int devices);
 
 // Which physical level each mesh dim's groups use, innermost (fastest links) first.
 struct RankMapping {
-  std::vector<std::string> order;    // e.g. {"tp", "ep", "dp", "pp"} (ep and cp when used)
-  std::vector<std::string> reasons;  // one line per dim: its traffic and where it landed
+  std::vector<std::string> order;  // e.g. {"tp", "ep", "dp", "pp"} (ep and cp when used)
+  std::vector<double> bytes;       // per dim of `order`: its traffic per device per step
+  std::vector<GroupSpan> spans;    // per dim of `order`: where its groups landed
+  std::string intra, inter;        // the cluster's link kinds, for reasons()
   GroupSpan span(const std::string& dim, const Layout& l, const Cluster& c) const;
+  // One line per dim: its traffic and where it landed. Formatted on demand: the search maps
+  // the ranks of every candidate and prints a few.
+  std::vector<std::string> reasons() const;
 };
 
 struct MemoryBreakdown {
