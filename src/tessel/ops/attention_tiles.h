@@ -172,13 +172,24 @@ void online_softmax(T* __restrict st, int64_t ld, int64_t bc, int64_t rows, T* _
         return k & static_cast<__mmask16>(v0 | (static_cast<unsigned>(v1) << 8));
       };
       const __m512 m_old = _mm512_mask_loadu_ps(neg_inf, k, m + r);
-      __m512 mx = m_old;
-      for (int64_t c = 0; c < bc; ++c)
-        mx = _mm512_mask_max_ps(mx, visible(c), mx, _mm512_maskz_loadu_ps(k, st + c * ld + r));
+      // The running max over the block's keys in four chains (max is exact in any order): one
+      // chain waits a max's latency per key, four keep the loads coming.
+      __m512 mc[4] = {m_old, m_old, m_old, m_old};
+      int64_t c = 0;
+      for (; c + 4 <= bc; c += 4)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j)
+          mc[j] = _mm512_mask_max_ps(mc[j], visible(c + j), mc[j], _mm512_maskz_loadu_ps(k, st + (c + j) * ld + r));
+      for (; c < bc; ++c)
+        mc[0] = _mm512_mask_max_ps(mc[0], visible(c), mc[0], _mm512_maskz_loadu_ps(k, st + c * ld + r));
+      // (The masked form with every lane set: GCC 12 warns on the unmasked one's undefined source.)
+      const __m512 m01 = _mm512_mask_max_ps(mc[0], kAll, mc[0], mc[1]);
+      const __m512 m23 = _mm512_mask_max_ps(mc[2], kAll, mc[2], mc[3]);
+      const __m512 mx = _mm512_mask_max_ps(m01, kAll, m01, m23);
       const __m512 b = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
       const __m512 a = fast::exp2_16(_mm512_sub_ps(m_old, b));
       __m512 sum = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, l + r), a);
-      for (int64_t c = 0; c < bc; ++c) {
+      for (c = 0; c < bc; ++c) {
         T* x = st + c * ld + r;
         const __m512 y = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, x), b);
         const __m512 e = _mm512_maskz_mov_ps(visible(c), Finite ? fast::exp2_16_finite(y) : fast::exp2_16(y));
