@@ -161,11 +161,20 @@ TEST(TracedCosts, TheStepsDataAndPipelineTrafficChargedIsWhatARealStepCounts) {
       cfg.train.steps = 2;
       std::mutex mu;
       std::vector<GroupStats> first, second;
+      double copied = -1;  // the second step's bucket copies on the traced rank, as its ops recorded them
       ParallelTrainOptions opts{.base = TrainOptions{.progress = false, .quiet = true}};
       opts.on_step = [&](const StepRecord& rec) {
         if (current_world_rank() != e.traced_rank) return;
         std::lock_guard lock(mu);
         (rec.step == 0 ? first : second) = world_group()->stats_by_group();
+        if (rec.step == 0) {
+          reset_op_trace();
+          rank_context().trace_ops = true;
+        } else {
+          copied = 0;
+          for (const auto* side : {&op_trace().forward, &op_trace().backward})
+            if (auto it = side->find("bucket_copy"); it != side->end()) copied += it->second.bytes;
+        }
       };
       train_parallel_threads(cfg, static_cast<int>(cfg.parallel.world_size()), opts);
       RankTrace real;
@@ -184,8 +193,12 @@ TEST(TracedCosts, TheStepsDataAndPipelineTrafficChargedIsWhatARealStepCounts) {
       const auto want = charged(collectives_by_dim(real, cfg.parallel));
       EXPECT_EQ(charged(e.step_collectives), want);
       EXPECT_FALSE(want.empty());
+      // The optimizer's copies around its buckets: charged as many bytes as the real step's
+      // packing recorded, at least every gradient summed over dp once (f32, read and written).
+      EXPECT_EQ(e.step_copy_bytes, copied);
       if (layout.dp > 1) {
         EXPECT_GT(e.dp_comm + e.dp_hidden, 0);
+        EXPECT_GE(e.step_copy_bytes, 2 * e.memory.params);
       }
     }
 }

@@ -192,8 +192,16 @@ Tensor as_reduced(const Tensor& g, const Placements& stored, size_t dp_dim, size
   return have == target ? g : reshard(g, mesh, target);
 }
 
+// Records a copy of `t` the optimizer makes around its buckets (each element read and written
+// once) in this rank's op trace: the planner charges a traced step's copies from there
+// (plan::TracedStep::copy_bytes), as the runtime makes them.
+void trace_copy(const Tensor& t, int times = 1) {
+  if (tracing_ops()) trace_cost("bucket_copy", Cost{0, 2.0 * times * static_cast<double>(t.nbytes())});
+}
+
 // Copies `src` into `flat` at `at` (laid out contiguously with src's shape).
 void pack(const Tensor& flat, int64_t at, const Tensor& src) {
+  trace_copy(src);
   view::copy(view::reshape(view::slice(flat, 0, at, at + src.numel()), src.shape()), src);
 }
 // The piece of `flat` at `at` with `shape`.
@@ -508,6 +516,7 @@ double ShardedOptimizer::step(double lr, double max_norm) {
       for (int64_t r = 0; r < dp; ++r) {
         if (r == me) continue;
         const Tensor box = s.box(piece, r);
+        trace_copy(box);
         view::copy(box, unpack(g.all, g.start[static_cast<size_t>(r)] + g.at[k - g.first][static_cast<size_t>(r)],
                                box.shape()));
       }
@@ -559,7 +568,9 @@ void ShardedOptimizer::update(size_t i, float clip, double lr) {
   const Tensor target = s.box(piece, layout_.coord("dp"));
   // A box along an inner dim is strided: updated in a contiguous copy, then written back.
   const Tensor p = target.is_contiguous() ? target : view::contiguous(target);
+  if (!target.is_contiguous()) trace_copy(target, 2);  // into p, and back after the update
   const Tensor g = view::contiguous(local_piece(s.grad));
+  if (!local_piece(s.grad).is_contiguous()) trace_copy(g);
   TESSEL_ASSERT(g.shape() == p.shape(), "parameter '{}': gradient shard {} for parameter shard {}", s.p->name,
                 shape_str(g.shape()), shape_str(p.shape()));
   if (tracing_ops()) {  // reads and writes the parameter and its states, reads the gradient

@@ -510,6 +510,7 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
         reduce += traced_comm_time(c, x, p.mapping.span(x.dim, l, c), 1.0);
     }
     e.step_collectives = step->comm;
+    e.step_copy_bytes = step->copy_bytes;
     e.traced_rank = step->rank;
   } else if (replicas.size > 1) {
     auto group = [&](double n, GroupSpan g) {
@@ -549,17 +550,11 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
   const double stream_rate =
       c.device.memory_bandwidth * c.calibration.memory_efficiency * c.compute_share(c.devices_per_node);
   double opt_time = opt_params * optimizer_step_bytes(prec) / (stream_rate * c.software.optimizer_efficiency);
-  if (step != nullptr) {
-    // tessel's runtime copies what its buckets carry (Megatron's gradients live in theirs):
-    // each gradient it sums over dp, ep or cp into its bucket (from the backward's hooks at
-    // stages 0-2, from stage 3's gathered weights), and at stages 1 and 2 the updated shards
-    // into the parameters' gather buffer and the other ranks' out of it — each element read
-    // and written once, charged with the optimizer step it belongs to.
-    double packed = 0;
-    if (l.dp > 1) packed = params_max * (l.sharding_stage == 1 || l.sharding_stage == 2 ? 2 : 1);
-    else if (replicas.size > 1) packed = dense_max;
-    opt_time += packed * 2 * prec.grad / stream_rate;
-  }
+  // tessel's runtime copies what its buckets carry (Megatron's gradients live in theirs): each
+  // gradient it sums over dp, ep or cp into its bucket, and at ZeRO 1 and 2 the updated shards
+  // into the parameters' gather buffer and the other ranks' out of it — as many bytes as its
+  // traced step recorded, streamed with the optimizer step they belong to.
+  if (step != nullptr) opt_time += step->copy_bytes / stream_rate;
 
   e.step_time = makespan + dp_comm + opt_time + c.software.step_overhead;
   const size_t busiest = static_cast<size_t>(std::max_element(busy.begin(), busy.end()) - busy.begin());

@@ -94,6 +94,9 @@ struct Estimate {
   // parameters). Its dp and pp entries (and the gradient sums over ep and cp) are what dp_comm
   // and pp_comm are timed from. Empty where the closed forms are used.
   std::vector<TracedCollective> step_collectives;
+  // ... and the bytes that rank's optimizer copies around its buckets (TracedStep::copy_bytes),
+  // streamed with the optimizer step (in `optimizer`).
+  double step_copy_bytes = 0;
   int traced_rank = -1;
   LayerShape block;              // how a dense block was costed (spans, micro-batch): --explain
   bool fits = true;
@@ -134,7 +137,8 @@ struct TracedMemory {
 struct TracedStep {
   TracedMemory memory;
   std::vector<TracedCollective> comm;
-  int rank = 0;  // the world rank traced
+  double copy_bytes = 0;  // what the optimizer's copies around its buckets read and wrote (op "bucket_copy")
+  int rank = 0;           // the world rank traced
 };
 using StepTracer = std::function<TracedStep(const ModelSpec& m, const Layout& l, int64_t global_batch, int stage)>;
 void set_step_tracer(StepTracer tracer);
