@@ -171,9 +171,7 @@ TEST(TracedCosts, TheStepsDataAndPipelineTrafficChargedIsWhatARealStepCounts) {
           reset_op_trace();
           rank_context().trace_ops = true;
         } else {
-          copied = 0;
-          for (const auto* side : {&op_trace().forward, &op_trace().backward})
-            if (auto it = side->find("bucket_copy"); it != side->end()) copied += it->second.bytes;
+          copied = op_trace().bytes("bucket_copy");
         }
       };
       train_parallel_threads(cfg, static_cast<int>(cfg.parallel.world_size()), opts);

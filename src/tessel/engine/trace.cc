@@ -177,8 +177,7 @@ void install_block_tracer() {
     out.memory = plan::TracedMemory{static_cast<double>(r.params), static_cast<double>(r.grads),
                                     static_cast<double>(r.optimizer), static_cast<double>(r.total)};
     out.comm = collectives_by_dim(t, cfg.parallel);
-    for (const auto* side : {&t.ops.forward, &t.ops.backward})
-      if (auto it = side->find("bucket_copy"); it != side->end()) out.copy_bytes += it->second.bytes;
+    out.copy_bytes = t.ops.bytes("bucket_copy");
     out.rank = rank;
     return out;
   });

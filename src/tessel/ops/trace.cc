@@ -23,6 +23,13 @@ double OpTrace::bytes() const {
   return b;
 }
 
+double OpTrace::bytes(std::string_view op) const {
+  double b = 0;
+  for (const auto* side : {&forward, &backward})
+    if (auto it = side->find(std::string(op)); it != side->end()) b += it->second.bytes;
+  return b;
+}
+
 OpTraceScope::OpTraceScope() : previous_(rank_context().trace_ops) { rank_context().trace_ops = true; }
 OpTraceScope::~OpTraceScope() { rank_context().trace_ops = previous_; }
 

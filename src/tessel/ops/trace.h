@@ -38,6 +38,7 @@ struct OpTrace {
   std::vector<OpCallRecord> calls;          // in order
   double flops() const;
   double bytes() const;
+  double bytes(std::string_view op) const;  // of one op's forwards and backwards
 };
 
 // Records the ops this rank runs for the scope's lifetime (meta mode always does).
