@@ -138,18 +138,28 @@ std::optional<ReshardStep::Kind> move_kind(const Placements& p, int64_t m, const
   return std::nullopt;  // Partial -> another Partial goes through Replicate
 }
 
-// `numel`: the tensor's elements (shape_numel of its shape).
-double move_cost(const Placements& p, int64_t m, const Placement& q, const DistAttr& attr, int64_t numel, DType dtype) {
-  // Data held along this mesh dim's group: the tensor divided by the other mesh dims' shards.
+// The bytes mesh dim m's group holds of a tensor of `numel` elements laid out as p: the
+// tensor divided by the other mesh dims' shards. size(i) is mesh dim i's size.
+template <typename Size>
+double held_bytes(const Placements& p, int64_t m, const Size& size, int64_t numel, DType dtype) {
   double held = static_cast<double>(numel);
   for (size_t i = 0; i < p.size(); ++i)
-    if (static_cast<int64_t>(i) != m && p[i].is_shard())
-      held /= static_cast<double>(attr.mesh.dim_size(static_cast<int64_t>(i)));
-  const auto bytes = static_cast<double>(static_cast<size_t>(std::ceil(held)) * dtype_size(dtype));
-  double c = spmd::transition_cost(bytes, p[static_cast<size_t>(m)], q, attr.mesh.dim_size(m));
-  ReshardStep::Kind k = *move_kind(p, m, q);
-  bool comm = k != ReshardStep::Kind::slice && k != ReshardStep::Kind::to_partial && attr.mesh.dim_size(m) > 1;
-  return c + (comm ? 4096.0 : 1e-3);  // a collective's latency, in byte-equivalents; local steps nearly free
+    if (static_cast<int64_t>(i) != m && p[i].is_shard()) held /= static_cast<double>(size(static_cast<int64_t>(i)));
+  return static_cast<double>(static_cast<size_t>(std::ceil(held)) * dtype_size(dtype));
+}
+
+// The price of a legal move of one mesh dim (k ranks, `bytes` held along it) from cur to q:
+// the bytes it moves and a collective's latency, in byte-equivalents; a local step (a slice,
+// a switch to Partial) is nearly free.
+double step_price(double bytes, const Placement& cur, const Placement& q, int64_t k) {
+  const bool local = cur.is_replicate() || (cur.is_shard() && q.is_partial());
+  return spmd::transition_cost(bytes, cur, q, k) + (!local && k > 1 ? 4096.0 : 1e-3);
+}
+
+// `numel`: the tensor's elements (shape_numel of its shape).
+double move_cost(const Placements& p, int64_t m, const Placement& q, const DistAttr& attr, int64_t numel, DType dtype) {
+  const auto size = [&](int64_t i) { return attr.mesh.dim_size(i); };
+  return step_price(held_bytes(p, m, size, numel, dtype), p[static_cast<size_t>(m)], q, attr.mesh.dim_size(m));
 }
 
 void fill_bytes(ReshardStep& s, const ProcessMesh& mesh, const Shape& shape, DType dtype) {
@@ -266,68 +276,118 @@ ReshardStep pieces_to(const DistAttr& from, const DistAttr& to, const Shape& sha
 
 namespace {
 
+constexpr int64_t kMaxTableStates = 1 << 16;
+
 // The cheapest cost from one source to every placement list over R, S(d) and the source's
 // Partial kinds: the same moves and prices as search_moves, with lists numbered (one digit
 // per mesh dim, base = the options) so the search runs on arrays. Rules price many targets
-// from each input's layout; one table answers them all.
-struct CostTable {
-  std::vector<Placement> options;
-  std::vector<double> cost;  // by code; infinity where unreachable
+// from each input's layout; one table answers them all. The search runs only as far as the
+// targets asked so far: a query settles lists in Dijkstra's order until its own is settled,
+// and the next query goes on from there — the same pops in the same order as one search to
+// the end, so every answer is the value a whole search gives, while a table asked about a few
+// lists near its source never expands the other thousands.
+class CostTable {
+ public:
+  // nullptr when the lists are too many for a table (plan_reshard answers those).
+  static std::shared_ptr<CostTable> make(const DistAttr& src, int64_t rank, int64_t numel, DType dtype) {
+    auto t = std::shared_ptr<CostTable>(new CostTable());
+    const int64_t M = src.mesh.ndim();
+    t->options_.push_back(Replicate());
+    for (int64_t d = 0; d < rank; ++d) t->options_.push_back(Shard(d));
+    for (const Placement& p : src.placements)
+      if (p.is_partial() && std::find(t->options_.begin(), t->options_.end(), p) == t->options_.end())
+        t->options_.push_back(p);
+    const int64_t B = static_cast<int64_t>(t->options_.size());
+    int64_t states = 1;
+    for (int64_t m = 0; m < M; ++m) {
+      states *= B;
+      if (states > kMaxTableStates) return nullptr;
+    }
+    for (int64_t m = 0; m < M; ++m) t->size_.push_back(src.mesh.dim_size(m));
+    t->numel_ = numel;
+    t->dtype_ = dtype;
+    t->rank_ = rank;
+    t->cost_.assign(static_cast<size_t>(states), std::numeric_limits<double>::infinity());
+    t->settled_.assign(static_cast<size_t>(states), 0);
+    const int64_t start = t->code(src.placements);
+    t->cost_[static_cast<size_t>(start)] = 0;
+    t->open_.push({0, start});
+    return t;
+  }
+
+  // The list's code, or -1 when it holds a placement the table has no option for.
   int64_t code(const Placements& p) const {
     int64_t c = 0;
     for (size_t m = p.size(); m-- > 0;) {
-      auto it = std::find(options.begin(), options.end(), p[m]);
-      if (it == options.end()) return -1;
-      c = c * static_cast<int64_t>(options.size()) + (it - options.begin());
+      auto it = std::find(options_.begin(), options_.end(), p[m]);
+      if (it == options_.end()) return -1;
+      c = c * static_cast<int64_t>(options_.size()) + (it - options_.begin());
     }
     return c;
   }
-};
 
-constexpr int64_t kMaxTableStates = 1 << 16;
-
-// The table depends on the shape only through its rank and element count (move_cost).
-std::shared_ptr<const CostTable> cost_table(const DistAttr& src, int64_t rank, int64_t numel, DType dtype) {
-  auto t = std::make_shared<CostTable>();
-  const int64_t M = src.mesh.ndim();
-  t->options.push_back(Replicate());
-  for (int64_t d = 0; d < rank; ++d) t->options.push_back(Shard(d));
-  for (const Placement& p : src.placements)
-    if (p.is_partial() && std::find(t->options.begin(), t->options.end(), p) == t->options.end()) t->options.push_back(p);
-  const int64_t B = static_cast<int64_t>(t->options.size());
-  int64_t states = 1;
-  for (int64_t m = 0; m < M; ++m) {
-    states *= B;
-    if (states > kMaxTableStates) return nullptr;
+  // The cheapest cost to the list `c` (infinity where unreachable). Thread-safe.
+  double cost(int64_t c) {
+    std::lock_guard lock(mutex_);
+    while (settled_[static_cast<size_t>(c)] == 0 && !open_.empty()) settle_next();
+    return cost_[static_cast<size_t>(c)];
   }
-  t->cost.assign(static_cast<size_t>(states), std::numeric_limits<double>::infinity());
-  const int64_t start = t->code(src.placements);
-  t->cost[static_cast<size_t>(start)] = 0;
-  using Item = std::pair<double, int64_t>;
-  std::priority_queue<Item, std::vector<Item>, std::greater<>> open;
-  open.push({0, start});
-  Placements p(static_cast<size_t>(M));
-  while (!open.empty()) {
-    auto [d, k] = open.top();
-    open.pop();
-    if (d > t->cost[static_cast<size_t>(k)]) continue;
-    for (int64_t m = 0, x = k; m < M; ++m, x /= B) p[static_cast<size_t>(m)] = t->options[static_cast<size_t>(x % B)];
+
+ private:
+  CostTable() = default;
+
+  // Pops the cheapest open list and relaxes its moves — move_kind's rules and move_cost's
+  // prices, with the last mesh dim sharding each tensor dim worked out once per list rather
+  // than once per move.
+  void settle_next() {
+    const auto [d, k] = open_.top();
+    open_.pop();
+    if (d > cost_[static_cast<size_t>(k)]) return;  // superseded
+    settled_[static_cast<size_t>(k)] = 1;
+    const auto M = static_cast<int64_t>(size_.size());
+    const auto B = static_cast<int64_t>(options_.size());
+    Placements& p = scratch_;
+    p.resize(static_cast<size_t>(M));
+    last_.assign(static_cast<size_t>(rank_), -1);
+    for (int64_t m = 0, x = k; m < M; ++m, x /= B) {
+      const Placement& at = p[static_cast<size_t>(m)] = options_[static_cast<size_t>(x % B)];
+      if (at.is_shard()) last_[static_cast<size_t>(at.dim)] = m;
+    }
+    const auto size = [&](int64_t i) { return size_[static_cast<size_t>(i)]; };
     int64_t place = 1;
     for (int64_t m = 0; m < M; ++m, place *= B) {
       const int64_t digit = (k / place) % B;
+      const Placement& cur = p[static_cast<size_t>(m)];
+      // move_kind's rules: a shard leaves or joins mesh dim m only when no later mesh dim
+      // shards the same tensor dim; Partial -> Partial goes through Replicate.
+      if (cur.is_shard() && last_[static_cast<size_t>(cur.dim)] > m) continue;
+      const double bytes = held_bytes(p, m, size, numel_, dtype_);
       for (int64_t j = 0; j < B; ++j) {
-        const Placement& q = t->options[static_cast<size_t>(j)];
-        if (!move_kind(p, m, q)) continue;
-        const double nd = d + move_cost(p, m, q, src, numel, dtype);
+        if (j == digit) continue;  // the options are distinct: j == digit is no move
+        const Placement& q = options_[static_cast<size_t>(j)];
+        if (q.is_shard() && last_[static_cast<size_t>(q.dim)] > m) continue;
+        if (cur.is_partial() && q.is_partial()) continue;
+        const double nd = d + step_price(bytes, cur, q, size(m));
         const int64_t nk = k + (j - digit) * place;
-        if (t->cost[static_cast<size_t>(nk)] <= nd) continue;
-        t->cost[static_cast<size_t>(nk)] = nd;
-        open.push({nd, nk});
+        if (cost_[static_cast<size_t>(nk)] <= nd) continue;
+        cost_[static_cast<size_t>(nk)] = nd;
+        open_.push({nd, nk});
       }
     }
   }
-  return t;
-}
+
+  std::vector<Placement> options_;
+  std::vector<int64_t> size_;  // the mesh's dim sizes
+  int64_t numel_ = 0, rank_ = 0;
+  DType dtype_ = DType::f32;
+  std::mutex mutex_;
+  std::vector<double> cost_;      // by code; infinity where not reached yet
+  std::vector<uint8_t> settled_;  // cost_ is final
+  using Item = std::pair<double, int64_t>;
+  std::priority_queue<Item, std::vector<Item>, std::greater<>> open_;
+  Placements scratch_;
+  std::vector<int64_t> last_;
+};
 
 // What a table depends on, packed in integers: the mesh's shape (not its ranks), the source's
 // placements, the tensor's rank and element count, the dtype.
@@ -364,26 +424,26 @@ double reshard_cost(const DistAttr& src, const Placements& dst, const Shape& sha
   // its ranks: the planner's traced steps, each on a thread of its own, reuse them) and
   // bounded: a long run with many shapes clears them now and then.
   static std::mutex mutex;
-  static std::unordered_map<TableKey, std::shared_ptr<const CostTable>, TableKeyHash> tables;
+  static std::unordered_map<TableKey, std::shared_ptr<CostTable>, TableKeyHash> tables;
   const auto rank = static_cast<int64_t>(shape.size());
   const int64_t numel = shape_numel(shape);
   TableKey key = table_key(src, rank, numel, dtype);
-  std::shared_ptr<const CostTable> table;
+  std::shared_ptr<CostTable> table;
   {
     std::lock_guard lock(mutex);
     if (auto it = tables.find(key); it != tables.end()) table = it->second;
   }
   if (!table) {
     src.check(shape, "reshard source");
-    std::shared_ptr<const CostTable> made = cost_table(src, rank, numel, dtype);
+    std::shared_ptr<CostTable> made = CostTable::make(src, rank, numel, dtype);
     std::lock_guard lock(mutex);
     if (tables.size() > 20'000) tables.clear();
     table = tables.emplace(std::move(key), std::move(made)).first->second;
   }
-  const CostTable* t = table.get();
+  CostTable* t = table.get();
   const int64_t code = t != nullptr ? t->code(dst) : -1;
   if (code >= 0) {
-    const double c = t->cost[static_cast<size_t>(code)];
+    const double c = t->cost(code);
     TESSEL_CHECK(c < std::numeric_limits<double>::infinity(), "reshard: no plan from {} to {} for shape {}", src.str(),
                  placements_str(dst), shape_str(shape));
     return c;

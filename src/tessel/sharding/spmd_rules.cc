@@ -75,6 +75,41 @@ struct Choice {
   int arg = 0;  // keep_one: the input kept Partial; label: the label's index
 };
 
+// Costs by placement list, within one rule's search. A list packs into one word (a byte per
+// mesh dim) when it has at most 8 mesh dims and tensor dims below 64; others are priced each
+// time.
+class CostMemo {
+ public:
+  template <typename F>
+  double get(const Placements& p, F&& price) {
+    uint64_t key = 0;
+    if (!pack(p, key)) return price();
+    auto [it, fresh] = costs_.try_emplace(key, 0.0);
+    if (fresh) it->second = price();
+    return it->second;
+  }
+
+ private:
+  static bool pack(const Placements& p, uint64_t& key) {
+    if (p.size() > 8) return false;
+    for (const Placement& x : p) {
+      uint64_t b = 0;
+      if (x.is_shard()) {
+        if (x.dim < 0 || x.dim >= 64) return false;
+        b = 64 + static_cast<uint64_t>(x.dim);
+      } else if (x.is_partial()) {
+        b = 128 + static_cast<uint64_t>(x.reduce);
+        if (b > 255) return false;
+      } else {
+        b = 1;
+      }
+      key = key << 8 | b;
+    }
+    return true;
+  }
+  std::unordered_map<uint64_t, double> costs_;
+};
+
 // Above this many joint candidates, labels no input shards yet are dropped from each mesh dim's
 // choices (a layout sharding them costs at least a slice more than one that does not, and
 // seldom wins); the rest are enumerated in full.
@@ -215,6 +250,10 @@ SpmdDecision label_rule(const SpmdCall& c, const LabelRule& rule) {
     entry.output = out_meta;
     entry.owed_scale = rule.owed_scale;
   }
+  // The candidates repeat each input's target layouts and the outputs many times over: each
+  // cost is priced once per call.
+  std::vector<CostMemo> input_costs(n);
+  CostMemo owed_costs;
   std::vector<size_t> idx(static_cast<size_t>(M), 0);
   SpmdCandidate best;
   bool have_best = false;
@@ -230,10 +269,13 @@ SpmdDecision label_rule(const SpmdCall& c, const LabelRule& rule) {
     cand.input_cost = 0;
     cand.changes = 0;
     for (size_t i = 0; i < n; ++i) {
-      cand.input_cost += reshard_cost(c.input_attrs[i], cand.inputs[i], c.inputs[i].shape, c.inputs[i].dtype);
+      cand.input_cost += input_costs[i].get(cand.inputs[i], [&] {
+        return reshard_cost(c.input_attrs[i], cand.inputs[i], c.inputs[i].shape, c.inputs[i].dtype);
+      });
       for (int64_t m = 0; m < M; ++m) cand.changes += cand.inputs[i][static_cast<size_t>(m)] == current(i, m) ? 0 : 1;
     }
-    cand.owed_cost = rule.owed_scale * owed_reduction_cost(mesh, cand.output, out_meta);
+    cand.owed_cost =
+        rule.owed_scale * owed_costs.get(cand.output, [&] { return owed_reduction_cost(mesh, cand.output, out_meta); });
     // Costs within a part in a billion are a tie: fewer changed placements win, then the
     // candidate enumerated first.
     const double tol = 1e-9 * std::max(1.0, have_best ? best.cost() : 0.0);
