@@ -68,13 +68,31 @@ double bucket_bytes_for(const Cluster& c, GroupSpan dp) {
 
 // ---------------------------------------------------------------- rank mapping
 
-GroupSpan RankMapping::span(const std::string& dim, const Layout& l, const Cluster& c) const {
-  auto size_of = [&](const std::string& d) {
-    return d == "tp" ? l.tp : d == "dp" ? l.dp : d == "ep" ? l.ep : d == "cp" ? l.cp : l.pp;
+namespace {
+
+// Mesh dim names are short and differ in their first letter: compared without a library call
+// (the search asks for spans of ~150k candidates).
+bool same_dim(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && (a.empty() || (a[0] == b[0] && a == b));
+}
+
+}  // namespace
+
+GroupSpan RankMapping::span(std::string_view dim, const Layout& l, const Cluster& c) const {
+  // Once map_ranks has placed every dim, the span it worked out (for the same layout).
+  if (spans.size() == order.size())
+    for (size_t i = 0; i < order.size(); ++i)
+      if (same_dim(order[i], dim)) return spans[i];
+  auto size_of = [&](std::string_view d) {
+    return same_dim(d, "tp")   ? l.tp
+           : same_dim(d, "dp") ? l.dp
+           : same_dim(d, "ep") ? l.ep
+           : same_dim(d, "cp") ? l.cp
+                               : l.pp;
   };
   int stride = 1;
   for (const std::string& d : order) {
-    if (d == dim) break;
+    if (same_dim(d, dim)) break;
     stride *= size_of(d);
   }
   const int size = size_of(dim);
@@ -111,19 +129,26 @@ namespace {
 RankMapping map_ranks(const Cluster& c, const Layout& l, double tp_bytes, double dp_bytes, double pp_bytes,
                       double ep_bytes, double cp_bytes) {
   const double dp_rank = c.software.overlap.grad_reduce && l.tp > 1 ? std::min(dp_bytes, tp_bytes) : dp_bytes;
-  std::vector<std::tuple<double, int, std::string>> dims = {
-      {tp_bytes, 0, "tp"}, {dp_rank, 3, "dp"}, {pp_bytes, 4, "pp"}};
-  if (l.cp > 1) dims.push_back({cp_bytes, 1, "cp"});
-  if (l.ep > 1) dims.push_back({ep_bytes, 2, "ep"});
-  std::sort(dims.begin(), dims.end(), [](const auto& a, const auto& b) {
+  std::array<std::tuple<double, int, const char*>, 5> dims{};
+  size_t n = 0;
+  dims[n++] = {tp_bytes, 0, "tp"};
+  dims[n++] = {dp_rank, 3, "dp"};
+  dims[n++] = {pp_bytes, 4, "pp"};
+  if (l.cp > 1) dims[n++] = {cp_bytes, 1, "cp"};
+  if (l.ep > 1) dims[n++] = {ep_bytes, 2, "ep"};
+  std::sort(dims.begin(), dims.begin() + static_cast<std::ptrdiff_t>(n), [](const auto& a, const auto& b) {
     if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) > std::get<0>(b);
     return std::get<1>(a) < std::get<1>(b);
   });
   RankMapping r;
   r.intra = c.intra.kind;
   r.inter = c.inter.kind;
-  for (const auto& d : dims) r.order.push_back(std::get<2>(d));
-  for (const auto& [key, index, name] : dims) {
+  r.order.reserve(n);
+  r.bytes.reserve(n);
+  r.spans.reserve(n);
+  for (size_t i = 0; i < n; ++i) r.order.emplace_back(std::get<2>(dims[i]));
+  for (size_t i = 0; i < n; ++i) {
+    const auto& [key, index, name] = dims[i];
     r.bytes.push_back(index == 0   ? tp_bytes
                       : index == 1 ? cp_bytes
                       : index == 2 ? ep_bytes
@@ -136,12 +161,21 @@ RankMapping map_ranks(const Cluster& c, const Layout& l, double tp_bytes, double
 
 // Activations held on pipeline rank r at most, in (micro-batch, chunk) units, as the
 // schedules of parallel/schedule.h hold them (closed forms documented there).
-int in_flight(const Layout& l, int rank) {
+// A layout's schedule, named once per candidate rather than compared as text per rank.
+enum class Sched { one_f_one_b, fthenb, vpp, zbh1 };
+Sched sched_of(const Layout& l) {
+  if (l.schedule == "FThenB" || l.schedule == "GPipe") return Sched::fthenb;
+  if (l.schedule == "VPP") return Sched::vpp;
+  if (l.schedule == "ZBH1") return Sched::zbh1;
+  return Sched::one_f_one_b;
+}
+
+int in_flight(const Layout& l, Sched sched, int rank) {
   const int64_t p = l.pp, m = l.micro_batches, v = l.vpp;
   if (l.pp == 1) return 1;
-  if (l.schedule == "FThenB" || l.schedule == "GPipe") return static_cast<int>(m);
-  if (l.schedule == "VPP" && v > 1) return static_cast<int>(std::min(2 * (p - rank - 1) + (v - 1) * p + 1, v * m));
-  if (l.schedule == "ZBH1") return static_cast<int>(std::min(p, m));
+  if (sched == Sched::fthenb) return static_cast<int>(m);
+  if (sched == Sched::vpp && v > 1) return static_cast<int>(std::min(2 * (p - rank - 1) + (v - 1) * p + 1, v * m));
+  if (sched == Sched::zbh1) return static_cast<int>(std::min(p, m));
   return static_cast<int>(std::min<int64_t>(p - rank, m));
 }
 
@@ -248,11 +282,12 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
   const double sparse_params = m.is_moe() ? (m.moe_layer_parameters() - m.expert_parameters()) / l.tp + expert_params : 0;
   const double mean_params = (1 - sparse_share) * dense_params + sparse_share * sparse_params;
   const double mb = static_cast<double>(l.micro_batches);
-  const double tp_traffic = l.tp > 1 ? mb * layers_per_rank * 4 * act_bytes * (l.recompute == "full" ? 1.5 : 1.0) : 0;
+  const bool full_recompute = l.recompute == "full";
+  const double tp_traffic = l.tp > 1 ? mb * layers_per_rank * 4 * act_bytes * (full_recompute ? 1.5 : 1.0) : 0;
   const double dp_traffic = l.dp > 1 || l.ep > 1 || l.cp > 1 ? 2 * layers_per_rank * mean_params * prec.grad : 0;
   const double pp_traffic = l.pp > 1 ? 2.0 * mb * l.vpp * act_bytes / l.tp : 0;
   const double ep_traffic = l.ep > 1 ? mb * layers_per_rank * sparse_share * 4 * static_cast<double>(m.top_k) *
-                                           act_bytes * (l.recompute == "full" ? 1.5 : 1.0)
+                                           act_bytes * (full_recompute ? 1.5 : 1.0)
                                      : 0;
   double cp_traffic = 0;
   if (l.cp > 1) {
@@ -317,6 +352,9 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
   const double embed_params = static_cast<double>(m.vocab * m.hidden) / l.tp +
                               (m.position_embedding ? static_cast<double>(m.seq * m.hidden) : 0.0);
   const double head_params = static_cast<double>(m.vocab * m.hidden) / l.tp + 2.0 * static_cast<double>(m.hidden);
+  for (std::vector<double>* v : {&p.f, &p.b, &p.w, &p.tp_per_vstage, &p.ep_per_vstage, &p.cp_per_vstage})
+    v->reserve(static_cast<size_t>(vs_count));
+  p.layers_per_vstage.reserve(static_cast<size_t>(vs_count));
   int64_t first_layer = 0;
   for (int vs = 0; vs < vs_count; ++vs) {
     const int64_t layers = split_size(m.layers, vs_count, vs);
@@ -329,7 +367,7 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
     double b = both(&LayerCost::bwd_input) + both(&LayerCost::tp_bwd) + both(&LayerCost::recompute) +
                both(&LayerCost::ep_bwd) + both(&LayerCost::cp_bwd);
     double w = both(&LayerCost::bwd_weight);
-    const double full = l.recompute == "full" ? 1 : 0;
+    const double full = full_recompute ? 1 : 0;
     double tp = both(&LayerCost::tp_fwd) + both(&LayerCost::tp_bwd) + full * both(&LayerCost::tp_fwd);
     const double ep = both(&LayerCost::ep_fwd) + both(&LayerCost::ep_bwd) + full * both(&LayerCost::ep_fwd);
     const double cp = both(&LayerCost::cp_fwd) + both(&LayerCost::cp_bwd) + full * both(&LayerCost::cp_fwd);
@@ -378,7 +416,7 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
     p.cp_per_vstage.push_back(cp);
     p.params_per_rank[rank] += params;
   }
-  p.tp_hidden_per_rank = mb * std::ceil(layers_per_rank) * lc.tp_hidden * (l.recompute == "full" ? 1.5 : 1.0);
+  p.tp_hidden_per_rank = mb * std::ceil(layers_per_rank) * lc.tp_hidden * (full_recompute ? 1.5 : 1.0);
   // The mean layer's activations: sparse layers hold their experts' intermediates.
   LayerShape sparse_shape = shape;
   sparse_shape.moe = true;
@@ -393,7 +431,7 @@ Prepared prepare(const ModelSpec& m, const Cluster& c, const Layout& l, CostCach
   }
   // Full recompute rebuilds a whole layer's activations for its backward; selective rebuilds P
   // one block of queries at a time inside the attention's backward (no layer-sized working set).
-  p.working = l.recompute == "full" ? layer_working_bytes(m, prec, m.is_moe() ? sparse_shape : shape) : 0;
+  p.working = full_recompute ? layer_working_bytes(m, prec, m.is_moe() ? sparse_shape : shape) : 0;
   // Logits and their gradient in f32 on the last stage, one micro-batch at a time.
   p.head_act = 2.0 * static_cast<double>(l.micro_batch) * local_seq * static_cast<double>(m.vocab) / l.tp * 4;
   return p;
@@ -407,15 +445,15 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
                        CostCache* cache, const TracedStep* step) {
   Layout l = layout;
   check_layout(m, c, l, global_batch);
-  const Prepared p = prepare(m, c, l, cache, step != nullptr ? &step->comm : nullptr);
+  Prepared p = prepare(m, c, l, cache, step != nullptr ? &step->comm : nullptr);
   const Precision prec = precision_for(c.dtype);
   Estimate e;
   e.layout = l;
-  e.mapping = p.mapping;
+  e.mapping = std::move(p.mapping);
   e.block = p.shape;
   // The bucket for this layout's data-parallel group: what ZeRO stages 1 to 3 hold of
   // whole-size gradients while a bucket is packed and another is on the wire.
-  const double bucket_bytes = bucket_bytes_for(c, p.mapping.span("dp", l, c));
+  const double bucket_bytes = bucket_bytes_for(c, e.mapping.span("dp", l, c));
   e.layout.bucket_mb = bucket_bytes / (1 << 20);
 
   // The pipeline: played on the schedule the runtime would execute, or in closed form.
@@ -430,7 +468,8 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
     cp_time[vs % static_cast<size_t>(ranks)] += mb * p.cp_per_vstage[vs];
   }
   std::vector<int> flight(static_cast<size_t>(ranks));
-  std::vector<int> w_pending(static_cast<size_t>(ranks), l.schedule == "ZBH1" ? 1 : 0);
+  const Sched sched = sched_of(l);
+  std::vector<int> w_pending(static_cast<size_t>(ranks), sched == Sched::zbh1 ? 1 : 0);
   double makespan;
   if (simulate || l.pp == 1) {
     const std::string kind = l.pp == 1 ? "1F1B" : l.schedule;
@@ -462,8 +501,8 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
     const double work = *std::max_element(busy.begin(), busy.end());
     const double stage = work / mb;  // per micro-batch, all chunks of a rank
     double ramp = (l.pp - 1) * stage;
-    if (l.schedule == "VPP") ramp /= l.vpp;
-    if (l.schedule == "ZBH1") ramp /= 3;
+    if (sched == Sched::vpp) ramp /= l.vpp;
+    if (sched == Sched::zbh1) ramp /= 3;
     double wall = work;
     if (p.capacity > 0) {
       // Shared cores: the stages' work goes through `capacity` stages' worth of cores at a
@@ -472,7 +511,7 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
       ramp *= (p.capacity - 1) / (l.pp - 1);
     }
     makespan = wall + ramp + 2.0 * (l.pp - 1) * p.p2p;
-    for (int i = 0; i < ranks; ++i) flight[static_cast<size_t>(i)] = in_flight(l, i);
+    for (int i = 0; i < ranks; ++i) flight[static_cast<size_t>(i)] = in_flight(l, sched, i);
   }
 
   // Data-parallel / ZeRO traffic of the step: the gradients' reduction (all_reduce without
@@ -484,10 +523,10 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
   // the gradients, the earlier micro-batches only accumulate — except the last bucket; the
   // gather under the next step's first forward, except the first bucket, which that forward
   // needs before it can start.
-  const GroupSpan dp_span = p.mapping.span("dp", l, c);
+  const GroupSpan dp_span = e.mapping.span("dp", l, c);
   GroupSpan replicas{l.dp * l.ep * l.cp, 1};
   {
-    const GroupSpan es = p.mapping.span("ep", l, c), cs = p.mapping.span("cp", l, c);
+    const GroupSpan es = e.mapping.span("ep", l, c), cs = e.mapping.span("cp", l, c);
     replicas.per_node = std::clamp(dp_span.per_node * es.per_node * cs.per_node, 1, replicas.size);
   }
   const size_t fullest = static_cast<size_t>(std::max_element(p.params_per_rank.begin(), p.params_per_rank.end()) -
@@ -507,7 +546,7 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
       else if (x.dim == "dp" && x.kind == "all_gather" && l.sharding_stage <= 2)
         gather += traced_comm_time(c, x, dp_span, 1.0);
       else if ((x.dim == "ep" || x.dim == "cp" || x.dim == "pp") && x.kind == "all_reduce")
-        reduce += traced_comm_time(c, x, p.mapping.span(x.dim, l, c), 1.0);
+        reduce += traced_comm_time(c, x, e.mapping.span(x.dim, l, c), 1.0);
     }
     e.step_collectives = step->comm;
     e.step_copy_bytes = step->copy_bytes;

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessel/core/json.h"
@@ -59,7 +60,8 @@ struct RankMapping {
   std::vector<double> bytes;       // per dim of `order`: its traffic per device per step
   std::vector<GroupSpan> spans;    // per dim of `order`: where its groups landed
   std::string intra, inter;        // the cluster's link kinds, for reasons()
-  GroupSpan span(const std::string& dim, const Layout& l, const Cluster& c) const;
+  // Where `dim`'s groups land for the layout the mapping was made for (size 1 when unused).
+  GroupSpan span(std::string_view dim, const Layout& l, const Cluster& c) const;
   // One line per dim: its traffic and where it landed. Formatted on demand: the search maps
   // the ranks of every candidate and prints a few.
   std::vector<std::string> reasons() const;
