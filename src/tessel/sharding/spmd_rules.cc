@@ -122,6 +122,7 @@ SpmdDecision label_rule(const SpmdCall& c, const LabelRule& rule) {
   const int64_t M = c.mesh_ndim();
   const ProcessMesh& mesh = c.mesh();
   SpmdAudit* audit = spmd_audit();
+  TESSEL_CHECK(rule.owed_scale >= 0, "spmd rule of {}: owed_scale {} is negative", c.op, rule.owed_scale);
 
   // Decisions are values of (labels, shapes, placements, mesh dims): cached per thread, since
   // this runs on every distributed op call and a training step repeats its calls.
@@ -274,15 +275,22 @@ SpmdDecision label_rule(const SpmdCall& c, const LabelRule& rule) {
       });
       for (int64_t m = 0; m < M; ++m) cand.changes += cand.inputs[i][static_cast<size_t>(m)] == current(i, m) ? 0 : 1;
     }
-    cand.owed_cost =
-        rule.owed_scale * owed_costs.get(cand.output, [&] { return owed_reduction_cost(mesh, cand.output, out_meta); });
     // Costs within a part in a billion are a tie: fewer changed placements win, then the
     // candidate enumerated first.
     const double tol = 1e-9 * std::max(1.0, have_best ? best.cost() : 0.0);
-    if (!have_best || cand.cost() < best.cost() - tol || (cand.cost() <= best.cost() + tol && cand.changes < best.changes)) {
-      best = cand;
-      have_best = true;
-      entry.chosen = entry.candidates.size();
+    // What the output owes only adds: a candidate whose inputs alone cost more than the best
+    // so far cannot win, and its reductions (a search of their own) go unpriced — unless an
+    // audit lists every candidate's costs.
+    const bool lost = have_best && audit == nullptr && cand.input_cost > best.cost() + tol;
+    if (!lost) {
+      cand.owed_cost = rule.owed_scale *
+                       owed_costs.get(cand.output, [&] { return owed_reduction_cost(mesh, cand.output, out_meta); });
+      if (!have_best || cand.cost() < best.cost() - tol ||
+          (cand.cost() <= best.cost() + tol && cand.changes < best.changes)) {
+        best = cand;
+        have_best = true;
+        entry.chosen = entry.candidates.size();
+      }
     }
     if (audit != nullptr) entry.candidates.push_back(cand);
     // Next combination (mesh dim M-1 fastest).

@@ -48,7 +48,8 @@ struct LabelRule {
   ReduceOp contracted = ReduceOp::sum;  // Partial kind of an output whose sharded label was contracted
   // What a Partial output owes, as a multiple of owed_reduction_cost: 1 for a reduction left
   // to the consumer; more where the dist layer settles it itself (argmax merges with two
-  // all_reduces, 4 halves).
+  // all_reduces, 4 halves). Not negative: the search skips what a candidate's output owes once
+  // its inputs alone cost more than the best.
   double owed_scale = 1.0;
   // The output's global shape where a '.' dim is not input 0's at that place (topk's k); empty:
   // as the labels tell.
