@@ -221,3 +221,35 @@ TEST(TracedCosts, FullRecomputeRerunsTheBlocksForward) {
   EXPECT_FALSE(fwd.empty());
   EXPECT_EQ(rerun, fwd);
 }
+
+// The search screens its candidates on several threads, which trace the blocks they need as
+// they go: what it offers does not depend on how many threads, nor on which traced a block.
+TEST(TracedCosts, SearchOffersTheSamePlansOnAnyNumberOfThreads) {
+  const plan::ModelSpec m = plan::model_preset("mixtral-8x7b");
+  const plan::Cluster c = plan::cluster_preset("dgx-h100:64");
+  auto run = [&](int threads) {
+    plan::set_block_tracer(nullptr);
+    install_block_tracer();  // an empty cache of traced blocks: this search traces them anew
+    plan::PlanOptions o;
+    o.global_batch = 256;
+    o.top = 5;
+    o.threads = threads;
+    return plan::search(m, c, o);
+  };
+  const plan::SearchResult one = run(1), three = run(3);
+  EXPECT_EQ(one.candidates, three.candidates);
+  EXPECT_EQ(one.feasible, three.feasible);
+  EXPECT_EQ(one.simulated, three.simulated);
+  ASSERT_EQ(one.best.size(), three.best.size());
+  ASSERT_FALSE(one.best.empty());
+  for (size_t i = 0; i < one.best.size(); ++i) {
+    SCOPED_TRACE(one.best[i].layout.str());
+    EXPECT_EQ(one.best[i].layout.str(), three.best[i].layout.str());
+    EXPECT_EQ(one.best[i].step_time, three.best[i].step_time);
+    EXPECT_EQ(one.best[i].memory.total(), three.best[i].memory.total());
+    EXPECT_EQ(one.best[i].mapping.order, three.best[i].mapping.order);
+  }
+  std::printf("mixtral-8x7b on 64 H100s: %lld candidates, best %s on 1 and 3 threads (%.2f / %.2f s)\n",
+              static_cast<long long>(one.candidates), one.best.front().layout.str().c_str(), one.seconds,
+              three.seconds);
+}

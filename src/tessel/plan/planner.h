@@ -117,6 +117,7 @@ struct PlanOptions {
   int max_simulations = 32;      // schedules played, best closed-form estimates first (deterministic)
   bool allow_ep = true;          // search expert parallel (mixture-of-experts models)
   bool allow_cp = true;          // search context parallel
+  int threads = 0;               // screening threads (0: default_num_threads(), TESSEL_NUM_THREADS)
 };
 
 // Why the runtime would refuse context parallel of `cp` ranks by `method` with tensor parallel

@@ -1,10 +1,16 @@
 // The layout search: the candidates tessel train accepts, ranked by the closed-form estimate,
 // the best played through their schedules (planner.h).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <exception>
+#include <limits>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "tessel/core/context.h"
 #include "tessel/core/error.h"
 #include "tessel/plan/evaluate.h"
 #include "tessel/plan/traced.h"
@@ -148,21 +154,83 @@ std::string cp_refusal(const ModelSpec& m, int tp, int cp, const std::string& me
 SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   SearchResult result;
-  detail::CostCache cache, played_cache;
+  detail::CostCache played_cache;
   std::vector<Estimate> feasible;
   {
-    // Screening in closed form: context-parallel blocks from the listed model (traced below for
-    // the candidates played).
-    ListedContextParallelScope listed_cp;
-    for (const Layout& l : candidate_layouts(m, c, o)) {
-      ++result.candidates;
-      Estimate e = detail::evaluate_with(m, c, l, o.global_batch, false, &cache);
-      if (!e.fits) continue;
-      ++result.feasible;
-      feasible.push_back(std::move(e));
+    // Screening in closed form, on several threads: each takes the next chunk of candidates
+    // with a cost cache of its own; what fits is gathered in candidate order, so the result
+    // does not depend on the threads. Context-parallel blocks come from the listed model
+    // (traced below for the candidates played).
+    const std::vector<Layout> layouts = candidate_layouts(m, c, o);
+    result.candidates = static_cast<int64_t>(layouts.size());
+    constexpr size_t kChunk = 256;
+    const size_t chunks = (layouts.size() + kChunk - 1) / kChunk;
+    const int threads = static_cast<int>(std::clamp<size_t>(
+        static_cast<size_t>(o.threads > 0 ? o.threads : default_num_threads()), 1, std::max<size_t>(chunks, 1)));
+    struct Worker {
+      std::vector<std::pair<size_t, Estimate>> fits;
+      size_t failed_at = std::numeric_limits<size_t>::max();
+      std::exception_ptr error;
+    };
+    std::vector<Worker> workers(static_cast<size_t>(threads));
+    // Chunks are taken in bit-reversed order, so the threads work on candidates far apart in
+    // the list: neighbours share blocks to trace, and a block one thread traces another waits for.
+    int bits = 0;
+    while ((size_t{1} << bits) < chunks) ++bits;
+    std::vector<size_t> chunk_order;
+    chunk_order.reserve(chunks);
+    for (size_t k = 0; k < (size_t{1} << bits); ++k) {
+      size_t r = 0;
+      for (int b = 0; b < bits; ++b) r |= ((k >> b) & 1) << (bits - 1 - b);
+      if (r < chunks) chunk_order.push_back(r);
     }
+    std::atomic<size_t> next{0};
+    auto screen = [&](Worker& w) {
+      ListedContextParallelScope listed_cp;
+      detail::CostCache cache;
+      for (size_t k; (k = next.fetch_add(1)) < chunks;) {
+        const size_t lo = chunk_order[k] * kChunk;
+        for (size_t i = lo; i < std::min(lo + kChunk, layouts.size()); ++i) {
+          try {
+            Estimate e = detail::evaluate_with(m, c, layouts[i], o.global_batch, false, &cache);
+            if (e.fits) w.fits.emplace_back(i, std::move(e));
+          } catch (...) {
+            w.failed_at = i;
+            w.error = std::current_exception();
+            next = chunks;  // the others stop at their next chunk
+            return;
+          }
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < workers.size(); ++t) pool.emplace_back(screen, std::ref(workers[t]));
+    screen(workers[0]);
+    for (std::thread& t : pool) t.join();
+    // A candidate that failed: the first in the list among those reached.
+    const Worker* failed = nullptr;
+    for (const Worker& w : workers)
+      if (w.error && (failed == nullptr || w.failed_at < failed->failed_at)) failed = &w;
+    if (failed != nullptr) std::rethrow_exception(failed->error);
+    std::vector<std::pair<size_t, Estimate>> all;
+    for (Worker& w : workers)
+      for (auto& f : w.fits) all.push_back(std::move(f));
+    std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    feasible.reserve(all.size());
+    for (auto& f : all) feasible.push_back(std::move(f.second));
+    result.feasible = static_cast<int64_t>(feasible.size());
   }
-  std::sort(feasible.begin(), feasible.end(), faster);
+  // By `faster` (a total order: ties go to the layout's text): the fastest closed-form first.
+  // Indices are sorted, not the estimates themselves.
+  {
+    std::vector<size_t> order(feasible.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return faster(feasible[a], feasible[b]); });
+    std::vector<Estimate> sorted;
+    sorted.reserve(feasible.size());
+    for (size_t i : order) sorted.push_back(std::move(feasible[i]));
+    feasible = std::move(sorted);
+  }
   // Play the schedules of the best candidates, fastest closed-form first, until enough are
   // played or the next one cannot beat the k-th played by 20%.
   std::vector<Estimate> played;

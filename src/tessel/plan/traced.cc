@@ -1,8 +1,10 @@
 // The block tracer hook and the cache of traced blocks.
 #include "tessel/plan/traced.h"
 
+#include <condition_variable>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "tessel/core/error.h"
 
@@ -12,8 +14,10 @@ namespace {
 
 struct Tracing {
   std::mutex mutex;
+  std::condition_variable traced;  // a block left `tracing`
   BlockTracer tracer;
   std::map<std::string, BlockTrace> blocks;  // by block_key
+  std::set<std::string> tracing;             // being traced now (the search screens on several threads)
 };
 
 Tracing& tracing() {
@@ -68,11 +72,26 @@ const BlockTrace& traced_block(const ModelSpec& m, const LayerShape& shape) {
   const std::string key = block_key(m, s);
   BlockTracer tracer;
   {
-    std::lock_guard lock(t.mutex);
+    // One trace per block: a thread asking for a block another is tracing waits for it.
+    std::unique_lock lock(t.mutex);
+    t.traced.wait(lock, [&] { return !t.tracing.contains(key); });
     if (auto it = t.blocks.find(key); it != t.blocks.end()) return it->second;
     TESSEL_CHECK(static_cast<bool>(t.tracer), "traced costs: no block tracer is installed (engine's install_block_tracer)");
     tracer = t.tracer;
+    t.tracing.insert(key);
   }
+  // Whatever happens, the key leaves `tracing` and the waiting threads look again.
+  struct Done {
+    Tracing& t;
+    const std::string& key;
+    ~Done() {
+      {
+        std::lock_guard lock(t.mutex);
+        t.tracing.erase(key);
+      }
+      t.traced.notify_all();
+    }
+  } done{t, key};
   const StepTrace one = tracer(m, s, 1), two = tracer(m, s, 2);
   BlockTrace b;
   // The second block's calls: the two-block step's less the one-block step's, as multisets.
