@@ -30,6 +30,15 @@ for table in narayanan2021-table1 megatron-core-r0.8-h100 mt-nlg-530b megatron-c
   grep -q "^$table: mean absolute error" "$tmp/published.txt" || { cat "$tmp/published.txt"; echo "no $table"; exit 1; }
 done
 
+# --threads: the search screens on as many threads as asked, and offers the same plans on any
+# number (the seconds aside); 0 is refused naming the flag.
+mix="--model mixtral-8x7b --cluster dgx-h100:64 --global-batch 256 --top 5 --format json"
+"$tessel" plan $mix --threads 1 | sed -E 's/"seconds":[0-9.e+-]+//' > "$tmp/t1.json"
+"$tessel" plan $mix --threads 3 | sed -E 's/"seconds":[0-9.e+-]+//' > "$tmp/t3.json"
+cmp -s "$tmp/t1.json" "$tmp/t3.json" || { diff "$tmp/t1.json" "$tmp/t3.json" | head; echo "--threads 1 and 3 differ"; exit 1; }
+rc=0; "$tessel" plan $mix --threads 0 > "$tmp/bad.txt" 2>&1 || rc=$?
+[ "$rc" != 0 ] && grep -q -- "--threads" "$tmp/bad.txt" || { cat "$tmp/bad.txt"; echo "--threads 0: rc $rc"; exit 1; }
+
 # --software names the stack apart from the device: the same H100 layout with and without
 # Megatron-Core's overlaps (its tp 4 traffic hidden behind the GEMMs is reported, not charged).
 h100="--model mcore-gpt-16b --cluster dgx-h100:192 --global-batch 192 --layout dp=48,tp=4,pp=1,sp=true,sharding_stage=1"

@@ -171,7 +171,7 @@ void print_explain(const plan::Estimate& e, const plan::ModelSpec& m, const plan
   }
 }
 
-int run_published(const std::string& format) {
+int run_published(const std::string& format, int threads) {
   Json all = Json::Array{};
   for (const plan::PublishedTable& t : plan::published_tables()) {
     const bool model_count = !t.rows.empty() && t.rows.front().model_flops;
@@ -192,6 +192,7 @@ int run_published(const std::string& format) {
       plan::PlanOptions o;
       o.global_batch = r.global_batch;
       o.top = 1;
+      o.threads = threads;
       const plan::SearchResult s = plan::search(m, c, o);
       const double err = predicted / r.tflops_per_device - 1;
       sum += std::abs(err);
@@ -242,7 +243,7 @@ std::vector<Command> register_plan(CLI::App& app) {
   struct Args {
     std::string model, cluster, format = "table", layout, svg, software, costs = "traced";
     int64_t global_batch = 0, seq_len = 0;
-    int top = 5;
+    int top = 5, threads = 0;
     bool published = false, quiet = false, explain = false;
   };
   auto a = std::make_shared<Args>();
@@ -279,6 +280,11 @@ std::vector<Command> register_plan(CLI::App& app) {
                                           "with its software profile, and show the planner's best plan for each row");
   for (const char* name : {"--model", "--cluster", "--global-batch", "--seq-len", "--layout", "--svg", "--software"})
     published->excludes(cmd->get_option(name));  // the Table 1 rows fix all of these
+  cmd->add_option(
+         "--threads", a->threads,
+         "threads screening the candidates (default: TESSEL_NUM_THREADS, else the usable cores); the plans are "
+         "the same on any number")
+      ->check(kPositiveCount);
   cmd->add_flag("--quiet", a->quiet, "no progress lines while measuring this machine");
   cmd->add_flag("--explain", a->explain,
                 "take the (first) plan apart: compute, bubble, optimizer, each communication exposed and hidden, "
@@ -295,7 +301,7 @@ std::vector<Command> register_plan(CLI::App& app) {
                                                          "(use the default --format table)", a->format));
              if (a->costs == "traced") install_block_tracer();
              else plan::set_block_tracer(nullptr);
-             if (a->published) return run_published(a->format);
+             if (a->published) return run_published(a->format, a->threads);
              if (a->model.empty() || a->cluster.empty())
                throw BadInput("tessel plan needs --model and --cluster (or --published); see tessel plan --help");
              RunConfig config;
@@ -338,6 +344,7 @@ std::vector<Command> register_plan(CLI::App& app) {
                plan::PlanOptions o;
                o.global_batch = batch;
                o.top = a->top;
+               o.threads = a->threads;
                plan::SearchResult r = plan::search(m, c, o);
                if (r.candidates == 0)
                  throw BadInput(fmt::format(
