@@ -151,30 +151,59 @@ std::string cp_refusal(const ModelSpec& m, int tp, int cp, const std::string& me
   return fmt::format("cp_method must be ring or all_to_all, got '{}'", method);
 }
 
+namespace {
+
+// Runs work(unit, cache) for the units [0, n) on up to `threads` threads, each taking the next
+// unit and keeping a cost cache of its own (a cached cost is the same whichever thread made
+// it). When a unit throws, the others stop at their next unit and the exception of the lowest
+// unit that threw is rethrown.
+template <typename Work>
+void on_threads(size_t n, int threads, const Work& work) {
+  const auto count = std::clamp<size_t>(static_cast<size_t>(std::max(threads, 1)), 1, std::max<size_t>(n, 1));
+  std::atomic<size_t> next{0};
+  std::vector<size_t> failed_at(count, std::numeric_limits<size_t>::max());
+  std::vector<std::exception_ptr> errors(count);
+  auto run = [&](size_t t) {
+    detail::CostCache cache;
+    for (size_t u; (u = next.fetch_add(1)) < n;) {
+      try {
+        work(u, cache);
+      } catch (...) {
+        failed_at[t] = u;
+        errors[t] = std::current_exception();
+        next = n;
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < count; ++t) pool.emplace_back(run, t);
+  run(0);
+  for (std::thread& t : pool) t.join();
+  size_t first = 0;
+  for (size_t t = 1; t < count; ++t)
+    if (failed_at[t] < failed_at[first]) first = t;
+  if (errors[first]) std::rethrow_exception(errors[first]);
+}
+
+}  // namespace
+
 SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   SearchResult result;
-  detail::CostCache played_cache;
+  const int threads = o.threads > 0 ? o.threads : default_num_threads();
   std::vector<Estimate> feasible;
   {
-    // Screening in closed form, on several threads: each takes the next chunk of candidates
-    // with a cost cache of its own; what fits is gathered in candidate order, so the result
-    // does not depend on the threads. Context-parallel blocks come from the listed model
-    // (traced below for the candidates played).
+    // Screening in closed form, on several threads, a chunk of candidates at a time; what fits
+    // is gathered in candidate order, so the result does not depend on the threads.
+    // Context-parallel blocks come from the listed model (traced below for the candidates
+    // played). Chunks are handed out in bit-reversed order, so concurrent threads work on
+    // candidates far apart in the list: neighbours need the same blocks traced, and a block
+    // one thread is tracing another waits for.
     const std::vector<Layout> layouts = candidate_layouts(m, c, o);
     result.candidates = static_cast<int64_t>(layouts.size());
     constexpr size_t kChunk = 256;
     const size_t chunks = (layouts.size() + kChunk - 1) / kChunk;
-    const int threads = static_cast<int>(std::clamp<size_t>(
-        static_cast<size_t>(o.threads > 0 ? o.threads : default_num_threads()), 1, std::max<size_t>(chunks, 1)));
-    struct Worker {
-      std::vector<std::pair<size_t, Estimate>> fits;
-      size_t failed_at = std::numeric_limits<size_t>::max();
-      std::exception_ptr error;
-    };
-    std::vector<Worker> workers(static_cast<size_t>(threads));
-    // Chunks are taken in bit-reversed order, so the threads work on candidates far apart in
-    // the list: neighbours share blocks to trace, and a block one thread traces another waits for.
     int bits = 0;
     while ((size_t{1} << bits) < chunks) ++bits;
     std::vector<size_t> chunk_order;
@@ -184,40 +213,17 @@ SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) 
       for (int b = 0; b < bits; ++b) r |= ((k >> b) & 1) << (bits - 1 - b);
       if (r < chunks) chunk_order.push_back(r);
     }
-    std::atomic<size_t> next{0};
-    auto screen = [&](Worker& w) {
+    std::vector<std::vector<Estimate>> fits(chunks);  // by chunk, in candidate order
+    on_threads(chunks, threads, [&](size_t k, detail::CostCache& cache) {
       ListedContextParallelScope listed_cp;
-      detail::CostCache cache;
-      for (size_t k; (k = next.fetch_add(1)) < chunks;) {
-        const size_t lo = chunk_order[k] * kChunk;
-        for (size_t i = lo; i < std::min(lo + kChunk, layouts.size()); ++i) {
-          try {
-            Estimate e = detail::evaluate_with(m, c, layouts[i], o.global_batch, false, &cache);
-            if (e.fits) w.fits.emplace_back(i, std::move(e));
-          } catch (...) {
-            w.failed_at = i;
-            w.error = std::current_exception();
-            next = chunks;  // the others stop at their next chunk
-            return;
-          }
-        }
+      const size_t chunk = chunk_order[k];
+      for (size_t i = chunk * kChunk; i < std::min((chunk + 1) * kChunk, layouts.size()); ++i) {
+        Estimate e = detail::evaluate_with(m, c, layouts[i], o.global_batch, false, &cache);
+        if (e.fits) fits[chunk].push_back(std::move(e));
       }
-    };
-    std::vector<std::thread> pool;
-    for (size_t t = 1; t < workers.size(); ++t) pool.emplace_back(screen, std::ref(workers[t]));
-    screen(workers[0]);
-    for (std::thread& t : pool) t.join();
-    // A candidate that failed: the first in the list among those reached.
-    const Worker* failed = nullptr;
-    for (const Worker& w : workers)
-      if (w.error && (failed == nullptr || w.failed_at < failed->failed_at)) failed = &w;
-    if (failed != nullptr) std::rethrow_exception(failed->error);
-    std::vector<std::pair<size_t, Estimate>> all;
-    for (Worker& w : workers)
-      for (auto& f : w.fits) all.push_back(std::move(f));
-    std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    feasible.reserve(all.size());
-    for (auto& f : all) feasible.push_back(std::move(f.second));
+    });
+    for (std::vector<Estimate>& f : fits)
+      for (Estimate& e : f) feasible.push_back(std::move(e));
     result.feasible = static_cast<int64_t>(feasible.size());
   }
   // By `faster` (a total order: ties go to the layout's text): the fastest closed-form first.
@@ -232,22 +238,36 @@ SearchResult search(const ModelSpec& m, const Cluster& c, const PlanOptions& o) 
     feasible = std::move(sorted);
   }
   // Play the schedules of the best candidates, fastest closed-form first, until enough are
-  // played or the next one cannot beat the k-th played by 20%.
+  // played or the next one cannot beat the k-th played by 20%. The most that can be played
+  // are played ahead on the threads; the rule then walks them in order as before (a
+  // candidate's failure counts only if the walk reaches it).
+  const size_t ahead = std::min(feasible.size(), static_cast<size_t>(std::max(o.max_simulations, 0)));
+  std::vector<Estimate> simulated(ahead);
+  std::vector<std::exception_ptr> failed(ahead);
+  on_threads(ahead, threads, [&](size_t i, detail::CostCache& cache) {
+    try {
+      simulated[i] = detail::evaluate_with(m, c, feasible[i].layout, o.global_batch, true, &cache);
+    } catch (...) {
+      failed[i] = std::current_exception();
+    }
+  });
   std::vector<Estimate> played;
-  for (const Estimate& cand : feasible) {
+  for (size_t i = 0; i < feasible.size(); ++i) {
     if (result.simulated >= o.max_simulations) break;
     if (static_cast<int>(played.size()) >= o.top) {
       std::vector<double> times;
       for (const Estimate& e : played) times.push_back(e.step_time);
       std::nth_element(times.begin(), times.begin() + (o.top - 1), times.end());
-      if (cand.step_time > 1.2 * times[static_cast<size_t>(o.top - 1)]) break;
+      if (feasible[i].step_time > 1.2 * times[static_cast<size_t>(o.top - 1)]) break;
     }
-    Estimate e = detail::evaluate_with(m, c, cand.layout, o.global_batch, true, &played_cache);
+    if (failed[i]) std::rethrow_exception(failed[i]);
+    Estimate& e = simulated[i];
     ++result.simulated;
     if (e.fits) played.push_back(std::move(e));
   }
   // The layouts reported get the runtime's traced step where it applies (its data-parallel and
   // pipeline traffic, its memory); one that then does not fit is dropped.
+  detail::CostCache played_cache;
   for (Estimate& e : played) detail::trace_step(m, c, o.global_batch, true, &played_cache, e);
   std::erase_if(played, [](const Estimate& e) { return !e.fits; });
   std::sort(played.begin(), played.end(), faster);
