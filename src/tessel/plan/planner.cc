@@ -159,8 +159,6 @@ RankMapping map_ranks(const Cluster& c, const Layout& l, double tp_bytes, double
   return r;
 }
 
-// Activations held on pipeline rank r at most, in (micro-batch, chunk) units, as the
-// schedules of parallel/schedule.h hold them (closed forms documented there).
 // A layout's schedule, named once per candidate rather than compared as text per rank.
 enum class Sched { one_f_one_b, fthenb, vpp, zbh1 };
 Sched sched_of(const Layout& l) {
@@ -170,6 +168,8 @@ Sched sched_of(const Layout& l) {
   return Sched::one_f_one_b;
 }
 
+// Activations held on pipeline rank r at most, in (micro-batch, chunk) units, as the
+// schedules of parallel/schedule.h hold them (closed forms documented there).
 int in_flight(const Layout& l, Sched sched, int rank) {
   const int64_t p = l.pp, m = l.micro_batches, v = l.vpp;
   if (l.pp == 1) return 1;

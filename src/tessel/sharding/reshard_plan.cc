@@ -119,12 +119,13 @@ bool shards_after(const Placements& p, int64_t m, int64_t d) {
   return false;
 }
 
-// The move of mesh dim m from p[m] to q, or nullopt when illegal.
-std::optional<ReshardStep::Kind> move_kind(const Placements& p, int64_t m, const Placement& q) {
-  const Placement& cur = p[static_cast<size_t>(m)];
+// The move of one mesh dim from cur to q, or nullopt when illegal. cur_later / q_later: a later
+// mesh dim shards cur's / q's tensor dim (a shard may leave or join a mesh dim only when none
+// does).
+std::optional<ReshardStep::Kind> move_between(const Placement& cur, const Placement& q, bool cur_later, bool q_later) {
   if (cur == q) return std::nullopt;
-  if (cur.is_shard() && shards_after(p, m, cur.dim)) return std::nullopt;
-  if (q.is_shard() && shards_after(p, m, q.dim)) return std::nullopt;
+  if (cur.is_shard() && cur_later) return std::nullopt;
+  if (q.is_shard() && q_later) return std::nullopt;
   using K = ReshardStep::Kind;
   if (cur.is_replicate()) return q.is_shard() ? K::slice : K::to_partial;
   if (cur.is_shard()) {
@@ -136,6 +137,12 @@ std::optional<ReshardStep::Kind> move_kind(const Placements& p, int64_t m, const
   if (q.is_replicate()) return K::all_reduce;
   if (q.is_shard()) return K::reduce_scatter;
   return std::nullopt;  // Partial -> another Partial goes through Replicate
+}
+
+// The move of mesh dim m from p[m] to q, or nullopt when illegal.
+std::optional<ReshardStep::Kind> move_kind(const Placements& p, int64_t m, const Placement& q) {
+  const Placement& cur = p[static_cast<size_t>(m)];
+  return move_between(cur, q, cur.is_shard() && shards_after(p, m, cur.dim), q.is_shard() && shards_after(p, m, q.dim));
 }
 
 // The bytes mesh dim m's group holds of a tensor of `numel` elements laid out as p: the
@@ -336,9 +343,8 @@ class CostTable {
  private:
   CostTable() = default;
 
-  // Pops the cheapest open list and relaxes its moves — move_kind's rules and move_cost's
-  // prices, with the last mesh dim sharding each tensor dim worked out once per list rather
-  // than once per move.
+  // Pops the cheapest open list and relaxes its moves — move_kind's and move_cost's, with the
+  // last mesh dim sharding each tensor dim worked out once per list rather than once per move.
   void settle_next() {
     const auto [d, k] = open_.top();
     open_.pop();
@@ -358,15 +364,13 @@ class CostTable {
     for (int64_t m = 0; m < M; ++m, place *= B) {
       const int64_t digit = (k / place) % B;
       const Placement& cur = p[static_cast<size_t>(m)];
-      // move_kind's rules: a shard leaves or joins mesh dim m only when no later mesh dim
-      // shards the same tensor dim; Partial -> Partial goes through Replicate.
-      if (cur.is_shard() && last_[static_cast<size_t>(cur.dim)] > m) continue;
+      const auto later = [&](const Placement& x) { return x.is_shard() && last_[static_cast<size_t>(x.dim)] > m; };
+      const bool cur_later = later(cur);
       const double bytes = held_bytes(p, m, size, numel_, dtype_);
       for (int64_t j = 0; j < B; ++j) {
         if (j == digit) continue;  // the options are distinct: j == digit is no move
         const Placement& q = options_[static_cast<size_t>(j)];
-        if (q.is_shard() && last_[static_cast<size_t>(q.dim)] > m) continue;
-        if (cur.is_partial() && q.is_partial()) continue;
+        if (!move_between(cur, q, cur_later, later(q))) continue;
         const double nd = d + step_price(bytes, cur, q, size(m));
         const int64_t nk = k + (j - digit) * place;
         if (cost_[static_cast<size_t>(nk)] <= nd) continue;
