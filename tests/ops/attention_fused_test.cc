@@ -3,6 +3,7 @@
 // non-causal, grouped-query heads, T != S and document masks. Between its forward and backward
 // it holds only out and one log-sum-exp per query row (linear in the sequence), and a packed
 // row with document starts gives what each document gives on its own.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -42,7 +43,7 @@ Tensor doc_tensor(const std::vector<std::vector<int64_t>>& docs) {
 }
 
 // [B, 1, G·T, S]: 0 where query t (of any of the G heads of a group) sees key j, else -inf.
-Tensor additive_mask(const Case& c) {
+Tensor additive_mask(const Case& c, DType dtype) {
   const int64_t B = c.q[0], G = c.q[1] / c.kv[1], T = c.q[2], S = c.kv[2];
   Nd m({B, 1, G * T, S});
   for (int64_t b = 0; b < B; ++b)
@@ -58,7 +59,7 @@ Tensor additive_mask(const Case& c) {
           }
           m({b, 0, g * T + t, j}) = seen ? 0.0 : -INFINITY;
         }
-  return m.tensor(DType::f32);
+  return m.tensor(dtype);
 }
 
 // softmax(q k^T · scale + mask) v from the plain ops: the G query heads of a kv head are
@@ -66,7 +67,8 @@ Tensor additive_mask(const Case& c) {
 Tensor composed(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v) {
   const int64_t B = c.q[0], H = c.q[1], Hkv = c.kv[1], T = c.q[2], D = c.q[3];
   Tensor qg = reshape(q, {B, Hkv, H / Hkv * T, D});
-  Tensor s = add(scale(matmul(qg, k, false, true), 1.0 / std::sqrt(static_cast<double>(D))), additive_mask(c));
+  Tensor s =
+      add(scale(matmul(qg, k, false, true), 1.0 / std::sqrt(static_cast<double>(D))), additive_mask(c, q.dtype()));
   return reshape(matmul(softmax(s, -1), v), {B, H, T, D});
 }
 
@@ -94,6 +96,45 @@ TEST(AttentionFused, MatchesAttentionComposedOfPlainOps) {
     EXPECT_EQ(compare(got.out, want.out, 1e-5, 1e-6), "");
     for (size_t i = 0; i < 3; ++i) EXPECT_EQ(compare(got.grads[i], want.grads[i], 1e-5, 1e-6), "") << "gradient " << i;
   }
+}
+
+// Scores that grow along the keys, each key block's max above the first block's by ~10-20
+// (slope 0.03) or ~30-50 (slope 0.08) in base 2: the forward's lazy path (the rows' earlier
+// max kept as the base while a block's row sums stay at most 2^24) keeps blocks with large
+// exponentials in the first case and falls back to rescaling in the second. The oracle is the
+// composed softmax in f64: the fused kernel in f64 matches it to 1e-10; in f32, scores of up
+// to ~100 carry a rounding of ~1e-5 into every exponential and the gradients meet keys of up
+// to ~20, so the bound is 2e-4 relative or 4e-5 absolute (the kernel before the lazy path
+// and the composed ops in f32 are off by as much: ~2e-5 on a dQ element of 0.036).
+TEST(AttentionFused, ScoresGrowingAlongTheKeysMatchTheComposedSoftmax) {
+  const Shape shape{1, 2, 256, 16};
+  const std::vector<double> noise = rand_tensor(shape, DType::f64, 92, 0.9, 1.1).to_doubles();
+  for (double slope : {0.03, 0.08})
+    for (bool causal : {false, true}) {
+      const Case c{"growing", shape, shape, causal};
+      Nd kn(shape);  // k[j] = slope · j, each element within 10%
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t j = 0; j < 256; ++j)
+          for (int64_t e = 0; e < 16; ++e)
+            kn({0, h, j, e}) = slope * static_cast<double>(j) * noise[static_cast<size_t>((h * 256 + j) * 16 + e)];
+      auto inputs = [&](DType dt) {
+        return std::vector<Tensor>{rand_tensor(shape, dt, 91, 0.5, 1.5).set_requires_grad(),
+                                   kn.tensor(dt).set_requires_grad(), rand_tensor(shape, dt, 93).set_requires_grad()};
+      };
+      std::vector<Tensor> want = inputs(DType::f64);
+      Tensor y = composed(c, want[0], want[1], want[2]);
+      backward(y, rand_tensor(shape, DType::f64, 94));
+      for (DType dt : {DType::f64, DType::f32}) {
+        SCOPED_TRACE(fmt::format("slope {}, {}, {}", slope, causal ? "causal" : "plain", dtype_name(dt)));
+        const double rtol = dt == DType::f64 ? 1e-10 : 2e-4, atol = dt == DType::f64 ? 1e-11 : 4e-5;
+        std::vector<Tensor> got = inputs(dt);
+        Tensor out = scaled_dot_product_attention(got[0], got[1], got[2], causal);
+        backward(out, rand_tensor(shape, dt, 94));
+        EXPECT_EQ(compare(cast(out, DType::f64), y, rtol, atol), "");
+        for (size_t i = 0; i < 3; ++i)
+          EXPECT_EQ(compare(cast(got[i].grad(), DType::f64), want[i].grad(), rtol, atol), "") << "gradient " << i;
+      }
+    }
 }
 
 // Bytes the forward allocates that are still alive when the backward starts: out [B, H, T, D]

@@ -2,10 +2,11 @@
 // loop order of FlashAttention-2): no [T, S] matrix is ever held. The forward
 // walks key blocks for each block of queries with an online softmax — a running max m and
 // running sum l per query row, the output accumulator rescaled by e^(m_old - m_new) when the
-// max grows — and keeps only out and the per-row log-sum-exp LSE = m + log l [B, H, T] for
-// the backward. The backward rebuilds each block of probabilities from q, k and LSE
-// (P = e^(s - LSE)), with D = rowsum(dO ⊙ O) computed once per row. So the memory between
-// forward and backward is linear in the sequence (and selective recompute has nothing to drop).
+// max grows; a fully visible block whose rows have all seen keys keeps the earlier m as its
+// base and skips the max and the rescale while its exponentials stay small (forward_block) —
+// and keeps only out and the per-row log-sum-exp LSE = m + log l [B, H, T] for the backward. The backward rebuilds each
+// block of probabilities from q, k and LSE (P = e^(s - LSE)), with D = rowsum(dO ⊙ O) computed once per row. So the
+// memory between forward and backward is linear in the sequence (and selective recompute has nothing to drop).
 //
 // Shapes: q[B, H, T, D], k and v[B, Hkv, S, D], out[B, H, T, D], LSE[B, H, T], and the
 // optional document starts docs[B, N] (int64)
@@ -202,6 +203,12 @@ std::vector<Visible> all_visible(const Dims& d, bool causal, const Tensor& docs)
 
 // ---------------------------------------------------------------- forward
 
+// The largest row sum of a block's exponentials the forward keeps against an earlier max
+// (forward_block): P ≤ 2^24 keeps out's accumulator and l far from f32's range for any
+// sequence and any value magnitude a model holds.
+template <typename T>
+constexpr T kLazyLimit = T(16777216);
+
 // Scratch of one forward task: q's block transposed, the scores of one block pair (key-major:
 // st[c·kBlockQ + r] for key c, query r, so the per-query max and sum run along contiguous
 // rows and vectorise), the output accumulator and the running statistics.
@@ -237,6 +244,7 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const DropMask& d
   std::fill(w.acc.begin(), w.acc.end(), T(0));
   std::fill_n(m, rows, kNegInf);
   std::fill_n(l, rows, T(0));
+  bool started = false;  // every row has seen a key: m is finite
   const int64_t first = vis.lo[static_cast<size_t>(t0)] / kBlockK * kBlockK;
   const int64_t last = vis.hi[static_cast<size_t>(t0 + rows - 1)];
   for (int64_t j0 = first; j0 < last; j0 += kBlockK) {
@@ -246,24 +254,42 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const DropMask& d
     // st[bc, rows] = k[j0:j1, D] @ qt[D, rows] · scale, in the kernel's base (scale2); a
     // partial pair by strips of keys
     const T* kj = k.at(b, kvh) + j0 * k.ld;
-    if (ov == Overlap::full) {
-      small_gemm<T>(bc, rows, D, scale2, kj, k.ld, 1, w.qt.data(), kBlockQ, T(0), st, kBlockQ);
-    } else {
-      for (int64_t c0 = 0; c0 < bc; c0 += kStrip) {
-        const int64_t c1 = std::min(bc, c0 + kStrip);
-        const Span r = rows_seeing(vis, t0, rows, j0, c0, c1);
-        if (r.size() > 0)
-          small_gemm<T>(c1 - c0, r.size(), D, scale2, kj + c0 * k.ld, k.ld, 1, w.qt.data() + r.lo, kBlockQ, T(0),
-                        st + c0 * kBlockQ + r.lo, kBlockQ);
+    // A fully visible pair whose rows have all seen keys already keeps their running max as
+    // the base: P = e^(s - m) in the product's epilogue, l += the block's row sums, nothing
+    // rescaled (alpha = 1) — unless a row's sum passes kLazyLimit (its max grew by about
+    // log2(kLazyLimit / keys) or more), when the block is done again the full way below.
+    // The base cancels between out's numerator and l, and LSE = m + log l holds for any
+    // base, so this changes only roundings (FlashAttention-4 rescales lazily too).
+    bool lazy = ov == Overlap::full && started;
+    if (lazy) {
+      kernels::small_gemm_ep<T>(bc, rows, D, kj, k.ld, 1, w.qt.data(), kBlockQ, st, kBlockQ,
+                                ExpBelowBase<T>{scale2, m});
+      lazy = block_sums(st, kBlockQ, bc, rows, kLazyLimit<T>, alpha);
+      if (lazy) {
+        for (int64_t r = 0; r < rows; ++r) l[r] += alpha[r];
+        std::fill_n(alpha, rows, T(1));
       }
     }
-    // The running max grows to cover this block; alpha = e^(m_old - m_new) rescales what came
-    // before. A partial pair's scores outside each row's interval (some never computed) count
-    // as -inf.
-    if (ov == Overlap::full)
-      online_softmax<T, true>(st, kBlockQ, bc, rows, m, l, base, alpha);
-    else
-      online_softmax<T>(st, kBlockQ, bc, rows, m, l, base, alpha, Seen{vis.lo.data() + t0, vis.hi.data() + t0, j0});
+    if (!lazy) {
+      if (ov == Overlap::full) {
+        small_gemm<T>(bc, rows, D, scale2, kj, k.ld, 1, w.qt.data(), kBlockQ, T(0), st, kBlockQ);
+      } else {
+        for (int64_t c0 = 0; c0 < bc; c0 += kStrip) {
+          const int64_t c1 = std::min(bc, c0 + kStrip);
+          const Span r = rows_seeing(vis, t0, rows, j0, c0, c1);
+          if (r.size() > 0)
+            small_gemm<T>(c1 - c0, r.size(), D, scale2, kj + c0 * k.ld, k.ld, 1, w.qt.data() + r.lo, kBlockQ, T(0),
+                          st + c0 * kBlockQ + r.lo, kBlockQ);
+        }
+      }
+      // The running max grows to cover this block; alpha = e^(m_old - m_new) rescales what
+      // came before. A partial pair's scores outside each row's interval (some never
+      // computed) count as -inf.
+      if (ov == Overlap::full)
+        online_softmax<T, true>(st, kBlockQ, bc, rows, m, l, base, alpha);
+      else
+        online_softmax<T>(st, kBlockQ, bc, rows, m, l, base, alpha, Seen{vis.lo.data() + t0, vis.hi.data() + t0, j0});
+    }
     // Dropout after the normaliser has counted every key: only the product sees the mask. The
     // scales come row by row (query-major) and are turned key-major like st.
     if (drop.on()) {
@@ -280,7 +306,9 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const DropMask& d
     // stayed put are left alone: a factor of exactly 1) and then adds by strips of queries,
     // each over the keys it sees
     const T* vj = v.at(b, kvh) + j0 * v.ld;
-    if (ov == Overlap::full) {
+    if (lazy) {
+      small_gemm<T>(rows, D, bc, T(1), st, 1, kBlockQ, vj, v.ld, T(1), w.acc.data(), D);
+    } else if (ov == Overlap::full) {
       kernels::small_gemm_ep<T>(rows, D, bc, st, 1, kBlockQ, vj, v.ld, w.acc.data(), D, RescaleAdd<T>{alpha});
     } else {
       for (int64_t r = 0; r < rows; ++r)
@@ -294,6 +322,7 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const DropMask& d
                         w.acc.data() + r0 * D, D);
       }
     }
+    if (!started) started = std::all_of(m, m + rows, [](T x) { return x != kNegInf; });
   }
   T* o = out.at(b, h) + t0 * out.ld;
   for (int64_t r = 0; r < rows; ++r) {
@@ -482,23 +511,19 @@ template <typename T>
 void sdpa_backward_t(const Dims& d, T scale, const std::vector<Visible>& vis, const Heads<T>& q, const Heads<T>& k,
                      const Heads<T>& v, const Heads<T>& out, const T* lse, const Heads<T>& dO, T* delta,
                      const Heads<T>& dq, const Heads<T>& dk, const Heads<T>& dv, const BackwardArgs& want) {
-  // delta[b, h, t] = rowsum(dO ⊙ O), and dQ zeroed for the accumulation, per (b, h).
-  parallel_for(0, d.B * d.H, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t bh = lo; bh < hi; ++bh) {
-      const int64_t b = bh / d.H, h = bh % d.H;
-      for (int64_t t = 0; t < d.T; ++t) {
-        const T* g = dO.at(b, h) + t * dO.ld;
-        const T* o = out.at(b, h) + t * out.ld;
-        delta[bh * d.T + t] = dot(g, o, d.D);
-        if (want.dq) std::fill_n(dq.at(b, h) + t * dq.ld, d.D, T(0));
-      }
-    }
-  });
   const int64_t key_blocks = (d.S + kBlockK - 1) / kBlockK;
   parallel_for(0, d.B * d.Hkv, 1, [&](int64_t lo, int64_t hi) {
     BackwardScratch<T> w(d.D);
     for (int64_t unit = lo; unit < hi; ++unit) {
       const int64_t b = unit / d.Hkv, kvh = unit % d.Hkv;
+      // delta[b, h, t] = rowsum(dO ⊙ O), and dQ zeroed for the accumulation, for the group's
+      // heads — here rather than in a pass of their own, so that the key blocks' products
+      // find dO and dQ of these heads still in cache.
+      for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h)
+        for (int64_t t = 0; t < d.T; ++t) {
+          delta[(b * d.H + h) * d.T + t] = dot(dO.at(b, h) + t * dO.ld, out.at(b, h) + t * out.ld, d.D);
+          if (want.dq) std::fill_n(dq.at(b, h) + t * dq.ld, d.D, T(0));
+        }
       for (int64_t kb = 0; kb < key_blocks; ++kb)
         backward_key_block(d, scale, vis[static_cast<size_t>(b)], q, k, v, dO, lse, delta, dq, dk, dv, want, b, kvh,
                            kb * kBlockK, w);

@@ -225,6 +225,40 @@ void online_softmax(T* __restrict st, int64_t ld, int64_t bc, int64_t rows, T* _
     }
 }
 
+// The row sums of a key-major tile of exponentials: sum[r] = Σ_c st[c·ld + r] for r < rows,
+// c < bc (on AVX-512 f32 in four chains of keys c ≡ 0..3 mod 4, added pairwise at the end: a
+// fixed order). True when every sum is at most `limit` (a NaN is not).
+template <typename T>
+bool block_sums(const T* __restrict st, int64_t ld, int64_t bc, int64_t rows, T limit, T* __restrict sum) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 lim = _mm512_set1_ps(limit);
+    bool within = true;
+    for (int64_t r = 0; r < rows; r += 16) {
+      const __mmask16 k = lanes_below(rows - r);
+      __m512 sc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      int64_t c = 0;
+      for (; c + 4 <= bc; c += 4)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) sc[j] = _mm512_add_ps(sc[j], _mm512_maskz_loadu_ps(k, st + (c + j) * ld + r));
+      for (; c < bc; ++c) sc[0] = _mm512_add_ps(sc[0], _mm512_maskz_loadu_ps(k, st + c * ld + r));
+      const __m512 s = _mm512_add_ps(_mm512_add_ps(sc[0], sc[1]), _mm512_add_ps(sc[2], sc[3]));
+      _mm512_mask_storeu_ps(sum + r, k, s);
+      within = within && _mm512_mask_cmp_ps_mask(k, s, lim, _CMP_LE_OQ) == k;
+    }
+    return within;
+  }
+#endif
+  bool within = true;
+  for (int64_t r = 0; r < rows; ++r) {
+    T s = T(0);
+    for (int64_t c = 0; c < bc; ++c) s += st[c * ld + r];
+    sum[r] = s;
+    within = within && s <= limit;
+  }
+  return within;
+}
+
 // Backward, query-major: row[c] = exp_base(row[c] - L) for c in [lo, hi), 0 elsewhere in [0, n).
 template <typename T>
 void exp_shifted_within(T* __restrict row, T L, int64_t n, int64_t lo, int64_t hi) {
@@ -265,6 +299,28 @@ struct ExpShifted {
     }
 #endif
     for (int64_t e = 0; e < n; ++e) c[e] = exp_base<T>(acc[e] * scale - L[i]);
+  }
+};
+
+// The forward's P = exp_base(acc · scale - base[j]) of a fully visible block pair whose rows
+// have all seen keys before: the key-major scores (row i a key, columns the queries) taken
+// against each query's running max of the earlier blocks, `base`, instead of a max that
+// includes this block (see forward_block: no rescale while the block's sums stay small).
+template <typename T>
+struct ExpBelowBase {
+  T scale;
+  const T* base;
+  void operator()(int64_t, int64_t j, Vec<T> acc, int64_t n, T* c) const {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) {
+      const __mmask16 k = lanes_below(n);
+      const __m512 e =
+          fast::exp2_16_finite(_mm512_fmsub_ps(acc, _mm512_set1_ps(scale), _mm512_maskz_loadu_ps(k, base + j)));
+      _mm512_mask_storeu_ps(c, k, e);
+      return;
+    }
+#endif
+    for (int64_t e = 0; e < n; ++e) c[e] = exp_base<T>(acc[e] * scale - base[j + e]);
   }
 };
 
