@@ -11,7 +11,7 @@
 // (each mask drawn from Philox in the forward and again in the backward) beside it without.
 //
 //   attention_bench [--threads 1] [--tokens 32768] [--t 1024,2048,...] [--reps 3]
-//                   [--unfused-max-t 4096] [--clock wall|cpu] [--dropout P] [--json]
+//                   [--unfused-max-t 4096] [--clock wall|cpu] [--dropout P] [--no-causal] [--json]
 #include <fmt/format.h>
 
 #include <ctime>
@@ -113,14 +113,14 @@ int run(int argc, char** argv) {
   int threads = 1, reps = 3;
   int64_t tokens = 32768, unfused_max_t = 4096;
   std::vector<int64_t> ts{1024, 2048, 4096, 8192, 16384, 32768};
-  bool json = false;
+  bool json = false, causal = true;
   double dropout = 0.0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       fmt::print(
           "usage: attention_bench [--threads 1] [--tokens 32768] [--t 1024,2048,...] [--reps 3]\n"
-          "                       [--unfused-max-t 4096] [--clock wall|cpu] [--dropout P] [--json]\n"
+          "                       [--unfused-max-t 4096] [--clock wall|cpu] [--dropout P] [--no-causal] [--json]\n"
           "Fused attention forward + backward beside the unfused kernel it replaced, in the same run: median\n"
           "time and the allocator's peak bytes at each sequence length T, B*T fixed (--tokens).\n");
       return 0;
@@ -135,6 +135,8 @@ int run(int argc, char** argv) {
     else if (a == "--reps") reps = std::atoi(next());
     else if (a == "--unfused-max-t") unfused_max_t = std::atoll(next());
     else if (a == "--json") json = true;
+    else if (a == "--no-causal")
+      causal = false;
     else if (a == "--clock") g_cpu_clock = std::string(next()) == "cpu";
     else if (a == "--dropout")
       dropout = std::atof(next());
@@ -145,15 +147,18 @@ int run(int argc, char** argv) {
   // through the run, and the process's CPU-time clock counts it (about 5% of either kernel).
   quiet_blas_workers();
   if (!json)
-    fmt::print("attention forward+backward, causal, H={} D={} B*T={} f32, {} thread(s), {} time, median of {} (1 at T >= 8k)\n"
-               "{:>6} {:>3} | {:>17} {:>9} {:>9} | {:>17} {:>9} {:>9} | {:>7}\n",
-               kHeads, kHeadDim, tokens, threads, g_cpu_clock ? "CPU" : "wall", reps, "T", "B", "fused ms (fwd)", "peak MiB", "saved MiB",
-               "unfused ms (fwd)", "peak MiB", "saved MiB", "speedup");
+    fmt::print(
+        "attention forward+backward, {}, H={} D={} B*T={} f32, {} thread(s), {} time, median of {} (1 at T >= 8k)\n"
+        "{:>6} {:>3} | {:>17} {:>9} {:>9} | {:>17} {:>9} {:>9} | {:>7}\n",
+        causal ? "causal" : "not causal", kHeads, kHeadDim, tokens, threads, g_cpu_clock ? "CPU" : "wall", reps, "T",
+        "B", "fused ms (fwd)", "peak MiB", "saved MiB", "unfused ms (fwd)", "peak MiB", "saved MiB", "speedup");
   std::map<int64_t, Figures> fused_at;
-  auto fused = [](const Tensor& q, const Tensor& k, const Tensor& v) {
-    return scaled_dot_product_attention(q, k, v, true);
+  auto fused = [causal](const Tensor& q, const Tensor& k, const Tensor& v) {
+    return scaled_dot_product_attention(q, k, v, causal);
   };
-  auto unfused = [](const Tensor& q, const Tensor& k, const Tensor& v) { return unfused_attention(q, k, v, true); };
+  auto unfused = [causal](const Tensor& q, const Tensor& k, const Tensor& v) {
+    return unfused_attention(q, k, v, causal);
+  };
   for (int64_t T : ts) {
     const int64_t B = std::max<int64_t>(1, tokens / T);
     const int n = T >= 8192 ? 1 : reps;
