@@ -31,6 +31,16 @@ Tensor index_tensor(const std::vector<int64_t>& v) {
   return Tensor::from_vector(v, {static_cast<int64_t>(v.size())});
 }
 
+// An index list of n rows, filled by fill(std::vector<int64_t>&) — not while tracing (meta
+// mode), where only its length matters and the router lists no assignments.
+template <typename Fill>
+Tensor index_list(int64_t n, Fill fill) {
+  if (meta_mode()) return Tensor::empty({n}, DType::i64);
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  fill(v);
+  return index_tensor(v);
+}
+
 }  // namespace
 
 MoeStep& moe_step() {
@@ -104,10 +114,11 @@ Tensor MoeBlock::forward(const Tensor& x) const {
   }
 
   // Dispatch: the kept assignments' token rows, sorted by expert.
-  const int64_t n = static_cast<int64_t>(r.order.size());
-  std::vector<int64_t> token_of(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) token_of[static_cast<size_t>(i)] = r.order[static_cast<size_t>(i)] / k;
-  Tensor rows = embedding(flat, index_tensor(token_of));  // [n, C]
+  const int64_t n = std::accumulate(r.counts.begin(), r.counts.end(), int64_t{0});
+  Tensor rows = embedding(flat, index_list(n, [&](std::vector<int64_t>& token_of) {
+                            for (int64_t i = 0; i < n; ++i)
+                              token_of[static_cast<size_t>(i)] = r.order[static_cast<size_t>(i)] / k;
+                          }));  // [n, C]
 
   std::vector<int64_t> counts = r.counts, send_rows, recv_rows, to_expert_major;
   const int64_t ep = ec ? ec->ep : 1;
@@ -126,13 +137,18 @@ Tensor MoeBlock::forward(const Tensor& x) const {
         recv_rows[static_cast<size_t>(s)] += in[static_cast<size_t>(s * El + e)];
         counts[static_cast<size_t>(e)] += in[static_cast<size_t>(s * El + e)];
       }
-    std::vector<int64_t> start(static_cast<size_t>(ep * El));  // where (source, expert) begins
-    for (int64_t i = 0, at = 0; i < ep * El; ++i) start[static_cast<size_t>(i)] = at, at += in[static_cast<size_t>(i)];
-    for (int64_t e = 0; e < El; ++e)
-      for (int64_t s = 0; s < ep; ++s)
-        for (int64_t j = 0; j < in[static_cast<size_t>(s * El + e)]; ++j)
-          to_expert_major.push_back(start[static_cast<size_t>(s * El + e)] + j);
-    rows = embedding(ec->exchange(rows, send_rows, recv_rows), index_tensor(to_expert_major));
+    if (!meta_mode()) {
+      std::vector<int64_t> start(static_cast<size_t>(ep * El));  // where (source, expert) begins
+      for (int64_t i = 0, at = 0; i < ep * El; ++i)
+        start[static_cast<size_t>(i)] = at, at += in[static_cast<size_t>(i)];
+      for (int64_t e = 0; e < El; ++e)
+        for (int64_t s = 0; s < ep; ++s)
+          for (int64_t j = 0; j < in[static_cast<size_t>(s * El + e)]; ++j)
+            to_expert_major.push_back(start[static_cast<size_t>(s * El + e)] + j);
+    }
+    const int64_t received = std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t{0});
+    rows = embedding(ec->exchange(rows, send_rows, recv_rows),
+                     index_list(received, [&](std::vector<int64_t>& v) { v = to_expert_major; }));
   }
 
   // The experts: down(silu(x·w1ᵀ) ⊙ x·w3ᵀ), one grouped product per matrix.
@@ -140,16 +156,20 @@ Tensor MoeBlock::forward(const Tensor& x) const {
   Tensor out = grouped_matmul(h, local(*w2_), counts, true);  // [rows, C]
 
   if (ep > 1) {
-    std::vector<int64_t> back(to_expert_major.size());
-    for (size_t i = 0; i < to_expert_major.size(); ++i) back[static_cast<size_t>(to_expert_major[i])] = static_cast<int64_t>(i);
-    out = ec->exchange(embedding(out, index_tensor(back)), recv_rows, send_rows);
+    const Tensor back = index_list(out.size(0), [&](std::vector<int64_t>& v) {
+      for (size_t i = 0; i < to_expert_major.size(); ++i)
+        v[static_cast<size_t>(to_expert_major[i])] = static_cast<int64_t>(i);
+    });
+    out = ec->exchange(embedding(out, back), recv_rows, send_rows);
   }
 
   // Combine: each token's k outputs weighted by the router (a dropped one reads a zero row).
-  std::vector<int64_t> position(static_cast<size_t>(B * T * k), n);
-  for (int64_t i = 0; i < n; ++i) position[static_cast<size_t>(r.order[static_cast<size_t>(i)])] = i;
+  const Tensor position = index_list(B * T * k, [&](std::vector<int64_t>& v) {
+    std::fill(v.begin(), v.end(), n);
+    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(r.order[static_cast<size_t>(i)])] = i;
+  });
   const Tensor padded = cat({out, Tensor::zeros({1, C}, out.dtype())}, 0);
-  const Tensor per_choice = reshape(embedding(padded, index_tensor(position)), {B * T, k, C});
+  const Tensor per_choice = reshape(embedding(padded, position), {B * T, k, C});
   Tensor y = reshape(sum(mul(per_choice, unsqueeze(r.weights, 2)), {1}), {B, T, C});
 
   // The balancing and z losses: means over the global batch's sequences and tokens (the

@@ -43,50 +43,56 @@ Routing route_tokens(const Tensor& logits, const RouterOptions& o) {
   // In meta mode (a traced step: shapes, no values) the choices are those of a perfectly
   // balanced router — assignment a goes to expert a mod E, so every expert gets T·k/E of them
   // and a token's k choices are k different experts — with equal scores: what a router the
-  // balancing loss keeps even does on average. The planner models the imbalance apart.
+  // balancing loss keeps even does on average. The planner models the imbalance apart. Only
+  // the counts are worked out then (no assignment lists: `order` stays empty).
   const bool meta = meta_mode();
-  std::vector<int64_t> balanced;
-  std::vector<double> sv;
-  const Tensor ex = meta ? Tensor() : view::contiguous(experts);
-  if (meta) {
-    balanced.resize(static_cast<size_t>(T * k));
-    for (int64_t a = 0; a < T * k; ++a) balanced[static_cast<size_t>(a)] = a % E;
-    sv.assign(static_cast<size_t>(T * k), 0.0);
-  } else {
-    sv = view::contiguous(top).to_doubles();
-  }
-  const int64_t* pe = meta ? balanced.data() : ex.data<int64_t>();
-  const int64_t capacity = o.capacity_factor > 0
-                               ? static_cast<int64_t>(std::ceil(o.capacity_factor * static_cast<double>(G * k) /
-                                                                static_cast<double>(E)))
-                               : G * k;
-  std::vector<double> keep(static_cast<size_t>(T * k), 1.0);
+  const int64_t capacity =
+      o.capacity_factor > 0
+          ? static_cast<int64_t>(std::ceil(o.capacity_factor * static_cast<double>(G * k) / static_cast<double>(E)))
+          : G * k;
   std::vector<double> chose(static_cast<size_t>(groups * E), 0.0);  // each group's assignments per expert
-  std::vector<std::vector<int64_t>> kept(static_cast<size_t>(E));  // per expert, in token order
-  for (int64_t g = 0; g < groups; ++g) {
-    // Per expert, the group's assignments; those past the capacity dropped by score (best
-    // first, ties to the earlier token).
-    std::vector<std::vector<int64_t>> chosen(static_cast<size_t>(E));
-    for (int64_t a = g * G * k; a < (g + 1) * G * k; ++a) chosen[static_cast<size_t>(pe[a])].push_back(a);
-    for (int64_t e = 0; e < E; ++e) {
-      std::vector<int64_t>& list = chosen[static_cast<size_t>(e)];
-      chose[static_cast<size_t>(g * E + e)] = static_cast<double>(list.size());
-      if (static_cast<int64_t>(list.size()) > capacity) {
-        std::vector<int64_t> by_score = list;
-        std::stable_sort(by_score.begin(), by_score.end(), [&](int64_t a, int64_t b) {
-          return sv[static_cast<size_t>(a)] > sv[static_cast<size_t>(b)];
-        });
-        for (size_t i = static_cast<size_t>(capacity); i < by_score.size(); ++i) keep[static_cast<size_t>(by_score[i])] = 0;
-        r.dropped += static_cast<int64_t>(by_score.size()) - capacity;
-      }
-      for (int64_t a : list)
-        if (keep[static_cast<size_t>(a)] != 0) kept[static_cast<size_t>(e)].push_back(a);
-    }
-  }
   r.counts.assign(static_cast<size_t>(E), 0);
-  for (int64_t e = 0; e < E; ++e) {
-    r.counts[static_cast<size_t>(e)] = static_cast<int64_t>(kept[static_cast<size_t>(e)].size());
-    r.order.insert(r.order.end(), kept[static_cast<size_t>(e)].begin(), kept[static_cast<size_t>(e)].end());
+  std::vector<double> keep;
+  if (meta) {
+    const int64_t N = G * k;  // a group's assignments, a0 = g·N, …: expert e gets those with a ≡ e mod E
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t n = N / E + (((e - g * N) % E + E) % E < N % E ? 1 : 0);
+        chose[static_cast<size_t>(g * E + e)] = static_cast<double>(n);
+        r.counts[static_cast<size_t>(e)] += std::min(n, capacity);
+        r.dropped += std::max<int64_t>(n - capacity, 0);
+      }
+  } else {
+    const Tensor ex = view::contiguous(experts);
+    const std::vector<double> sv = view::contiguous(top).to_doubles();
+    const int64_t* pe = ex.data<int64_t>();
+    keep.assign(static_cast<size_t>(T * k), 1.0);
+    std::vector<std::vector<int64_t>> kept(static_cast<size_t>(E));  // per expert, in token order
+    for (int64_t g = 0; g < groups; ++g) {
+      // Per expert, the group's assignments; those past the capacity dropped by score (best
+      // first, ties to the earlier token).
+      std::vector<std::vector<int64_t>> chosen(static_cast<size_t>(E));
+      for (int64_t a = g * G * k; a < (g + 1) * G * k; ++a) chosen[static_cast<size_t>(pe[a])].push_back(a);
+      for (int64_t e = 0; e < E; ++e) {
+        std::vector<int64_t>& list = chosen[static_cast<size_t>(e)];
+        chose[static_cast<size_t>(g * E + e)] = static_cast<double>(list.size());
+        if (static_cast<int64_t>(list.size()) > capacity) {
+          std::vector<int64_t> by_score = list;
+          std::stable_sort(by_score.begin(), by_score.end(), [&](int64_t a, int64_t b) {
+            return sv[static_cast<size_t>(a)] > sv[static_cast<size_t>(b)];
+          });
+          for (size_t i = static_cast<size_t>(capacity); i < by_score.size(); ++i)
+            keep[static_cast<size_t>(by_score[i])] = 0;
+          r.dropped += static_cast<int64_t>(by_score.size()) - capacity;
+        }
+        for (int64_t a : list)
+          if (keep[static_cast<size_t>(a)] != 0) kept[static_cast<size_t>(e)].push_back(a);
+      }
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      r.counts[static_cast<size_t>(e)] = static_cast<int64_t>(kept[static_cast<size_t>(e)].size());
+      r.order.insert(r.order.end(), kept[static_cast<size_t>(e)].begin(), kept[static_cast<size_t>(e)].end());
+    }
   }
   r.dropped_fraction = T * k > 0 ? static_cast<double>(r.dropped) / static_cast<double>(T * k) : 0.0;
   if (r.dropped > 0) {
