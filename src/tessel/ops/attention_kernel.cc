@@ -4,9 +4,10 @@
 // running sum l per query row, the output accumulator rescaled by e^(m_old - m_new) when the
 // max grows; a fully visible block whose rows have all seen keys keeps the earlier m as its
 // base and skips the max and the rescale while its exponentials stay small (forward_block) —
-// and keeps only out and the per-row log-sum-exp LSE = m + log l [B, H, T] for the backward. The backward rebuilds each
-// block of probabilities from q, k and LSE (P = e^(s - LSE)), with D = rowsum(dO ⊙ O) computed once per row. So the
-// memory between forward and backward is linear in the sequence (and selective recompute has nothing to drop).
+// and keeps only out and the per-row log-sum-exp LSE = m + log l [B, H, T] for the backward.
+// The backward rebuilds each block of probabilities from q, k and LSE (P = e^(s - LSE)), with
+// D = rowsum(dO ⊙ O) computed once per row. So the memory between forward and backward is
+// linear in the sequence (and selective recompute has nothing to drop).
 //
 // Shapes: q[B, H, T, D], k and v[B, Hkv, S, D], out[B, H, T, D], LSE[B, H, T], and the
 // optional document starts docs[B, N] (int64)
@@ -204,8 +205,8 @@ std::vector<Visible> all_visible(const Dims& d, bool causal, const Tensor& docs)
 // ---------------------------------------------------------------- forward
 
 // The largest row sum of a block's exponentials the forward keeps against an earlier max
-// (forward_block): P ≤ 2^24 keeps out's accumulator and l far from f32's range for any
-// sequence and any value magnitude a model holds.
+// (forward_block): with at most 2^24 a block, l and out's accumulator stay within f32's range
+// for any sequence of up to 2^20 key blocks and values below ~2^80.
 template <typename T>
 constexpr T kLazyLimit = T(16777216);
 
@@ -255,9 +256,9 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const DropMask& d
     // partial pair by strips of keys
     const T* kj = k.at(b, kvh) + j0 * k.ld;
     // A fully visible pair whose rows have all seen keys already keeps their running max as
-    // the base: P = e^(s - m) in the product's epilogue, l += the block's row sums, nothing
-    // rescaled (alpha = 1) — unless a row's sum passes kLazyLimit (its max grew by about
-    // log2(kLazyLimit / keys) or more), when the block is done again the full way below.
+    // the base: P = e^(s - m) in the product's epilogue, l += the block's row sums (alpha is
+    // their scratch), nothing rescaled — unless a row's sum passes kLazyLimit (its max grew
+    // by log2(kLazyLimit / keys) or more), when the block is done again the full way below.
     // The base cancels between out's numerator and l, and LSE = m + log l holds for any
     // base, so this changes only roundings (FlashAttention-4 rescales lazily too).
     bool lazy = ov == Overlap::full && started;
@@ -265,10 +266,8 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const DropMask& d
       kernels::small_gemm_ep<T>(bc, rows, D, kj, k.ld, 1, w.qt.data(), kBlockQ, st, kBlockQ,
                                 ExpBelowBase<T>{scale2, m});
       lazy = block_sums(st, kBlockQ, bc, rows, kLazyLimit<T>, alpha);
-      if (lazy) {
+      if (lazy)
         for (int64_t r = 0; r < rows; ++r) l[r] += alpha[r];
-        std::fill_n(alpha, rows, T(1));
-      }
     }
     if (!lazy) {
       if (ov == Overlap::full) {
