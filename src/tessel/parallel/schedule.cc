@@ -34,7 +34,7 @@ bool is_compute(ActionKind k) { return k == ActionKind::F || k == ActionKind::B 
 // ---------------------------------------------------------------------------------------------
 // Names
 
-enum class Kind { fthenb, one_f_one_b, vpp, zbh1 };
+using Kind = ScheduleKind;
 
 std::optional<Kind> parse_kind(std::string_view text) {
   std::string lower(text);
@@ -60,11 +60,13 @@ const char* canonical_name(Kind k) {
 
 }  // namespace
 
-std::string canonical_schedule_name(std::string_view kind) {
+ScheduleKind schedule_kind(std::string_view kind) {
   std::optional<Kind> k = parse_kind(kind);
   TESSEL_CHECK(k.has_value(), "unknown pipeline schedule '{}' (known: {})", kind, kValidKinds);
-  return canonical_name(*k);
+  return *k;
 }
+
+std::string canonical_schedule_name(std::string_view kind) { return canonical_name(schedule_kind(kind)); }
 
 namespace {
 

@@ -73,6 +73,13 @@ struct Schedule {
 // the valid ones), non-positive sizes, or chunks/microbatches the kind cannot take.
 Schedule make_schedule(std::string_view kind, int stages, int microbatches, int chunks = 1);
 
+// The kinds of schedule, for code that branches on one (the planner's closed forms).
+enum class ScheduleKind { fthenb, one_f_one_b, vpp, zbh1 };
+
+// The kind schedule `kind` names (case-insensitive, with the aliases above); throws Error
+// listing the valid kinds for an unknown one.
+ScheduleKind schedule_kind(std::string_view kind);
+
 // The canonical name of schedule `kind` ("gpipe" -> "FThenB", "interleaved" -> "VPP", ...);
 // throws Error listing the valid kinds for an unknown one.
 std::string canonical_schedule_name(std::string_view kind);

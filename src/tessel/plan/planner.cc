@@ -159,14 +159,7 @@ RankMapping map_ranks(const Cluster& c, const Layout& l, double tp_bytes, double
   return r;
 }
 
-// A layout's schedule, named once per candidate rather than compared as text per rank.
-enum class Sched { one_f_one_b, fthenb, vpp, zbh1 };
-Sched sched_of(const Layout& l) {
-  if (l.schedule == "FThenB" || l.schedule == "GPipe") return Sched::fthenb;
-  if (l.schedule == "VPP") return Sched::vpp;
-  if (l.schedule == "ZBH1") return Sched::zbh1;
-  return Sched::one_f_one_b;
-}
+using Sched = parallel::ScheduleKind;
 
 // Activations held on pipeline rank r at most, in (micro-batch, chunk) units, as the
 // schedules of parallel/schedule.h hold them (closed forms documented there).
@@ -468,7 +461,7 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
     cp_time[vs % static_cast<size_t>(ranks)] += mb * p.cp_per_vstage[vs];
   }
   std::vector<int> flight(static_cast<size_t>(ranks));
-  const Sched sched = sched_of(l);
+  const Sched sched = parallel::schedule_kind(l.schedule);  // named once per candidate, not per rank
   std::vector<int> w_pending(static_cast<size_t>(ranks), sched == Sched::zbh1 ? 1 : 0);
   double makespan;
   if (simulate || l.pp == 1) {
