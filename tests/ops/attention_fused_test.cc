@@ -1,8 +1,9 @@
 // The fused attention kernel against attention composed of the plain ops (matmul, add of a
 // mask, softmax, matmul) in f32: outputs and gradients agree to a relative 1e-5, for causal,
 // non-causal, grouped-query heads, T != S and document masks. Between its forward and backward
-// it holds only out and one log-sum-exp per query row (linear in the sequence), and a packed
-// row with document starts gives what each document gives on its own.
+// it holds only out and one log-sum-exp per query row (linear in the sequence), a packed row
+// with document starts gives what each document gives on its own, and outputs stored past the
+// caches (large ones) hold the same bits as those stored as usual.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 #include "tessel/autograd/engine.h"
 #include "tessel/core/context.h"
 #include "tessel/core/storage.h"
+#include "tessel/ops/attention_kernel.h"
 #include "tessel/ops/ops.h"
 
 namespace tessel::testing {
@@ -151,6 +153,30 @@ TEST(AttentionFused, KeepsOnlyTheOutputAndOneLogSumExpPerRow) {
     EXPECT_EQ(mem.current.load() - before, (B * H * T * D + B * H * T) * 4) << "T=" << T;
     backward(y, rand_tensor(y.shape(), DType::f32, 74));
     EXPECT_TRUE(q.grad().defined());
+  }
+}
+
+// Outputs of kStreamBytes and more (out, dK, dV) are stored past the caches; each batch row run
+// alone stays below it and is stored as usual: the same bits.
+TEST(AttentionFused, OutputsStoredPastTheCachesMatchThoseStoredAsUsual) {
+  const int64_t B = 32, H = 4, T = 256, D = 64;
+  ASSERT_GE(B * H * T * D * 4, attention_kernel::kStreamBytes);
+  ASSERT_LT(H * T * D * 4, attention_kernel::kStreamBytes);
+  std::vector<Tensor> in{rand_tensor({B, H, T, D}, DType::f32, 101, -1.5, 1.5).set_requires_grad(),
+                         rand_tensor({B, H, T, D}, DType::f32, 102, -1.5, 1.5).set_requires_grad(),
+                         rand_tensor({B, H, T, D}, DType::f32, 103).set_requires_grad()};
+  Tensor gy = rand_tensor({B, H, T, D}, DType::f32, 104);
+  Tensor whole = scaled_dot_product_attention(in[0], in[1], in[2], true);
+  backward(whole, gy);
+  for (int64_t b = 0; b < B; b += 7) {
+    std::vector<Tensor> row;
+    for (const Tensor& t : in) row.push_back(contiguous(slice(t.detach(), 0, b, b + 1)).set_requires_grad());
+    Tensor alone = scaled_dot_product_attention(row[0], row[1], row[2], true);
+    backward(alone, contiguous(slice(gy, 0, b, b + 1)));
+    EXPECT_EQ(slice(whole.detach(), 0, b, b + 1).to_doubles(), alone.to_doubles()) << "batch row " << b;
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(slice(in[i].grad(), 0, b, b + 1).to_doubles(), row[i].grad().to_doubles())
+          << "batch row " << b << ", gradient " << i;
   }
 }
 

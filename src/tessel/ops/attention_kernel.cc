@@ -80,6 +80,12 @@ namespace {
 constexpr int64_t kBlockQ = 64;
 constexpr int64_t kBlockK = 64;
 
+// Whether an output [B, H, T, D] of T is stored past the caches (kStreamBytes, scaled_row).
+template <typename T>
+bool streamed(int64_t B, int64_t H, int64_t T_, int64_t D) {
+  return B * H * T_ * D * static_cast<int64_t>(sizeof(T)) >= kStreamBytes;
+}
+
 // z[r·ld + c] = the dropout scale of query row t0 + r and key j0 + c of head (b, h) (local;
 // bc at most a key block): 0 where dropped, 1/(1-p) elsewhere. A row's words come from the
 // Philox blocks it spans, computed together; the scales are written row by row, contiguous.
@@ -232,7 +238,7 @@ struct ForwardScratch {
 template <typename T>
 void forward_block(const Dims& d, T scale, const Visible& vis, const DropMask& drop, const Heads<T>& q,
                    const Heads<T>& k, const Heads<T>& v, const Heads<T>& out, T* lse, int64_t b, int64_t h, int64_t t0,
-                   int64_t rows, ForwardScratch<T>& w) {
+                   int64_t rows, bool stream, ForwardScratch<T>& w) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   const int64_t kvh = h / d.group(), D = d.D;
   const T scale2 = scale * kLogBase<T>;
@@ -326,7 +332,7 @@ void forward_block(const Dims& d, T scale, const Visible& vis, const DropMask& d
   T* o = out.at(b, h) + t0 * out.ld;
   for (int64_t r = 0; r < rows; ++r) {
     const T inv = l[r] > T(0) ? T(1) / l[r] : T(0);
-    for (int64_t e = 0; e < D; ++e) o[r * out.ld + e] = w.acc[static_cast<size_t>(r * D + e)] * inv;
+    scaled_row(w.acc.data() + r * D, D, inv, o + r * out.ld, stream);
     lse[t0 + r] = lse_of(m[r], l[r]);
   }
 }
@@ -335,13 +341,15 @@ template <typename T>
 void sdpa_forward_t(const Dims& d, T scale, const std::vector<Visible>& vis, const DropMask& drop, const Heads<T>& q,
                     const Heads<T>& k, const Heads<T>& v, const Heads<T>& out, T* lse) {
   const int64_t blocks = (d.T + kBlockQ - 1) / kBlockQ;
+  const bool stream = streamed<T>(d.B, d.H, d.T, d.D);
   parallel_for(0, d.B * d.H * blocks, 1, [&](int64_t lo, int64_t hi) {
     ForwardScratch<T> w(d.D);
     for (int64_t unit = lo; unit < hi; ++unit) {
       const int64_t bh = unit / blocks, t0 = unit % blocks * kBlockQ, b = bh / d.H, h = bh % d.H;
       forward_block(d, scale, vis[static_cast<size_t>(b)], drop, q, k, v, out, lse + bh * d.T, b, h, t0,
-                    std::min(kBlockQ, d.T - t0), w);
+                    std::min(kBlockQ, d.T - t0), stream, w);
     }
+    stream_fence();
   });
 }
 
@@ -367,6 +375,7 @@ struct BackwardScratch {
 struct BackwardArgs {
   bool dq = false, dk = false, dv = false;
   DropMask drop;
+  bool stream = false;  // dK and dV stored past the caches (scaled_row)
 };
 
 // Key block [j0, j0 + bc) of kv head (b, kvh) against every query block of its group's heads,
@@ -501,8 +510,8 @@ void backward_key_block(const Dims& d, T scale, const Visible& vis, const Heads<
     }
   }
   for (int64_t c = 0; c < bc; ++c) {
-    if (want.dk) std::copy_n(w.dk.data() + c * D, D, dk.at(b, kvh) + (j0 + c) * dk.ld);
-    if (want.dv) std::copy_n(w.dv.data() + c * D, D, dv.at(b, kvh) + (j0 + c) * dv.ld);
+    if (want.dk) scaled_row(w.dk.data() + c * D, D, T(1), dk.at(b, kvh) + (j0 + c) * dk.ld, want.stream);
+    if (want.dv) scaled_row(w.dv.data() + c * D, D, T(1), dv.at(b, kvh) + (j0 + c) * dv.ld, want.stream);
   }
 }
 
@@ -527,6 +536,7 @@ void sdpa_backward_t(const Dims& d, T scale, const std::vector<Visible>& vis, co
         backward_key_block(d, scale, vis[static_cast<size_t>(b)], q, k, v, dO, lse, delta, dq, dk, dv, want, b, kvh,
                            kb * kBlockK, w);
     }
+    stream_fence();
   });
 }
 
@@ -564,7 +574,7 @@ void backward(const Dims& d, double scale, bool causal, const Tensor& docs, cons
     if (dk.defined()) gk = heads_of<T>(dk, keep[6]);
     if (dv.defined()) gv = heads_of<T>(dv, keep[7]);
     sdpa_backward_t<T>(d, static_cast<T>(scale), vis, hq, hk, hv, ho, l.data<T>(), hdo, delta.data<T>(), gq, gk, gv,
-                       BackwardArgs{dq.defined(), dk.defined(), dv.defined(), drop});
+                       BackwardArgs{dq.defined(), dk.defined(), dv.defined(), drop, streamed<T>(d.B, d.Hkv, d.S, d.D)});
   });
 }
 

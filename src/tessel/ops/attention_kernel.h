@@ -12,6 +12,12 @@
 
 namespace tessel::attention_kernel {
 
+// Outputs written once (out in the forward, dK and dV in the backward) of at least this many
+// bytes are stored past the caches: at T = 1k an ordinary store first reads each line from
+// memory, and the forward + backward ran 2.5% slower (docs/attention.md). Smaller outputs stay
+// in cache for the op that reads them next.
+inline constexpr int64_t kStreamBytes = int64_t{8} << 20;
+
 // q0 and k0: the global positions of query 0 and key 0 (the op: S - T and 0, aligned at the
 // bottom right; ring attention's blocks: where their chunks sit in the whole sequence), and
 // `total` the positions the document starts index (the op: S).

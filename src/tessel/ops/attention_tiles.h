@@ -100,6 +100,29 @@ void transpose_rows(const T* src, int64_t ld, int64_t n, int64_t D, T* dst, int6
     }
 }
 
+// dst[e] = src[e] · f for e < n; with `stream`, f32 rows of whole vectors at 64-byte aligned
+// addresses go past the caches (non-temporal stores: no read of the lines they overwrite).
+// The caller fences (stream_fence) before another thread reads dst.
+template <typename T>
+inline void scaled_row(const T* __restrict src, int64_t n, T f, T* __restrict dst, bool stream) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>)
+    if (stream && n % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 64 == 0) {
+      const __m512 fv = _mm512_set1_ps(f);
+      for (int64_t e = 0; e < n; e += 16) _mm512_stream_ps(dst + e, _mm512_mul_ps(_mm512_loadu_ps(src + e), fv));
+      return;
+    }
+#endif
+  for (int64_t e = 0; e < n; ++e) dst[e] = src[e] * f;
+}
+
+// Orders the non-temporal stores of scaled_row before whatever this thread stores next.
+inline void stream_fence() {
+#if defined(__AVX512F__)
+  _mm_sfence();
+#endif
+}
+
 // Σ_e a[e]·b[e], e < n: on AVX-512 f32 in 16 lane sums (lane k takes e ≡ k mod 16, the last
 // part masked) added up in a fixed tree; elsewhere in order.
 template <typename T>
