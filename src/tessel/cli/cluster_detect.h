@@ -29,6 +29,16 @@ MachineTopology probe_topology();
 // progress lines to stderr. Takes a few seconds.
 plan::Cluster detect_local_cluster(int ranks, bool verbose);
 
+// A kernel's efficiency curve lift·E·d/(d + half) through its shares of a reference rate (the
+// sgemm 1024^3 rate) measured at two sizes d1 > d2: half from their ratio (within [1, 4096]),
+// then E through share1 at d1. Where that E would top 1 (the kernel outran the reference rate),
+// E is 1 and lift > 1 is the factor the rate is raised by, so that the curve still passes
+// through the measurement at d1 — and at d2 while half is within its bounds; lift is 1 otherwise.
+struct EfficiencyCurve {
+  double efficiency = 1, half_dim = 1, lift = 1;
+};
+EfficiencyCurve fit_efficiency_curve(double share1, double share2, double d1, double d2);
+
 // The text `tessel cluster detect` writes: comment lines on the machine and the measured figures
 // in everyday units, then cluster.to_yaml().
 std::string local_cluster_yaml(const plan::Cluster& cluster);
