@@ -438,11 +438,11 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
   }
   // eff(d) = E * d / (d + half) through the two linears, d their harmonic gemm_size (a CPU's
   // GEMMs are bound by operand traffic, not by tiles): half from the two (half_dim), then E from
-  // the large one. Where E tops 1 — the [2048, 1024] linear outran the 1024^3 sgemm of the
-  // peak round, as with one or two threads a rank on an AVX-512 host (E 1.12 with four ranks on
-  // two cores, 1.25 with one rank of two threads) — the peak is raised to the curve's top (lift)
-  // and every share is taken against it, so that the curve still passes through both linears:
-  // cut at 1 instead, it ran 11-25% below them at every size.
+  // the large one. Where E tops 1 — the [2048, 1024] linear outran the 1024^3 sgemm of the peak
+  // round, as with one or two threads a rank on an AVX-512 host (E 1.11-1.12 with four ranks on
+  // two cores, 1.22-1.25 with one rank of two threads) — the peak is raised to the curve's top
+  // (lift) and every share is taken against it, so that the curve still passes through both
+  // linears: cut at 1 instead, it ran 10-20% below them at every size.
   plan::Calibration harmonic;
   harmonic.gemm_size = "harmonic";
   const double d1 = plan::gemm_size(harmonic, 2048, 1024, 1024), d2 = plan::gemm_size(harmonic, 2048, 256, 256);
