@@ -31,14 +31,12 @@ Tensor index_tensor(const std::vector<int64_t>& v) {
   return Tensor::from_vector(v, {static_cast<int64_t>(v.size())});
 }
 
-// An index list of n rows, filled by fill(std::vector<int64_t>&) — not while tracing (meta
-// mode), where only its length matters and the router lists no assignments.
-template <typename Fill>
-Tensor index_list(int64_t n, Fill fill) {
+// An index list of n rows, the vector make() returns — not made while tracing (meta mode),
+// where only its length matters and the router lists no assignments.
+template <typename Make>
+Tensor index_list(int64_t n, Make make) {
   if (meta_mode()) return Tensor::empty({n}, DType::i64);
-  std::vector<int64_t> v(static_cast<size_t>(n));
-  fill(v);
-  return index_tensor(v);
+  return index_tensor(make());
 }
 
 }  // namespace
@@ -115,9 +113,11 @@ Tensor MoeBlock::forward(const Tensor& x) const {
 
   // Dispatch: the kept assignments' token rows, sorted by expert.
   const int64_t n = std::accumulate(r.counts.begin(), r.counts.end(), int64_t{0});
-  Tensor rows = embedding(flat, index_list(n, [&](std::vector<int64_t>& token_of) {
+  Tensor rows = embedding(flat, index_list(n, [&] {
+                            std::vector<int64_t> token_of(static_cast<size_t>(n));
                             for (int64_t i = 0; i < n; ++i)
                               token_of[static_cast<size_t>(i)] = r.order[static_cast<size_t>(i)] / k;
+                            return token_of;
                           }));  // [n, C]
 
   std::vector<int64_t> counts = r.counts, send_rows, recv_rows, to_expert_major;
@@ -148,7 +148,7 @@ Tensor MoeBlock::forward(const Tensor& x) const {
     }
     const int64_t received = std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t{0});
     rows = embedding(ec->exchange(rows, send_rows, recv_rows),
-                     index_list(received, [&](std::vector<int64_t>& v) { v = to_expert_major; }));
+                     index_list(received, [&]() -> const std::vector<int64_t>& { return to_expert_major; }));
   }
 
   // The experts: down(silu(x·w1ᵀ) ⊙ x·w3ᵀ), one grouped product per matrix.
@@ -156,17 +156,20 @@ Tensor MoeBlock::forward(const Tensor& x) const {
   Tensor out = grouped_matmul(h, local(*w2_), counts, true);  // [rows, C]
 
   if (ep > 1) {
-    const Tensor back = index_list(out.size(0), [&](std::vector<int64_t>& v) {
+    const Tensor back = index_list(out.size(0), [&] {
+      std::vector<int64_t> v(to_expert_major.size());
       for (size_t i = 0; i < to_expert_major.size(); ++i)
         v[static_cast<size_t>(to_expert_major[i])] = static_cast<int64_t>(i);
+      return v;
     });
     out = ec->exchange(embedding(out, back), recv_rows, send_rows);
   }
 
   // Combine: each token's k outputs weighted by the router (a dropped one reads a zero row).
-  const Tensor position = index_list(B * T * k, [&](std::vector<int64_t>& v) {
-    std::fill(v.begin(), v.end(), n);
+  const Tensor position = index_list(B * T * k, [&] {
+    std::vector<int64_t> v(static_cast<size_t>(B * T * k), n);
     for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(r.order[static_cast<size_t>(i)])] = i;
+    return v;
   });
   const Tensor padded = cat({out, Tensor::zeros({1, C}, out.dtype())}, 0);
   const Tensor per_choice = reshape(embedding(padded, position), {B * T, k, C});
