@@ -9,14 +9,19 @@
 // bench/attention_vs_pytorch.py runs this with --json beside PyTorch's explicit attention.
 // --dropout P adds, for each T up to 4k, the fused kernel with dropout P on the probabilities
 // (each mask drawn from Philox in the forward and again in the backward) beside it without.
+// --rounds N runs the unfused and the fused kernel in turn N times at each T (on a shared host
+// the unfused kernel's time moves by as much as the ratio's margin within an hour; turns give
+// each ratio one state of the host) and prints every round's speedup with their median.
 //
-//   attention_bench [--threads 1] [--tokens 32768] [--t 1024,2048,...] [--reps 3]
+//   attention_bench [--threads 1] [--tokens 32768] [--t 1024,2048,...] [--reps 3] [--rounds 1]
 //                   [--unfused-max-t 4096] [--clock wall|cpu] [--dropout P] [--no-causal] [--json]
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
-#include <ctime>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -96,6 +101,20 @@ Figures measure(int64_t B, int64_t T, int reps, const Attention& attn) {
   return f;
 }
 
+// Several rounds' figures as one: the median of their medians; the memory, the same each round,
+// from the last.
+Figures over_rounds(const std::vector<Figures>& rounds) {
+  Figures f = rounds.back();
+  std::vector<double> ms, fwd;
+  for (const Figures& r : rounds) {
+    ms.push_back(r.median_ms);
+    fwd.push_back(r.forward_ms);
+  }
+  f.median_ms = median(ms);
+  f.forward_ms = median(fwd);
+  return f;
+}
+
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
 std::vector<int64_t> parse_list(const char* s) {
@@ -110,7 +129,7 @@ std::vector<int64_t> parse_list(const char* s) {
 }
 
 int run(int argc, char** argv) {
-  int threads = 1, reps = 3;
+  int threads = 1, reps = 3, rounds = 1;
   int64_t tokens = 32768, unfused_max_t = 4096;
   std::vector<int64_t> ts{1024, 2048, 4096, 8192, 16384, 32768};
   bool json = false, causal = true;
@@ -119,10 +138,13 @@ int run(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       fmt::print(
-          "usage: attention_bench [--threads 1] [--tokens 32768] [--t 1024,2048,...] [--reps 3]\n"
+          "usage: attention_bench [--threads 1] [--tokens 32768] [--t 1024,2048,...] [--reps 3] [--rounds 1]\n"
           "                       [--unfused-max-t 4096] [--clock wall|cpu] [--dropout P] [--no-causal] [--json]\n"
           "Fused attention forward + backward beside the unfused kernel it replaced, in the same run: median\n"
-          "time and the allocator's peak bytes at each sequence length T, B*T fixed (--tokens).\n");
+          "time and the allocator's peak bytes at each sequence length T, B*T fixed (--tokens).\n"
+          "--rounds N measures the two kernels N times in turn at each T up to --unfused-max-t (each round\n"
+          "--reps of each) and prints every round's speedup; the table then gives the medians over the rounds\n"
+          "(the upper of the middle two for an even N).\n");
       return 0;
     }
     auto next = [&]() -> const char* {
@@ -133,6 +155,8 @@ int run(int argc, char** argv) {
     else if (a == "--tokens") tokens = std::atoll(next());
     else if (a == "--t") ts = parse_list(next());
     else if (a == "--reps") reps = std::atoi(next());
+    else if (a == "--rounds")
+      rounds = std::atoi(next());
     else if (a == "--unfused-max-t") unfused_max_t = std::atoll(next());
     else if (a == "--json") json = true;
     else if (a == "--no-causal")
@@ -142,6 +166,7 @@ int run(int argc, char** argv) {
       dropout = std::atof(next());
     else throw std::runtime_error("unknown argument " + a);
   }
+  if (reps < 1 || rounds < 1) throw std::runtime_error("--reps and --rounds must be at least 1");
   set_default_num_threads(threads);
   // As `tessel` does at start: OpenBLAS's idle worker would otherwise poll with sched_yield
   // through the run, and the process's CPU-time clock counts it (about 5% of either kernel).
@@ -164,26 +189,40 @@ int run(int argc, char** argv) {
     const int n = T >= 8192 ? 1 : reps;
     const bool with_unfused = T <= unfused_max_t;
     // The unfused kernel first: a page-faulting first touch of fresh memory then hits it, not
-    // the fused one.
-    Figures u = with_unfused ? measure(B, T, n, unfused) : Figures{};
-    Figures f = measure(B, T, n, fused);
+    // the fused one. With rounds, the two take turns, so that each ratio compares the kernels
+    // under the same state of a shared host.
+    std::vector<Figures> us, fs;
+    std::vector<double> speedups;
+    for (int r = 0; r < (with_unfused ? rounds : 1); ++r) {
+      if (with_unfused) us.push_back(measure(B, T, n, unfused));
+      fs.push_back(measure(B, T, n, fused));
+      if (with_unfused) speedups.push_back(us.back().median_ms / fs.back().median_ms);
+    }
+    Figures u = with_unfused ? over_rounds(us) : Figures{};
+    Figures f = over_rounds(fs);
     fused_at[T] = f;
     if (json) {
       fmt::print("{{\"T\": {}, \"B\": {}, \"fused_ms\": {:.3f}, \"fused_forward_ms\": {:.3f}, "
                  "\"fused_peak_bytes\": {}, \"fused_saved_bytes\": {}",
                  T, B, f.median_ms, f.forward_ms, f.peak_bytes, f.saved_bytes);
       if (with_unfused)
-        fmt::print(", \"unfused_ms\": {:.3f}, \"unfused_forward_ms\": {:.3f}, \"unfused_peak_bytes\": {}, "
-                   "\"unfused_saved_bytes\": {}",
-                   u.median_ms, u.forward_ms, u.peak_bytes, u.saved_bytes);
+        fmt::print(
+            ", \"unfused_ms\": {:.3f}, \"unfused_forward_ms\": {:.3f}, \"unfused_peak_bytes\": {}, "
+            "\"unfused_saved_bytes\": {}, \"speedup_rounds\": [{:.4f}], \"speedup\": {:.4f}",
+            u.median_ms, u.forward_ms, u.peak_bytes, u.saved_bytes, fmt::join(speedups, ", "), median(speedups));
       fmt::print("}}\n");
     } else {
       auto ms = [](const Figures& x) { return fmt::format("{:.1f} ({:.1f})", x.median_ms, x.forward_ms); };
       std::string right = with_unfused ? fmt::format("{:>17} {:>9.1f} {:>9.1f} | {:>6.2f}x", ms(u), mib(u.peak_bytes),
-                                                     mib(u.saved_bytes), u.median_ms / f.median_ms)
+                                                     mib(u.saved_bytes), median(speedups))
                                        : fmt::format("{:>17} {:>9} {:>9} | {:>7}", "-", "-", "-", "-");
       fmt::print("{:>6} {:>3} | {:>17} {:>9.1f} {:>9.1f} | {}\n", T, B, ms(f), mib(f.peak_bytes), mib(f.saved_bytes),
                  right);
+      if (speedups.size() > 1) {
+        const auto [lo, hi] = std::minmax_element(speedups.begin(), speedups.end());
+        fmt::print("       speedup by round: {:.2f}x; median {:.2f}x, range {:.2f}x-{:.2f}x over {} rounds\n",
+                   fmt::join(speedups, "x "), median(speedups), *lo, *hi, speedups.size());
+      }
     }
     std::fflush(stdout);
   }
