@@ -78,28 +78,36 @@ inline __m512 exp16(__m512 x) {
 // Cephes exp2f's degree-6 polynomial. Either way the relative error is below 2e-7, and 2^n is
 // exact for any n (0 below the range, +inf above it). ±inf give NaN: exp2_16 below clamps them
 // first.
+// c[0] + c[1]·r + … + c[6]·r^6 by Horner's rule, from the highest power down.
+inline __m512 poly6_16(__m512 r, const float (&c)[7]) {
+  __m512 p = _mm512_set1_ps(c[6]);
+  for (int k = 5; k >= 0; --k) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c[k]));
+  return p;
+}
+
 inline __m512 exp2_16_finite(__m512 x) {
   const __mmask16 all = 0xFFFF;
 #if defined(__AVX512DQ__)
-  const __m512 f = _mm512_mask_reduce_ps(x, all, x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 q = _mm512_set1_ps(2.170225488953292e-4f);
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.243968727067113e-3f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(9.678840637207031e-3f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(5.548334121704102e-2f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(2.402298301458359e-1f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(6.931470036506653e-1f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.0f));
-  return _mm512_mask_scalef_ps(q, all, q, x);
+  constexpr float kOnUnit[7] = {1.0f,
+                                6.931470036506653e-1f,
+                                2.402298301458359e-1f,
+                                5.548334121704102e-2f,
+                                9.678840637207031e-3f,
+                                1.243968727067113e-3f,
+                                2.170225488953292e-4f};
+  const __m512 r = _mm512_mask_reduce_ps(x, all, x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 p = poly6_16(r, kOnUnit);
+  return _mm512_mask_scalef_ps(p, all, p, x);
 #else
+  constexpr float kCephes[7] = {1.0f,
+                                6.931472028550421e-1f,
+                                2.402264791363012e-1f,
+                                5.550332471162809e-2f,
+                                9.618437357674640e-3f,
+                                1.339887440266574e-3f,
+                                1.535336188319500e-4f};
   const __m512 n = _mm512_mask_roundscale_ps(x, all, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.339887440266574e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.618437357674640e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550332471162809e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.402264791363012e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.931472028550421e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512 p = poly6_16(_mm512_sub_ps(x, n), kCephes);
   return _mm512_mask_scalef_ps(p, all, p, n);
 #endif
 }
