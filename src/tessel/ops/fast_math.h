@@ -72,12 +72,12 @@ inline __m512 exp16(__m512 x) {
 // that each exponential saves exp16's multiply and two-step reduction. With AVX-512DQ: x = n +
 // r with n = floor(x) and r in [0, 1) taken exactly in one instruction (vreduceps), 2^r by a
 // degree-6 minimax polynomial on [0, 1) (relative error 2e-9 before the f32 roundings; fitted
-// for tessel by Remez exchange), and 2^n by vscalefps, which takes the floor of x itself —
-// 8 vector µops where the form below takes 10 (a fully visible block pair's port cycles are
-// what bounds the attention kernel). Otherwise n = round(x), r = x - n with |r| <= 1/2, 2^r by
-// Cephes exp2f's degree-6 polynomial. Either way the relative error is below 2e-7, and 2^n is
-// exact for any n (0 below the range, +inf above it). ±inf give NaN: exp2_16 below clamps them
-// first.
+// by scripts/fit_exp2_poly.py, a Remez exchange), and 2^n by vscalefps, which takes the floor
+// of x itself — 8 vector µops where the form below takes 10 (a fully visible block pair's port
+// cycles are what bounds the attention kernel). Otherwise n = round(x), r = x - n with
+// |r| <= 1/2, 2^r by Cephes exp2f's degree-6 polynomial. Either way the relative error is below
+// 2e-7, and 2^n is exact for any n (0 below the range, +inf above it). ±inf give NaN: exp2_16
+// below clamps them first.
 // c[0] + c[1]·r + … + c[6]·r^6 by Horner's rule, from the highest power down.
 inline __m512 poly6_16(__m512 r, const float (&c)[7]) {
   __m512 p = _mm512_set1_ps(c[6]);
