@@ -1,7 +1,7 @@
 // `tessel plan`: the best layouts of a model on a cluster, or one layout's estimate, with the
 // breakdown of each; `--published` checks the cost model against the published runs of
 // plan/published.h (Narayanan et al. 2021 Table 1, Megatron-Core r0.8 on H100, MT-NLG 530B,
-// Megatron-Core's Mixtral 8x7B).
+// BLOOM 176B, Megatron-Core's Mixtral 8x7B).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -176,11 +176,14 @@ int run_published(const std::string& format, int threads) {
   for (const plan::PublishedTable& t : plan::published_tables()) {
     const bool model_count = !t.rows.empty() && t.rows.front().model_flops;
     if (format == "table")
-      std::printf("%s\n  %s\n  software profile: %s\n  %s TFLOP/s per GPU as published, as predicted for the "
-                  "published layout, and for the planner's best plan\n%-16s %6s %-36s %9s %9s %7s %8s %10s %-44s %9s\n",
-                  t.name.c_str(), t.source.c_str(), t.rows.empty() ? "-" : t.rows.front().software.c_str(),
-                  model_count ? "model" : "hardware", "model", "GPUs",
-                  "published layout", "published", "predicted", "error", "mem GB", "best", "best layout", "best mem");
+      std::printf(
+          "%s\n  %s\n  software profile: %s\n  %s\n  %s TFLOP/s per GPU as published, as predicted for the "
+          "published layout, and for the planner's best plan\n%-16s %6s %-36s %9s %9s %7s %8s %10s %-44s %9s\n",
+          t.name.c_str(), t.source.c_str(), t.rows.empty() ? "-" : t.rows.front().software.c_str(),
+          t.calibrates.empty() ? "out of sample: nothing is fitted to this table"
+                               : ("in sample: this table sets " + t.calibrates).c_str(),
+          model_count ? "model" : "hardware", "model", "GPUs", "published layout", "published", "predicted", "error",
+          "mem GB", "best", "best layout", "best mem");
     double sum = 0, worst = 0;
     for (const plan::PublishedRun& r : t.rows) {
       const plan::Cluster c = plan::published_cluster(r);
@@ -219,6 +222,7 @@ int run_published(const std::string& format, int threads) {
       }
       Json j = Json::Object{};
       j["table"] = t.name;
+      j["calibrates"] = t.calibrates;
       j["model"] = r.model;
       j["cluster"] = r.cluster;
       j["software"] = r.software;
@@ -274,10 +278,12 @@ std::vector<Command> register_plan(CLI::App& app) {
                   "evaluate this layout instead of searching, e.g. dp=6,tp=8,pp=64,vpp=2,mbs=1,sharding_stage=0,"
                   "sp=false,recompute=full (schedule=1F1B|VPP|ZBH1|FThenB)");
   cmd->add_option("--svg", a->svg, "also draw the plans (time and memory bars) into this SVG file");
-  CLI::Option* published = cmd->add_flag("--published", a->published,
-                                          "compare predictions with the published runs (Narayanan et al. 2021 Table 1, "
-                                          "Megatron-Core r0.8 on H100, MT-NLG 530B, Megatron-Core's Mixtral 8x7B), each "
-                                          "with its software profile, and show the planner's best plan for each row");
+  CLI::Option* published =
+      cmd->add_flag("--published", a->published,
+                    "compare predictions with the published runs (Narayanan et al. 2021 Table 1, "
+                    "Megatron-Core r0.8 on H100, MT-NLG 530B, BLOOM 176B, Megatron-Core's Mixtral "
+                    "8x7B), each with its software profile, saying which tables set a calibration, "
+                    "and show the planner's best plan for each row");
   for (const char* name : {"--model", "--cluster", "--global-batch", "--seq-len", "--layout", "--svg", "--software"})
     published->excludes(cmd->get_option(name));  // the Table 1 rows fix all of these
   cmd->add_option(

@@ -103,6 +103,19 @@ ModelSpec mcore_gpt(const char* name, int64_t layers, int64_t hidden, int64_t he
   return m;
 }
 
+// BigScience's BLOOM (train/tr11-176B-ml/tr11-176B-ml.slurm in
+// github.com/bigscience-workshop/bigscience): 70 layers, hidden 14336, 112 heads, sequence 2048,
+// the vocabulary padded to 250,880 (--pad-vocab-size-to); ALiBi positions, so no learned position
+// table; the output layer tied to the embedding (its README: "the tied embedding layers"); the
+// script sets no dropout, so Megatron's default 0.1 applies. Left out: the LayerNorm after the
+// embedding (--embed-layernorm: 2h parameters and one streaming pass over the embedding).
+ModelSpec bloom(const char* name, int64_t layers, int64_t hidden, int64_t heads) {
+  ModelSpec m = gpt_spec(name, layers, hidden, heads, 250880, 2048);
+  m.position_embedding = false;
+  m.dropout = 0.1;
+  return m;
+}
+
 const ModelSpec kPresets[] = {
     gpt("gpt-1.7b", 24, 2304, 24),
     gpt("gpt-3.6b", 30, 3072, 32),
@@ -127,6 +140,7 @@ const ModelSpec kPresets[] = {
     // (the same shape as Narayanan et al.'s 530B row); the GPT-2 BPE vocabulary (50,257)
     // padded by Megatron to a multiple of 128 x tp = 1024, i.e. 51,200.
     gpt("mt-nlg-530b", 105, 20480, 128),
+    bloom("bloom-176b", 70, 14336, 112),
     // Touvron et al. 2023 (Llama 2) and Meta's Llama 3 model cards / config.json files.
     llama_spec("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
     llama_spec("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),

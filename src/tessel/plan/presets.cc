@@ -92,6 +92,26 @@ Cluster hopper(bool h200) {
   return c;
 }
 
+// Jean Zay's A100 partition (IDRIS), where BigScience trained BLOOM: as BLOOM's training README
+// describes it (train/tr11-176B-ml/README.md in github.com/bigscience-workshop/bigscience, section
+// "Hardware"): 8 A100 80GB per node "using NVLink 4 inter-gpu connects, 4 OmniPath links", the
+// inter-node network Omni-Path with NCCL on a dedicated subnet. The A100 device and its
+// calibration are the DGX preset's (one calibration per device). Read from the sources: four
+// 100 Gb/s Omni-Path links per node (BLOOM's NCCL log lists four hfi1 adapters,
+// experiments/bandwidth/all_reduce_bench-a100-n4.txt), so a device's share between nodes is
+// 4 x 12.5 / 8 = 6.25 GB/s. Assumed: inside a node, NVSwitch as in a DGX A100 — eight SXM4
+// A100s sit on NVIDIA's HGX A100 8-GPU board, which joins them through NVSwitch (the 4-GPU board
+// links its GPUs directly); the README's "4 inter-gpu connects" says no more. docs/plan.md gives
+// what the BLOOM calibration would read with a third of that bandwidth.
+Cluster jean_zay_a100() {
+  Cluster c = dgx_a100(80);
+  c.name = "jean-zay-a100";
+  c.inter = Link{"omnipath", 6.25e9, 8e-6};
+  c.nics_per_node = 4;
+  c.software = software_profile("deepspeed-megatron-2022");
+  return c;
+}
+
 struct Preset {
   const char* name;
   Cluster (*make)();
@@ -102,6 +122,7 @@ const Preset kPresets[] = {
     {"dgx-a100-40g", [] { return dgx_a100(40); }},
     {"dgx-h100", [] { return hopper(false); }},
     {"h200", [] { return hopper(true); }},
+    {"jean-zay-a100", jean_zay_a100},
 };
 
 }  // namespace

@@ -102,6 +102,41 @@ PublishedRun mtnlg_row(int nodes, double seconds, double tflops) {
 
 }  // namespace
 
+// Source: github.com/bigscience-workshop/bigscience (commit 9e64ede), train/tr11-176B-ml: the
+// training script tr11-176B-ml.slurm (TP_SIZE=4, PP_SIZE=12, MICRO_BATCH_SIZE=2,
+// GLOBAL_BATCH_SIZE=2048, --bf16, --checkpoint-activations, ZeRO stage 0 with DeepSpeed's bf16
+// optimizer, which "implements its own zero stage 1 equivalent") and the README's log line at the
+// end of the first epoch, "iteration 85376 ... elapsed time per iteration (s): 104.70 ... global
+// batch size: 2048 ... TFLOPs: 149.77", on 48 nodes of Jean Zay (384 GPUs; DP = 384 / (4 x 12) =
+// 8). The TFLOP/s are hardware FLOPs with recomputation (the README: "it's the hardware TFLOPs
+// that we calculate - using the 4*2 co-efficient"), the same 96·B·s·l·h²(1 + s/6h + V/16lh).
+// Assumptions where the sources are silent: the 1F1B schedule of DeepSpeed's pipeline engine, as
+// for MT-NLG; ZeRO stage 1 for the bf16 optimizer's sharded states (it all-reduces the gradients
+// in bf16 and all-gathers the parameters, one more gather's worth of traffic than tessel's ZeRO 1
+// charges: about 1% of the step). This row is the calibration of the deepspeed-megatron-2022
+// profile (its kernel_efficiency is the one value that predicts it: software.cc), so it is
+// in-sample; MT-NLG is then predicted with nothing fitted to it.
+std::vector<PublishedRun> bigscience_bloom() {
+  PublishedRun r;
+  r.model = "bloom-176b";
+  r.cluster = "jean-zay-a100:384";
+  r.dtype = "bf16";
+  r.global_batch = 2048;
+  r.layout.tp = 4;
+  r.layout.pp = 12;
+  r.layout.dp = 8;
+  r.layout.sharding_stage = 1;
+  r.layout.micro_batch = 2;
+  r.layout.micro_batches = r.global_batch / (r.layout.dp * r.layout.micro_batch);
+  r.layout.recompute = "full";
+  r.layout.schedule = "1F1B";
+  r.tflops_per_device = 149.77;
+  r.iteration_time = 104.70;
+  r.software = "deepspeed-megatron-2022";
+  r.source = "BigScience tr11-176B-ml README, iteration 85376";
+  return {r};
+}
+
 // Source: github.com/NVIDIA/Megatron-LM, megatron/core/transformer/moe/README.md at tag
 // core_v0.9.0 (commit 1afee592e85ac7994887eb5f4ef3998f76384333): its first paragraph, "This
 // boosts Mixtral 8X7B bf16 training to achieve 438 TFLOPS as of MCore v0.8", and its section
@@ -204,11 +239,14 @@ Cluster published_cluster(const PublishedRun& r) {
 
 std::vector<PublishedTable> published_tables() {
   return {
-      {"narayanan2021-table1", "Narayanan et al. 2021, Table 1 (arXiv:2104.04473)", narayanan2021_table1()},
-      {"megatron-core-r0.8-h100",
-       "Megatron-LM README.md at core_v0.8.0 (baf94af3c667), Training Speed and Scalability",
+      {"narayanan2021-table1", "Narayanan et al. 2021, Table 1 (arXiv:2104.04473)", narayanan2021_table1(),
+       "the A100 device calibration (gemm_efficiency) with the megatron-2021 profile"},
+      {"megatron-core-r0.8-h100", "Megatron-LM README.md at core_v0.8.0 (baf94af3c667), Training Speed and Scalability",
        megatron_core_r08_weak_scaling()},
       {"mt-nlg-530b", "Smith et al. 2022, section 2.4 (arXiv:2201.11990)", smith2022_mtnlg()},
+      {"bigscience-bloom-176b",
+       "github.com/bigscience-workshop/bigscience train/tr11-176B-ml (9e64ede): README.md, iteration 85376",
+       bigscience_bloom(), "the deepspeed-megatron-2022 profile's kernel_efficiency"},
       {"megatron-core-mixtral-h100",
        "Megatron-LM megatron/core/transformer/moe/README.md at core_v0.9.0 (1afee592e85a): 438 TFLOPS as of MCore "
        "v0.8, Reference Best Parallel Mapping",

@@ -9,7 +9,8 @@
 // One profile per stack, never per model or per row; every value names its source in `sources`.
 //
 // Named profiles: megatron-2021 (Narayanan et al. 2021 on A100), megatron-core-r0.8
-// (the Megatron-LM README's H100 runs), deepspeed-megatron-2022 (MT-NLG 530B), tessel-cpu
+// (the Megatron-LM README's H100 runs), deepspeed-megatron-2022 (Megatron-DeepSpeed: BLOOM 176B,
+// which calibrates it, and MT-NLG 530B), tessel-cpu
 // (tessel on CPU thread ranks; `tessel cluster detect` measures its numbers).
 #pragma once
 
