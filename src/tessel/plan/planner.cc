@@ -122,20 +122,26 @@ namespace {
 
 // The most communicating dim goes innermost (consecutive ranks: one node, the fastest links),
 // then the next; ties keep tp, cp, ep, dp, pp order. ep and cp take part only when used.
-// When the software overlaps the gradient reduction with the backward (overlap.grad_reduce),
-// data-parallel bytes no longer outrank tensor-parallel ones: tp's collectives sit on every
-// layer's critical path, dp's run in bulk under compute — so tp goes first at equal or more
-// dp traffic (as Megatron orders its groups).
+// tp's, cp's and ep's collectives come with every micro-batch inside each stage, so a pipeline's
+// fill and drain pass them through the stages one after another: on the step's critical path
+// they count (m + pp - 1) / m times their bytes (with one micro-batch, pp times; a dp reduction
+// runs once, on all stages at once). When the software overlaps the gradient reduction with the
+// backward (overlap.grad_reduce), data-parallel bytes no longer outrank tensor-parallel ones:
+// tp's collectives sit on every layer's critical path, dp's run in bulk under compute — so tp
+// goes first at equal or more dp traffic (as Megatron orders its groups).
 RankMapping map_ranks(const Cluster& c, const Layout& l, double tp_bytes, double dp_bytes, double pp_bytes,
                       double ep_bytes, double cp_bytes) {
-  const double dp_rank = c.software.overlap.grad_reduce && l.tp > 1 ? std::min(dp_bytes, tp_bytes) : dp_bytes;
+  const double m = static_cast<double>(std::max<int64_t>(l.micro_batches, 1));
+  const double fill = l.pp > 1 ? (m + l.pp - 1) / m : 1.0;
+  const double tp_key = fill * tp_bytes;
+  const double dp_rank = c.software.overlap.grad_reduce && l.tp > 1 ? std::min(dp_bytes, tp_key) : dp_bytes;
   std::array<std::tuple<double, int, const char*>, 5> dims{};
   size_t n = 0;
-  dims[n++] = {tp_bytes, 0, "tp"};
+  dims[n++] = {tp_key, 0, "tp"};
   dims[n++] = {dp_rank, 3, "dp"};
   dims[n++] = {pp_bytes, 4, "pp"};
-  if (l.cp > 1) dims[n++] = {cp_bytes, 1, "cp"};
-  if (l.ep > 1) dims[n++] = {ep_bytes, 2, "ep"};
+  if (l.cp > 1) dims[n++] = {fill * cp_bytes, 1, "cp"};
+  if (l.ep > 1) dims[n++] = {fill * ep_bytes, 2, "ep"};
   std::sort(dims.begin(), dims.begin() + static_cast<std::ptrdiff_t>(n), [](const auto& a, const auto& b) {
     if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) > std::get<0>(b);
     return std::get<1>(a) < std::get<1>(b);
