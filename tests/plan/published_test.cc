@@ -3,11 +3,11 @@
 // profile of the stack that ran it, predicted beside published, with each table's mean and max
 // error. Asserted: the tables are what their sources print, each row plans, fits and is
 // simulated, and issue 28's bar (mean <= 10%, max <= 20%) where a table meets it — Narayanan
-// et al. 2021 Table 1 both; the Megatron-Core r0.8 H100 table the mean (its max is 23.0%: the
-// 32B row); MT-NLG the max (its mean is 12.7% with the deepspeed-megatron-2022 profile
-// calibrated on BLOOM's run: docs/plan.md says what is left), only held where it is; BLOOM's
-// row, the calibration itself, within 1%; Megatron-Core's Mixtral 8x7B row issue 29's bar of
-// 15%. Blocks are costed from traces of the runtime (plan/traced.h), as `tessel plan` costs them.
+// et al. 2021 Table 1 and MT-NLG both (MT-NLG with the deepspeed-megatron-2022 profile calibrated
+// on BLOOM's runs, nothing fitted to MT-NLG: docs/plan.md); the Megatron-Core r0.8 H100 table the
+// mean (its max is 23.0%: the 32B row), only held where it is; BLOOM's rows (the calibration's
+// two, and a check) mean 2%, max 5%; Megatron-Core's Mixtral 8x7B row issue 29's bar of 15%.
+// Blocks are costed from traces of the runtime (plan/traced.h), as `tessel plan` costs them.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -92,33 +92,51 @@ TEST(PublishedTables, RowsAreConsistentWithTheirSources) {
   EXPECT_EQ(mixtral.tflops_per_device, 438);
 }
 
-// The deepspeed-megatron-2022 profile's one calibration, kernel_efficiency, is the value that
-// predicts BLOOM's iteration time, refitted here by bisection: the constant in software.cc must
-// be that fit (to the two digits it is written with), so it cannot drift toward the MT-NLG rows
-// it is checked against. Printed: the fitted value and MT-NLG's rows at it.
+// The deepspeed-megatron-2022 profile's calibration, kernel_efficiency and step_overhead, is the
+// one pair that predicts BLOOM's two logged iterations (batch 2048: 104.70 s; batch 16, one
+// micro-batch per replica: 15.23 s), refitted here by bisection: the constants in software.cc
+// must be that fit (to the digits they are written with), so they cannot drift toward the
+// MT-NLG rows they are checked against. The big batch pins the kernels, the one-micro-batch
+// step what a step costs besides them.
 TEST(PublishedTables, DeepSpeedProfileIsCalibratedOnBloomAlone) {
   const PublishedTable& bloom = table("bigscience-bloom-176b");
-  ASSERT_EQ(bloom.rows.size(), 1u);
-  const PublishedRun& r = bloom.rows.front();
-  const ModelSpec m = model_preset(r.model);
-  Cluster c = cluster_of(r);
-  const double shipped = c.software.kernel_efficiency;
-  auto seconds = [&](double k) {
+  ASSERT_GE(bloom.rows.size(), 2u);
+  const PublishedRun& big = bloom.rows[0];
+  const PublishedRun& one = bloom.rows[1];
+  ASSERT_EQ(big.global_batch, 2048);
+  ASSERT_EQ(one.layout.micro_batches, 1);
+  const ModelSpec m = model_preset(big.model);
+  Cluster c = cluster_of(big);
+  const double shipped_k = c.software.kernel_efficiency, shipped_s = c.software.step_overhead;
+  auto seconds = [&](const PublishedRun& r, double k, double overhead) {
     c.software.kernel_efficiency = k;
+    c.software.step_overhead = overhead;
     return evaluate(m, c, r.layout, r.global_batch).step_time;
   };
-  // Step time falls as the kernels speed up: bisect for the published 104.70 s.
-  double lo = 0.3, hi = 1.0;
-  ASSERT_GT(seconds(lo), r.iteration_time);
-  ASSERT_LT(seconds(hi), r.iteration_time);
-  for (int i = 0; i < 30; ++i) {
+  // The kernel efficiency that predicts the big batch with a given overhead (time falls as it rises).
+  auto k_for = [&](double overhead) {
+    double lo = 0.3, hi = 1.0;
+    for (int i = 0; i < 24; ++i) {
+      const double mid = 0.5 * (lo + hi);
+      (seconds(big, mid, overhead) > big.iteration_time ? lo : hi) = mid;
+    }
+    return 0.5 * (lo + hi);
+  };
+  // The one-micro-batch step grows with the overhead along that curve.
+  double lo = 0, hi = 10;
+  ASSERT_LT(seconds(one, k_for(lo), lo), one.iteration_time);
+  ASSERT_GT(seconds(one, k_for(hi), hi), one.iteration_time);
+  for (int i = 0; i < 24; ++i) {
     const double mid = 0.5 * (lo + hi);
-    (seconds(mid) > r.iteration_time ? lo : hi) = mid;
+    (seconds(one, k_for(mid), mid) > one.iteration_time ? hi : lo) = mid;
   }
-  const double fitted = 0.5 * (lo + hi);
-  std::printf("deepspeed-megatron-2022 kernel_efficiency fitted on BLOOM's %.2f s: %.4f (shipped %.2f)\n",
-              r.iteration_time, fitted, shipped);
-  EXPECT_NEAR(shipped, fitted, 0.005) << "software.cc's deepspeed-megatron-2022 kernel_efficiency is not BLOOM's fit";
+  const double overhead = 0.5 * (lo + hi), k = k_for(overhead);
+  std::printf(
+      "deepspeed-megatron-2022 fitted on BLOOM's %.2f s and %.2f s: kernel_efficiency %.4f, step_overhead "
+      "%.3f s (shipped %.3f, %.3f s)\n",
+      big.iteration_time, one.iteration_time, k, overhead, shipped_k, shipped_s);
+  EXPECT_NEAR(shipped_k, k, 0.005) << "software.cc's deepspeed-megatron-2022 kernel_efficiency is not BLOOM's fit";
+  EXPECT_NEAR(shipped_s, overhead, 0.05) << "software.cc's deepspeed-megatron-2022 step_overhead is not BLOOM's fit";
 }
 
 // "dp=48 tp=8 pp=16 vpp=1 mbs=1 z1 sp none 1F1B": the layout in a column's width.
@@ -132,7 +150,8 @@ static std::string short_layout(const Layout& l) {
 // Every row's published layout plans on its cluster preset (its schedule played) and is
 // compared; the printout is predicted against published per row, the step's breakdown (% of
 // the predicted step: compute, exposed tensor-parallel, expert-parallel, pipeline-send, data-parallel
-// communication, bubble, optimizer) and the table's mean and max absolute error.
+// communication, bubble, optimizer, the profile's fixed time per step) and the table's mean and
+// max absolute error.
 //
 // Memory: every row must fit. (A row that does not is accepted only where the layout keeps no
 // attention scores to drop — recompute none with fused attention — and fits once selective
@@ -142,8 +161,8 @@ class PublishedTableTest : public ::testing::TestWithParam<const char*> {};
 TEST_P(PublishedTableTest, EveryRowPlansAndIsCompared) {
   const PublishedTable& t = table(GetParam());
   std::printf("\n%s: %s\n", t.name.c_str(), t.source.c_str());
-  std::printf("%-15s %5s %-44s %8s %8s %7s %8s %8s %6s  %-27s\n", "model", "GPUs", "layout", "TF/s pub",
-              "TF/s prd", "error", "s pub", "s pred", "mem GB", "comp/tp/ep/pp/dp/bubble/opt %");
+  std::printf("%-15s %5s %-44s %8s %8s %7s %8s %8s %6s  %-27s\n", "model", "GPUs", "layout", "TF/s pub", "TF/s prd",
+              "error", "s pub", "s pred", "mem GB", "comp/tp/ep/pp/dp/bubble/opt/fixed %");
   double sum = 0, worst = 0;
   int unfit = 0;
   for (const PublishedRun& r : t.rows) {
@@ -167,10 +186,11 @@ TEST_P(PublishedTableTest, EveryRowPlansAndIsCompared) {
     sum += std::abs(error);
     worst = std::max(worst, std::abs(error));
     auto pct = [&](double part) { return static_cast<int>(std::lround(100 * part / e.step_time)); };
-    std::printf("%-15s %5d %-44s %8.1f %8.1f %+6.1f%% %7.2f%s %8.2f %6.1f  %d/%d/%d/%d/%d/%d/%d%s\n", r.model.c_str(),
-                c.devices(), short_layout(r.layout).c_str(), r.tflops_per_device, predicted, 100 * error,
-                published_seconds(r), r.iteration_time > 0 ? " " : "*", e.step_time, e.memory.total() / 1e9,
-                pct(e.compute), pct(e.tp_comm), pct(e.ep_comm), pct(e.pp_comm), pct(e.dp_comm), pct(e.bubble), pct(e.optimizer),
+    std::printf("%-15s %5d %-44s %8.1f %8.1f %+6.1f%% %7.2f%s %8.2f %6.1f  %d/%d/%d/%d/%d/%d/%d/%d%s\n",
+                r.model.c_str(), c.devices(), short_layout(r.layout).c_str(), r.tflops_per_device, predicted,
+                100 * error, published_seconds(r), r.iteration_time > 0 ? " " : "*", e.step_time,
+                e.memory.total() / 1e9, pct(e.compute), pct(e.tp_comm), pct(e.ep_comm), pct(e.pp_comm), pct(e.dp_comm),
+                pct(e.bubble), pct(e.optimizer), pct(e.step_overhead),
                 e.fits ? "" : "  does not fit (attention scores charged)");
   }
   const double mean = sum / static_cast<double>(t.rows.size());
@@ -185,8 +205,8 @@ TEST_P(PublishedTableTest, EveryRowPlansAndIsCompared) {
   };
   const Bar bars[] = {{"narayanan2021-table1", 0.10, 0.20},
                       {"megatron-core-r0.8-h100", 0.10, 0.23},
-                      {"mt-nlg-530b", 0.13, 0.16},
-                      {"bigscience-bloom-176b", 0.01, 0.01},
+                      {"mt-nlg-530b", 0.10, 0.20},
+                      {"bigscience-bloom-176b", 0.02, 0.05},
                       {"megatron-core-mixtral-h100", 0.15, 0.15}};
   for (const Bar& b : bars) {
     if (t.name != b.table) continue;

@@ -28,9 +28,12 @@ void print_table(const std::vector<plan::Estimate>& plans, const plan::Cluster& 
     std::printf("%-3d %-78s %9.3f %11.0f %8.1f %5.1f%% %8s%s\n", ++i, e.layout.str().c_str(), e.step_time,
                 e.tokens_per_s, e.tflops_per_device, 100 * e.mfu, gb(e.memory.total()).c_str(),
                 e.fits ? "" : " (does not fit)");
-    std::printf("    time: compute %.3f s, tensor-parallel comm %.3f s, pipeline sends %.3f s, bubble %.3f s, "
-                "data-parallel comm %.3f s, optimizer %.3f s\n",
-                e.compute, e.tp_comm, e.pp_comm, e.bubble, e.dp_comm, e.optimizer);
+    std::printf(
+        "    time: compute %.3f s, tensor-parallel comm %.3f s, pipeline sends %.3f s, bubble %.3f s, "
+        "data-parallel comm %.3f s, optimizer %.3f s%s\n",
+        e.compute, e.tp_comm, e.pp_comm, e.bubble, e.dp_comm, e.optimizer,
+        e.step_overhead > 0 ? fmt::format(", the software's fixed time per step {:.3f} s", e.step_overhead).c_str()
+                            : "");
     if (e.layout.ep > 1 || e.layout.cp > 1)
       std::printf("          expert-parallel all_to_all %.3f s (the busiest rank's expert load %.3fx the mean), "
                   "context-parallel comm %.3f s\n",
@@ -111,7 +114,10 @@ void write_svg(const std::string& path, const std::vector<plan::Estimate>& plans
 void print_explain(const plan::Estimate& e, const plan::ModelSpec& m, const plan::Cluster& c) {
   std::printf("\nExplained: %s, %s on %s (software %s): %.4g s per step, the busiest pipeline rank\n",
               m.name.c_str(), e.layout.str().c_str(), c.name.c_str(), c.software.name.c_str(), e.step_time);
-  std::printf("  compute %.4g s, pipeline bubble %.4g s, optimizer %.4g s\n", e.compute, e.bubble, e.optimizer);
+  std::printf(
+      "  compute %.4g s, pipeline bubble %.4g s, optimizer %.4g s, fixed time per step %.4g s (software "
+      "profile's step_overhead)\n",
+      e.compute, e.bubble, e.optimizer, e.step_overhead);
   std::printf("  communication exposed: tp %.4g s, ep %.4g s, cp %.4g s, pp %.4g s, dp %.4g s; hidden behind compute: "
               "tp %.4g s, dp %.4g s, cp %.4g s\n",
               e.tp_comm, e.ep_comm, e.cp_comm, e.pp_comm, e.dp_comm, e.tp_hidden, e.dp_hidden, e.cp_hidden);
@@ -178,7 +184,7 @@ int run_published(const std::string& format, int threads) {
     if (format == "table")
       std::printf(
           "%s\n  %s\n  software profile: %s\n  %s\n  %s TFLOP/s per GPU as published, as predicted for the "
-          "published layout, and for the planner's best plan\n%-16s %6s %-36s %9s %9s %7s %8s %10s %-44s %9s\n",
+          "published layout, and for the planner's best plan\n%-16s %6s %-42s %9s %9s %7s %8s %10s %-44s %9s\n",
           t.name.c_str(), t.source.c_str(), t.rows.empty() ? "-" : t.rows.front().software.c_str(),
           t.calibrates.empty() ? "out of sample: nothing is fitted to this table"
                                : ("in sample: this table sets " + t.calibrates).c_str(),
@@ -206,19 +212,19 @@ int run_published(const std::string& format, int threads) {
                                             best->step_time / c.devices() / 1e12
                                       : 0.0;
       if (format == "table") {
-        std::printf("%-16s %6d %-36s %9.1f %9.1f %+6.1f%% %8s %10.1f %-44s %9s\n", r.model.c_str(), c.devices(),
-                    fmt::format("dp={},tp={},pp={},vpp={}{}", r.layout.dp, r.layout.tp, r.layout.pp, r.layout.vpp,
-                                r.layout.ep > 1 ? fmt::format(",ep={}", r.layout.ep) : "")
-                        .c_str(),
-                    r.tflops_per_device, predicted, 100 * err, gb(e.memory.total()).c_str(), best_tflops,
-                    best ? fmt::format("dp={},tp={},pp={},vpp={},mbs={},z{},{}{}{}", best->layout.dp, best->layout.tp,
-                                       best->layout.pp, best->layout.vpp, best->layout.micro_batch,
-                                       best->layout.sharding_stage, best->layout.recompute,
-                                       best->layout.sp ? ",sp" : "",
-                                       best->layout.ep > 1 ? fmt::format(",ep={}", best->layout.ep) : "")
-                                   .c_str()
-                         : "none fits",
-                    best ? gb(best->memory.total()).c_str() : "-");
+        std::printf(
+            "%-16s %6d %-42s %9.1f %9.1f %+6.1f%% %8s %10.1f %-44s %9s\n", r.model.c_str(), c.devices(),
+            fmt::format("dp={},tp={},pp={},vpp={}{},mbs={},gbs={}", r.layout.dp, r.layout.tp, r.layout.pp, r.layout.vpp,
+                        r.layout.ep > 1 ? fmt::format(",ep={}", r.layout.ep) : "", r.layout.micro_batch, r.global_batch)
+                .c_str(),
+            r.tflops_per_device, predicted, 100 * err, gb(e.memory.total()).c_str(), best_tflops,
+            best ? fmt::format("dp={},tp={},pp={},vpp={},mbs={},z{},{}{}{}", best->layout.dp, best->layout.tp,
+                               best->layout.pp, best->layout.vpp, best->layout.micro_batch, best->layout.sharding_stage,
+                               best->layout.recompute, best->layout.sp ? ",sp" : "",
+                               best->layout.ep > 1 ? fmt::format(",ep={}", best->layout.ep) : "")
+                       .c_str()
+                 : "none fits",
+            best ? gb(best->memory.total()).c_str() : "-");
       }
       Json j = Json::Object{};
       j["table"] = t.name;

@@ -561,6 +561,15 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
     group(dense_max, replicas);
     group(experts_max, dp_span);
   }
+  if (step == nullptr && m.tied_embedding && l.pp > 1) {
+    // A tied embedding split between the pipeline's first and last rank: after the backward the
+    // two sum their gradients of the table (Megatron's embedding all-reduce over its pair group,
+    // DeepSpeed's ReduceTiedGrads, both on f32 gradients in mixed precision). The traced path
+    // reads this from the trace (the pp all_reduce above).
+    const GroupSpan pp_span = e.mapping.span("pp", l, c);
+    const GroupSpan pair{2, pp_span.per_node >= l.pp ? 2 : 1};
+    reduce += all_reduce_time(c, static_cast<double>(m.vocab * m.hidden) / l.tp * prec.grad, pair);
+  }
   if (reduce + gather > 0) {
     // One micro-batch's forward and backward on the busiest pipeline rank.
     double fwd_one = 0, bwd_one = 0;
@@ -609,6 +618,7 @@ Estimate evaluate_with(const ModelSpec& m, const Cluster& c, const Layout& layou
   e.dp_hidden = dp_hidden;
   e.tp_hidden = p.tp_hidden_per_rank;
   e.optimizer = opt_time;
+  e.step_overhead = c.software.step_overhead;
 
   const double tokens = static_cast<double>(global_batch) * static_cast<double>(m.seq);
   e.tokens_per_s = tokens / e.step_time;
@@ -740,6 +750,7 @@ Json Estimate::to_json() const {
   t["dp_comm_overlapped_s"] = dp_hidden;
   t["bubble_s"] = bubble;
   t["optimizer_s"] = optimizer;
+  t["step_overhead_s"] = step_overhead;
   j["time"] = t;
   Json mem = Json::Object{};
   mem["total"] = memory.total() / 1e9;

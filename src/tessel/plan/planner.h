@@ -82,8 +82,10 @@ struct Estimate {
   // Breakdown of the step (seconds, on the slowest pipeline rank): compute, communication not
   // hidden behind compute (tensor-parallel inside the stages, expert-parallel all_to_alls,
   // context-parallel exchanges, pipeline sends, data-parallel / ZeRO gradient and parameter
-  // traffic), pipeline bubble, optimizer.
-  double compute = 0, tp_comm = 0, ep_comm = 0, cp_comm = 0, pp_comm = 0, dp_comm = 0, bubble = 0, optimizer = 0;
+  // traffic), pipeline bubble, optimizer, and the software profile's fixed time per step
+  // (step_overhead).
+  double compute = 0, tp_comm = 0, ep_comm = 0, cp_comm = 0, pp_comm = 0, dp_comm = 0, bubble = 0, optimizer = 0,
+         step_overhead = 0;
   // Communication the software profile hides behind compute (not in step_time): tensor-parallel
   // collectives under the GEMMs, data-parallel reduction and gather under a micro-batch; and
   // the ring's key/value transfers under the attention (context parallel).

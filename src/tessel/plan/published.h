@@ -1,8 +1,8 @@
 // Published large-scale training runs the cost model is checked against. Each function returns
 // one table as its source prints it, with the layout fields the source is silent on filled by
 // stated assumptions. Two tables set a calibration and are in-sample: Narayanan et al. 2021
-// Table 1 the A100 preset's, BLOOM's run the deepspeed-megatron-2022 profile's; the others are
-// out-of-sample: nothing is fitted to them.
+// Table 1 the A100 preset's, two of BLOOM's runs the deepspeed-megatron-2022 profile's; the
+// others are out-of-sample: nothing is fitted to them.
 #pragma once
 
 #include <string>
@@ -46,10 +46,11 @@ std::vector<PublishedRun> megatron_core_r08_weak_scaling();
 // 2800, 3360 GPUs; tp 8, pp 35), with the hardware TFLOP/s per GPU they correspond to.
 std::vector<PublishedRun> smith2022_mtnlg();
 
-// BigScience's BLOOM 176B on 384 A100-80GB of Jean Zay (tp 4, pp 12, dp 8, micro-batch 2,
-// batch 2048 of 2048 tokens, bf16, full recompute; Megatron-DeepSpeed): 104.70 s per iteration,
-// 149.77 hardware TFLOP/s per GPU, as its training README logs them. The one row the
-// deepspeed-megatron-2022 profile is calibrated on (software.cc).
+// BigScience's BLOOM 176B on 384 A100-80GB of Jean Zay (tp 4, pp 12, dp 8, 2048 tokens, bf16,
+// full recompute; Megatron-DeepSpeed), as its training README logs it: 104.70 s per iteration
+// at batch 2048 (micro-batch 2), 15.23 s at batch 16 (one micro-batch per replica), and 73
+// TFLOP/s at batch 192 (micro-batch 1). The first two rows calibrate the
+// deepspeed-megatron-2022 profile (software.cc); the third checks it.
 std::vector<PublishedRun> bigscience_bloom();
 
 // Megatron-Core's Mixtral 8x7B on 64 H100 GPUs (MCore v0.8: TP 1, EP 8, PP 4, VP 8, batch 256

@@ -2,7 +2,8 @@
 // stack, or a measurement. Nothing here is fitted to the published tables the profiles are
 // checked against (plan/published.h), except two calibrations, each on a run of its own: what
 // megatron-2021 shares with the A100 device calibration, set on Narayanan et al. 2021 Table 1,
-// and deepspeed-megatron-2022's kernel_efficiency, set on BLOOM's run (not on MT-NLG's rows).
+// and deepspeed-megatron-2022's kernel_efficiency and step_overhead, set on BLOOM's runs (not on
+// MT-NLG's rows).
 #include "tessel/plan/software.h"
 
 #include "tessel/core/error.h"
@@ -90,11 +91,18 @@ SoftwareProfile deepspeed_megatron_2022() {
   s.sources["fused_attention"] =
       "false: Megatron-DeepSpeed of 2021-22 (MT-NLG, BLOOM) runs Megatron's unfused attention with the "
       "scaled-masked-softmax kernel";
-  s.kernel_efficiency = 0.85;
+  s.kernel_efficiency = 0.90;
+  s.step_overhead = 4.23;
   s.sources["kernel_efficiency"] =
-      "0.85, calibrated on BLOOM's run (BigScience tr11-176B-ml: 104.70 s per iteration on 384 A100-80GB of Jean "
-      "Zay, tp 4, pp 12, dp 8, Megatron-DeepSpeed): the one value that predicts it (tests/plan/published_test.cc "
-      "refits it); what the stack loses on the A100 device calibration's GEMM rate, not itemised";
+      "0.90, calibrated with step_overhead on BLOOM's runs (BigScience tr11-176B-ml on 384 A100-80GB of Jean Zay, tp "
+      "4, "
+      "pp 12, dp 8, Megatron-DeepSpeed: 104.70 s per iteration at batch 2048 and 15.23 s at batch 16): the one pair "
+      "that predicts both (tests/plan/published_test.cc refits it); what the stack's step loses on the A100 device "
+      "calibration's GEMM rate, not itemised";
+  s.sources["step_overhead"] =
+      "4.23 s, calibrated with kernel_efficiency on BLOOM's runs (above): the time a step takes besides its ops, "
+      "collectives and bubble, which the one-micro-batch step shows; assumed the same whatever the model and cluster "
+      "(docs/plan.md gives MT-NLG's rows if it scaled with the parameters per GPU instead)";
   s.sources["overlap"] =
       "none: DeepSpeed's PipelineEngine executes its instruction list in order — SendActivation / RecvActivation "
       "/ SendGrad / RecvGrad are blocking, and ReduceGrads runs after the pipeline has drained — and Megatron's "
