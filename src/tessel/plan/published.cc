@@ -100,8 +100,6 @@ PublishedRun mtnlg_row(int nodes, double seconds, double tflops) {
   return r;
 }
 
-}  // namespace
-
 // Source: github.com/bigscience-workshop/bigscience (commit 9e64ede), train/tr11-176B-ml: the
 // training script tr11-176B-ml.slurm (TP_SIZE=4, PP_SIZE=12, GLOBAL_BATCH_SIZE=2048 with
 // MICRO_BATCH_SIZE=2, "was MBS=1 till GBS=784", --bf16, --checkpoint-activations, ZeRO stage 0
@@ -122,8 +120,6 @@ PublishedRun mtnlg_row(int nodes, double seconds, double tflops) {
 // deepspeed-megatron-2022 profile (its kernel_efficiency and step_overhead are the one pair that
 // predicts both: software.cc), so they are in-sample; the third is a check the fit did not see,
 // and MT-NLG is then predicted with nothing fitted to it.
-namespace {
-
 PublishedRun bloom_row(int64_t batch, int64_t micro_batch, double seconds, double tflops, const char* source) {
   PublishedRun r;
   r.model = "bloom-176b";
