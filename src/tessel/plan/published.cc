@@ -120,15 +120,16 @@ PublishedRun mtnlg_row(int nodes, double seconds, double tflops) {
 // deepspeed-megatron-2022 profile (its kernel_efficiency and step_overhead are the one pair that
 // predicts both: software.cc), so they are in-sample; the third is a check the fit did not see,
 // and MT-NLG is then predicted with nothing fitted to it.
-PublishedRun bloom_row(int64_t batch, int64_t micro_batch, double seconds, double tflops, const char* source) {
+PublishedRun bloom_row(int64_t batch, int64_t micro_batch, double seconds, double tflops, const char* source,
+                       int nodes = 48, int tp = 4, int pp = 12) {
   PublishedRun r;
   r.model = "bloom-176b";
-  r.cluster = "jean-zay-a100:384";
+  r.cluster = "jean-zay-a100:" + std::to_string(nodes * 8);
   r.dtype = "bf16";
   r.global_batch = batch;
-  r.layout.tp = 4;
-  r.layout.pp = 12;
-  r.layout.dp = 8;
+  r.layout.tp = tp;
+  r.layout.pp = pp;
+  r.layout.dp = nodes * 8 / (tp * pp);
   r.layout.sharding_stage = 1;
   r.layout.micro_batch = micro_batch;
   r.layout.micro_batches = batch / (r.layout.dp * micro_batch);
@@ -142,6 +143,20 @@ PublishedRun bloom_row(int64_t batch, int64_t micro_batch, double seconds, doubl
 }
 
 }  // namespace
+
+// Source: the same repository, train/tr11-176B-ml/reshaping-log.md ("Checkpoint reshaping
+// experiments"): BLOOM resumed from global_step94767 with other layouts on 24 and 36 nodes, batch
+// 2048, each logging its first iterations. Taken: the last logged iteration of each layout (the
+// first after a resume ran up to 41% slower than the next in that log); left out: TP=4/PP=12/MBS=1
+// on 24 nodes (only its first iteration is logged) and TP=1/PP=72 (BLOOM's partition counts its two
+// embeddings as pipeline units, 72 units for 72 stages; tessel's needs a layer in every stage).
+// Nothing is fitted to these rows.
+std::vector<PublishedRun> bigscience_bloom_reshaping() {
+  const char* log = "BigScience tr11-176B-ml reshaping-log.md";
+  return {bloom_row(2048, 2, 215.99, 145.19, log, 24, 4, 12), bloom_row(2048, 1, 220.30, 142.35, log, 24, 4, 24),
+          bloom_row(2048, 1, 199.82, 156.95, log, 24, 2, 24), bloom_row(2048, 1, 155.71, 134.26, log, 36, 4, 36),
+          bloom_row(2048, 1, 141.22, 148.04, log, 36, 2, 36)};
+}
 
 std::vector<PublishedRun> bigscience_bloom() {
   return {bloom_row(2048, 2, 104.70, 149.77, "BigScience tr11-176B-ml README, iteration 85376"),
@@ -261,6 +276,10 @@ std::vector<PublishedTable> published_tables() {
        "GBS=192/MBS=1",
        bigscience_bloom(),
        "the deepspeed-megatron-2022 profile's kernel_efficiency and step_overhead (rows 1 and 2; row 3 is a check)"},
+      {"bigscience-bloom-176b-reshaping",
+       "github.com/bigscience-workshop/bigscience train/tr11-176B-ml (9e64ede): reshaping-log.md, the last logged "
+       "iteration of each layout",
+       bigscience_bloom_reshaping()},
       {"megatron-core-mixtral-h100",
        "Megatron-LM megatron/core/transformer/moe/README.md at core_v0.9.0 (1afee592e85a): 438 TFLOPS as of MCore "
        "v0.8, Reference Best Parallel Mapping",

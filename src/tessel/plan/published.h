@@ -53,6 +53,10 @@ std::vector<PublishedRun> smith2022_mtnlg();
 // deepspeed-megatron-2022 profile (software.cc); the third checks it.
 std::vector<PublishedRun> bigscience_bloom();
 
+// BLOOM 176B on 24 and 36 nodes of Jean Zay with five other layouts (tp 2-4, pp 12-36, batch
+// 2048), from its checkpoint-reshaping log: out-of-sample checks of the same profile.
+std::vector<PublishedRun> bigscience_bloom_reshaping();
+
 // Megatron-Core's Mixtral 8x7B on 64 H100 GPUs (MCore v0.8: TP 1, EP 8, PP 4, VP 8, batch 256
 // of 4096 tokens, dropless, bf16), 438 model TFLOP/s per GPU, as its MoE README states. See
 // published.cc for the exact source and the assumptions.
