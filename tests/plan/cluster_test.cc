@@ -32,6 +32,7 @@ Cluster hand_built() {
   c.calibration.gemm_size = "harmonic";
   c.calibration.memory_efficiency = 0.9;
   c.calibration.link_efficiency = 1.0;
+  c.calibration.inter_link_efficiency = 0.93;
   c.calibration.sources = {{"gemm_efficiency", "measured: 70% of 312 TFLOP/s\nsecond line"}};
   c.software.name = "my stack";
   c.software.fused_attention = false;
@@ -73,6 +74,7 @@ void expect_equal(const Cluster& a, const Cluster& b) {
   EXPECT_EQ(p.gemm_size, q.gemm_size);
   EXPECT_EQ(p.memory_efficiency, q.memory_efficiency);
   EXPECT_EQ(p.link_efficiency, q.link_efficiency);
+  EXPECT_EQ(p.inter_link_efficiency, q.inter_link_efficiency);
   EXPECT_EQ(p.sources, q.sources);
   const SoftwareProfile &s = a.software, &t = b.software;
   EXPECT_EQ(s.name, t.name);
@@ -240,6 +242,9 @@ TEST(Cluster, BadInputThrowsNamingTheKey) {
        {"'intra' must be a mapping"}},
       {"not yaml", edited("nodes: 2", "nodes: [2"), {"c.yaml", "not valid YAML"}},
   };
+  cases.push_back({"inter-node efficiency above one",
+                   std::string(kMinimal) + "calibration:\n  inter_link_efficiency: 2\n",
+                   {"'calibration.inter_link_efficiency' must be in (0, 1]"}});
   for (const ErrorCase& c : cases) {
     SCOPED_TRACE(c.what);
     try {

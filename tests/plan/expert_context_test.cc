@@ -112,8 +112,8 @@ TEST(CostModel, ExpertImbalanceIsTheExpectedMaximumLoad) {
 TEST(CostModel, AllToAllIsCostedPerLevel) {
   const Cluster c = cluster_preset("dgx-h100:64");
   const double bytes = 64e6;
-  const double intra = c.intra.bandwidth * c.calibration.link_efficiency;
-  const double inter = c.inter.bandwidth * c.calibration.link_efficiency;
+  const double intra = c.intra.bandwidth * c.calibration.link_share(false);
+  const double inter = c.inter.bandwidth * c.calibration.link_share(true);
   EXPECT_DOUBLE_EQ(all_to_all_time(c, bytes, GroupSpan{1, 1}), 0.0);
   EXPECT_NEAR(all_to_all_time(c, bytes, GroupSpan{8, 8}), 7 * (c.intra.latency + bytes / 8 / intra), 1e-12);
   EXPECT_NEAR(all_to_all_time(c, bytes, GroupSpan{8, 1}), 7 * (c.inter.latency + bytes / 8 / inter), 1e-12);

@@ -2,12 +2,11 @@
 // in plan/published.h, the published layout evaluated on its cluster preset with the software
 // profile of the stack that ran it, predicted beside published, with each table's mean and max
 // error. Asserted: the tables are what their sources print, each row plans, fits and is
-// simulated, and issue 28's bar (mean <= 10%, max <= 20%) where a table meets it — Narayanan
-// et al. 2021 Table 1 and MT-NLG both (MT-NLG with the deepspeed-megatron-2022 profile calibrated
-// on BLOOM's runs, nothing fitted to MT-NLG: docs/plan.md); the Megatron-Core r0.8 H100 table the
-// mean (its max is 23.0%: the 32B row), only held where it is; BLOOM's rows (the calibration's
-// two, and a check) mean 2%, max 5%, and its other layouts (out of sample) issue 28's bar;
-// Megatron-Core's Mixtral 8x7B row issue 29's bar of 15%.
+// simulated, and issue 28's bar (mean <= 10%, max <= 20%) on each of its three tables —
+// Narayanan et al. 2021 Table 1, the Megatron-Core r0.8 H100 table and MT-NLG (the last with the
+// deepspeed-megatron-2022 profile calibrated on BLOOM's runs, nothing fitted to MT-NLG:
+// docs/plan.md) — and on BLOOM's other layouts (out of sample); BLOOM's calibration rows and
+// their check mean 2%, max 5%; Megatron-Core's Mixtral 8x7B row issue 29's bar of 15%.
 // Blocks are costed from traces of the runtime (plan/traced.h), as `tessel plan` costs them.
 #include <gtest/gtest.h>
 
@@ -206,7 +205,7 @@ TEST_P(PublishedTableTest, EveryRowPlansAndIsCompared) {
     double mean, max;
   };
   const Bar bars[] = {{"narayanan2021-table1", 0.10, 0.20},
-                      {"megatron-core-r0.8-h100", 0.10, 0.23},
+                      {"megatron-core-r0.8-h100", 0.10, 0.20},
                       {"mt-nlg-530b", 0.10, 0.20},
                       {"bigscience-bloom-176b", 0.02, 0.05},
                       {"bigscience-bloom-176b-reshaping", 0.10, 0.20},

@@ -187,6 +187,8 @@ Calibration read_calibration(Section s) {
                s.at("gemm_size"), s.full("gemm_size"), c.gemm_size);
   c.memory_efficiency = s.efficiency("memory_efficiency", c.memory_efficiency);
   c.link_efficiency = s.efficiency("link_efficiency", c.link_efficiency);
+  if (s.has("inter_link_efficiency"))
+    c.inter_link_efficiency = s.efficiency("inter_link_efficiency", c.inter_link_efficiency);
   c.sources = read_map<std::string>(s.sub("sources"),
                                     [](Section& p, const std::string& k) { return p.require<std::string>(k); });
   s.finish();
@@ -366,6 +368,8 @@ std::string Cluster::to_yaml() const {
   line(fmt::format("  gemm_size: {}", c.gemm_size));
   line(fmt::format("  memory_efficiency: {}", number_text(c.memory_efficiency)));
   line(fmt::format("  link_efficiency: {}", number_text(c.link_efficiency)));
+  if (c.inter_link_efficiency > 0)
+    line(fmt::format("  inter_link_efficiency: {}", number_text(c.inter_link_efficiency)));
   if (c.sources.empty()) {
     line("  sources: {}");
   } else {

@@ -46,7 +46,12 @@ struct Calibration {
                                        // plan::gemm_size
   double memory_efficiency = 0.8;    // achieved share of memory bandwidth of streaming kernels
   double link_efficiency = 0.8;      // achieved share of link bandwidth by a collective's busbw
+  double inter_link_efficiency = 0;  // the same between nodes where a source gives it apart; 0: link_efficiency
   std::map<std::string, std::string> sources;
+  // The share a collective reaches on the level between nodes (true) or inside one (false).
+  double link_share(bool between_nodes) const {
+    return between_nodes && inter_link_efficiency > 0 ? inter_link_efficiency : link_efficiency;
+  }
 };
 
 struct Cluster {

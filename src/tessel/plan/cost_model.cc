@@ -20,7 +20,9 @@ Precision precision_for(const std::string& dtype) {
 
 namespace {
 
-double link_bw(const Cluster& c, const Link& l) { return l.bandwidth * c.calibration.link_efficiency; }
+// A level's bandwidth as collectives reach it: inside a node (intra) or between nodes (inter).
+double intra_bw(const Cluster& c) { return c.intra.bandwidth * c.calibration.link_share(false); }
+double inter_bw(const Cluster& c) { return c.inter.bandwidth * c.calibration.link_share(true); }
 
 // Ring over n ranks moving `factor` x bytes through every rank's link, 2(n-1) or (n-1) steps.
 double ring(double bytes, int n, double factor_steps, double bw, double alpha) {
@@ -40,14 +42,14 @@ double all_reduce_time(const Cluster& c, double bytes, GroupSpan g) {
   if (g.size <= 1 || bytes <= 0) return 0;
   const int local = std::clamp(g.per_node, 1, g.size);
   if (local == g.size) {
-    const double bw = link_bw(c, c.intra), a = c.intra.latency;
+    const double bw = intra_bw(c), a = c.intra.latency;
     return std::min(ring(bytes, g.size, 2, bw, a), tree(bytes, g.size, bw, a));
   }
   const int nodes = (g.size + local - 1) / local;
-  const double ibw = link_bw(c, c.inter), ia = c.inter.latency;
+  const double ibw = inter_bw(c), ia = c.inter.latency;
   if (local == 1) return std::min(ring(bytes, nodes, 2, ibw, ia), tree(bytes, nodes, ibw, ia));
   // Hierarchical: every rank of a node carries 1/local of the buffer across nodes on its NIC.
-  const double bw = link_bw(c, c.intra), a = c.intra.latency;
+  const double bw = intra_bw(c), a = c.intra.latency;
   const double inside = 2 * ring(bytes, local, 1, bw, a);
   const double across = std::min(ring(bytes / local, nodes, 2, ibw, ia), tree(bytes / local, nodes, ibw, ia));
   return inside + across;
@@ -56,24 +58,24 @@ double all_reduce_time(const Cluster& c, double bytes, GroupSpan g) {
 double all_gather_time(const Cluster& c, double bytes, GroupSpan g) {
   if (g.size <= 1 || bytes <= 0) return 0;
   const int local = std::clamp(g.per_node, 1, g.size);
-  if (local == g.size) return ring(bytes, g.size, 1, link_bw(c, c.intra), c.intra.latency);
+  if (local == g.size) return ring(bytes, g.size, 1, intra_bw(c), c.intra.latency);
   const int nodes = (g.size + local - 1) / local;
-  const double across = ring(bytes / local, nodes, 1, link_bw(c, c.inter), c.inter.latency);
-  return across + ring(bytes, local, 1, link_bw(c, c.intra), c.intra.latency);
+  const double across = ring(bytes / local, nodes, 1, inter_bw(c), c.inter.latency);
+  return across + ring(bytes, local, 1, intra_bw(c), c.intra.latency);
 }
 
 double p2p_time(const Cluster& c, double bytes, bool inter_node) {
   if (bytes <= 0) return 0;
   const Link& l = inter_node ? c.inter : c.intra;
-  return l.latency + bytes / link_bw(c, l);
+  return l.latency + bytes / (inter_node ? inter_bw(c) : intra_bw(c));
 }
 
 double all_to_all_time(const Cluster& c, double bytes, GroupSpan g) {
   if (g.size <= 1 || bytes <= 0) return 0;
   const int local = std::clamp(g.per_node, 1, g.size);
   const double n = g.size, share = bytes / n;
-  const double inside = (local - 1) * (c.intra.latency + share / link_bw(c, c.intra));
-  const double across = (n - local) * (c.inter.latency + share / link_bw(c, c.inter));
+  const double inside = (local - 1) * (c.intra.latency + share / intra_bw(c));
+  const double across = (n - local) * (c.inter.latency + share / inter_bw(c));
   return std::max(inside, across);
 }
 

@@ -21,6 +21,7 @@ Calibration nvidia_calibration(double gemm_eff, std::string gemm_source, double 
   c.gemm_half_dim = 128;
   c.memory_efficiency = memory_eff;
   c.link_efficiency = 0.8;
+  c.inter_link_efficiency = 0.94;
   c.sources = {
       {"gemm_efficiency", std::move(gemm_source)},
       {"gemm_half_dim",
@@ -30,9 +31,13 @@ Calibration nvidia_calibration(double gemm_eff, std::string gemm_source, double 
       {"gemm_size", "smallest: a dim below the tile size leaves tiles and waves part empty, whatever the others"},
       {"memory_efficiency", std::move(memory_source)},
       {"link_efficiency",
-       "nccl-tests all_reduce bus bandwidth reaches about 80% of the per-GPU NVLink/NIC bandwidth "
-       "at large sizes (NVIDIA DGX reference numbers: ~230 GB/s busbw on 300 GB/s NVSwitch ports; "
-       "~20 of 25 GB/s per HDR NIC); assumed, not measured here"},
+       "inside a node: nccl-tests all_reduce bus bandwidth reaches about 80% of the per-GPU NVLink bandwidth "
+       "at large sizes (NVIDIA DGX reference numbers: ~230 GB/s busbw on 300 GB/s NVSwitch ports; NCCL rings, "
+       "without NVLink SHARP); assumed, not measured here"},
+      {"inter_link_efficiency",
+       "between nodes, InfiniBand NICs as NVIDIA's NCCL team gives them: \"12.2 GB/s (for a 100Gbps card) is as good "
+       "as you can get\" (EDR; github.com/NVIDIA/nccl-tests issue 29, 2019) and \"For NDR @ 400Gbps you should see "
+       "46-48GB/s per NIC\" (issue 290, 2025): 0.92-0.98 of line rate; 0.94 for HDR and NDR alike"},
   };
   return c;
 }
@@ -107,6 +112,9 @@ Cluster jean_zay_a100() {
   Cluster c = dgx_a100(80);
   c.name = "jean-zay-a100";
   c.inter = Link{"omnipath", 6.25e9, 8e-6};
+  // No figure for NCCL over Omni-Path: the device's link_efficiency (0.8, assumed) on both levels.
+  c.calibration.inter_link_efficiency = 0;
+  c.calibration.sources.erase("inter_link_efficiency");
   c.nics_per_node = 4;
   c.software = software_profile("deepspeed-megatron-2022");
   return c;
