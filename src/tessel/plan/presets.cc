@@ -101,7 +101,9 @@ Cluster hopper(bool h200) {
 // describes it (train/tr11-176B-ml/README.md in github.com/bigscience-workshop/bigscience, section
 // "Hardware"): 8 A100 80GB per node "using NVLink 4 inter-gpu connects, 4 OmniPath links", the
 // inter-node network Omni-Path with NCCL on a dedicated subnet. The A100 device and its
-// calibration are the DGX preset's (one calibration per device). Read from the sources: four
+// calibration are the DGX preset's (one calibration per device), except between nodes: the
+// DGX's inter_link_efficiency is InfiniBand's, so Omni-Path falls back to link_efficiency
+// (below). Read from the sources: four
 // 100 Gb/s Omni-Path links per node (BLOOM's NCCL log lists four hfi1 adapters,
 // experiments/bandwidth/all_reduce_bench-a100-n4.txt), so a device's share between nodes is
 // 4 x 12.5 / 8 = 6.25 GB/s. Assumed: inside a node, NVSwitch as in a DGX A100 — eight SXM4

@@ -94,11 +94,10 @@ SoftwareProfile deepspeed_megatron_2022() {
   s.kernel_efficiency = 0.90;
   s.step_overhead = 4.23;
   s.sources["kernel_efficiency"] =
-      "0.90, calibrated with step_overhead on BLOOM's runs (BigScience tr11-176B-ml on 384 A100-80GB of Jean Zay, tp "
-      "4, "
-      "pp 12, dp 8, Megatron-DeepSpeed: 104.70 s per iteration at batch 2048 and 15.23 s at batch 16): the one pair "
-      "that predicts both (tests/plan/published_test.cc refits it); what the stack's step loses on the A100 device "
-      "calibration's GEMM rate, not itemised";
+      "0.90, calibrated with step_overhead on BLOOM's runs (BigScience tr11-176B-ml on 384 A100-80GB of Jean "
+      "Zay, tp 4, pp 12, dp 8, Megatron-DeepSpeed: 104.70 s per iteration at batch 2048 and 15.23 s at batch 16): "
+      "the one pair that predicts both (tests/plan/published_test.cc refits it); what the stack's step loses on "
+      "the A100 device calibration's GEMM rate, not itemised";
   s.sources["step_overhead"] =
       "4.23 s, calibrated with kernel_efficiency on BLOOM's runs (above): the time a step takes besides its ops, "
       "collectives and bubble, which the one-micro-batch step shows; assumed the same whatever the model and cluster "
