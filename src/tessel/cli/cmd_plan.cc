@@ -181,13 +181,13 @@ int run_published(const std::string& format, int threads) {
   Json all = Json::Array{};
   for (const plan::PublishedTable& t : plan::published_tables()) {
     const bool model_count = !t.rows.empty() && t.rows.front().model_flops;
+    const std::string sample = t.calibrates.empty() ? "out of sample: nothing is fitted to this table"
+                                                    : "in sample: this table sets " + t.calibrates;
     if (format == "table")
       std::printf(
           "%s\n  %s\n  software profile: %s\n  %s\n  %s TFLOP/s per GPU as published, as predicted for the "
           "published layout, and for the planner's best plan\n%-16s %6s %-42s %9s %9s %7s %8s %10s %-44s %9s\n",
-          t.name.c_str(), t.source.c_str(), t.rows.empty() ? "-" : t.rows.front().software.c_str(),
-          t.calibrates.empty() ? "out of sample: nothing is fitted to this table"
-                               : ("in sample: this table sets " + t.calibrates).c_str(),
+          t.name.c_str(), t.source.c_str(), t.rows.empty() ? "-" : t.rows.front().software.c_str(), sample.c_str(),
           model_count ? "model" : "hardware", "model", "GPUs", "published layout", "published", "predicted", "error",
           "mem GB", "best", "best layout", "best mem");
     double sum = 0, worst = 0;
