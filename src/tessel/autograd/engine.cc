@@ -153,7 +153,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
       TESSEL_CHECK(root.numel() == 1,
                    "backward: a gradient can be implied only for a one-element root; root {} is {} — pass its gradient",
                    r, root.str());
-      g = Tensor::ones(root.shape(), root.dtype());
+      g = Tensor::ones(root.shape(), root.dtype(), root.device());
     } else {
       TESSEL_CHECK(g.shape() == root.shape(), "backward: gradient of shape {} given for root {} of shape {}",
                    shape_str(g.shape()), r, shape_str(root.shape()));

@@ -38,6 +38,10 @@ struct RankContext {
   bool trace_ops = false;
   int op_backward_depth = 0;
   bool summing_grads = false;  // the autograd engine adds gradients (traced as backward work)
+  // The rank's device: factories without a device make their tensors there, and an op's
+  // kernel runs with its inputs' device current. `stream` is the current stream on it.
+  Device device;
+  uint64_t stream = 0;
 
   // State owned by higher layers, keyed by its type (comm world, dist state, ...).
   template <typename T>
@@ -112,6 +116,28 @@ class MetaModeScope {
   bool previous_;
 };
 inline bool meta_mode() { return rank_context().meta; }
+
+// Makes `device` (and its default stream, or `stream`) this rank's current one for the scope.
+class DeviceScope {
+ public:
+  explicit DeviceScope(Device device, uint64_t stream = 0)
+      : device_(rank_context().device), stream_(rank_context().stream) {
+    rank_context().device = device;
+    rank_context().stream = stream;
+  }
+  ~DeviceScope() {
+    rank_context().device = device_;
+    rank_context().stream = stream_;
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  Device device_;
+  uint64_t stream_;
+};
+inline Device current_device() { return rank_context().device; }
+inline Stream current_stream() { return Stream{rank_context().device, rank_context().stream}; }
 
 class NoGradGuard : public GradModeGuard {
  public:

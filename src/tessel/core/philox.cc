@@ -1,6 +1,7 @@
 // Philox4x32-10 and the layout-independent fills built on it.
 #include "tessel/core/philox.h"
 
+
 #include <algorithm>
 #include <cmath>
 
@@ -9,6 +10,7 @@
 #endif
 
 #include "tessel/core/thread_pool.h"
+#include "tessel/core/view.h"
 
 namespace tessel {
 
@@ -171,12 +173,11 @@ void for_each_global_row(const Shape& local_shape, const GlobalBox& box,
   });
 }
 
-void rng_fill(const Tensor& t, Distribution dist, double a, double b, uint64_t seed, uint64_t stream,
-              const GlobalBox& box) {
-  TESSEL_CHECK(is_floating(t.dtype()), "rng fill: tensor '{}' has dtype {}; expected a floating dtype", t.name(),
-               t.dtype());
-  TESSEL_CHECK(t.is_contiguous(), "rng fill: tensor '{}' must be contiguous", t.name());
-  if (t.is_meta()) return;  // tracing: a shape to fill, no data
+namespace {
+
+// The CPU's fill of contiguous host-readable `t`.
+void rng_fill_host(const Tensor& t, Distribution dist, double a, double b, uint64_t seed, uint64_t stream,
+                   const GlobalBox& box) {
   TESSEL_DISPATCH_ALL(t.dtype(), "rng_fill", [&]<typename T>() {
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, BFloat16>) {
       T* p = static_cast<T*>(t.raw_data());
@@ -190,6 +191,27 @@ void rng_fill(const Tensor& t, Distribution dist, double a, double b, uint64_t s
       });
     }
   });
+}
+
+
+}  // namespace
+
+void rng_fill(const Tensor& t, Distribution dist, double a, double b, uint64_t seed, uint64_t stream,
+              const GlobalBox& box) {
+  TESSEL_CHECK(is_floating(t.dtype()), "rng fill: tensor '{}' has dtype {}; expected a floating dtype", t.name(),
+               t.dtype());
+  TESSEL_CHECK(t.is_contiguous(), "rng fill: tensor '{}' must be contiguous", t.name());
+  if (t.is_meta()) return;  // tracing: a shape to fill, no data
+  const Device d = t.device();
+  if (d.is_cpu()) return rng_fill_host(t, dist, a, b, seed, stream, box);
+  if (device_backend(d).runs_cpu_kernels()) {
+    KernelScope scope(d);
+    return rng_fill_host(t, dist, a, b, seed, stream, box);
+  }
+  // A device without a generator of its own: the same values made on the host, copied there.
+  Tensor host = Tensor::empty(t.shape(), t.dtype(), Device{});
+  rng_fill_host(host, dist, a, b, seed, stream, box);
+  view::copy(t, host);
 }
 
 }  // namespace tessel

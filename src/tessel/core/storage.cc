@@ -58,7 +58,8 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
   std::shared_ptr<Storage> s(new Storage());
   const RankContext& ctx = rank_context();
   s->meta_ = ctx.meta;
-  if (!s->meta_) s->data_ = device_allocator(device.type).allocate(nbytes);
+  s->stream_ = ctx.device == device ? ctx.stream : 0;
+  if (!s->meta_) s->data_ = device_allocator(device).allocate(nbytes, s->stream_);
   s->nbytes_ = nbytes;
   s->device_ = device;
   s->charged_ = ctx.memory;
@@ -79,7 +80,7 @@ std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, Device device,
 void Storage::release() {
   TESSEL_CHECK(!release_, "release: a borrowed storage cannot give its memory back");
   if (released_) return;
-  if (data_ != nullptr) device_allocator(device_.type).deallocate(data_, nbytes_);
+  if (data_ != nullptr) device_allocator(device_).deallocate(data_, nbytes_, stream_);
   data_ = nullptr;
   if (charged_) charged_->sub(static_cast<int64_t>(nbytes_), kind_);
   released_ = true;
@@ -87,7 +88,7 @@ void Storage::release() {
 
 void Storage::restore() {
   if (!released_) return;
-  if (!meta_) data_ = device_allocator(device_.type).allocate(nbytes_);
+  if (!meta_) data_ = device_allocator(device_).allocate(nbytes_, stream_);
   if (charged_) charged_->add(static_cast<int64_t>(nbytes_), kind_);
   released_ = false;
 }
@@ -98,7 +99,7 @@ Storage::~Storage() {
     return;
   }
   if (released_) return;
-  if (data_ != nullptr) device_allocator(device_.type).deallocate(data_, nbytes_);
+  if (data_ != nullptr) device_allocator(device_).deallocate(data_, nbytes_, stream_);
   if (charged_) charged_->sub(static_cast<int64_t>(nbytes_), kind_);
 }
 

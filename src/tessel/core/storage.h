@@ -37,7 +37,8 @@ struct MemoryStats {
 
 class Storage {
  public:
-  // Owned memory from the device's allocator, charged to the current rank's MemoryStats.
+  // Owned memory from the device's allocator on the rank's current stream, charged to the
+  // current rank's MemoryStats.
   static std::shared_ptr<Storage> allocate(size_t nbytes, Device device = {});
   // Borrowed memory (an mmap, a foreign buffer); `release` runs when the last view dies.
   static std::shared_ptr<Storage> wrap(void* data, size_t nbytes, Device device, std::function<void()> release);
@@ -66,6 +67,7 @@ class Storage {
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
+  uint64_t stream_ = 0;  // the stream it was allocated on (a stream-ordered allocator's pool)
   std::shared_ptr<MemoryStats> charged_;
   MemoryKind kind_ = MemoryKind::other;
   bool released_ = false;

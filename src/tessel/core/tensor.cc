@@ -12,7 +12,7 @@ namespace tessel {
 
 std::string TensorMeta::str() const { return fmt::format("{}{}", dtype, shape_str(shape)); }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+Tensor Tensor::empty(const Shape& shape, DType dtype, std::optional<Device> device) {
   // The bytes, and the span of the strides (zero dims counted as 1), must not overflow.
   int64_t span = static_cast<int64_t>(dtype_size(dtype)), nbytes = span;
   for (int64_t s : shape) {
@@ -22,17 +22,21 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
                  "empty: shape {} of {} is too large to address", shape_str(shape), dtype_name(dtype));
   }
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = Storage::allocate(static_cast<size_t>(nbytes), device);
+  impl->storage = Storage::allocate(static_cast<size_t>(nbytes), device.value_or(current_device()));
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
   return Tensor(std::move(impl));
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
-Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
+Tensor Tensor::zeros(const Shape& shape, DType dtype, std::optional<Device> device) {
+  return full(shape, 0.0, dtype, device);
+}
+Tensor Tensor::ones(const Shape& shape, DType dtype, std::optional<Device> device) {
+  return full(shape, 1.0, dtype, device);
+}
 
-Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, std::optional<Device> device) {
   Tensor t = empty(shape, dtype, device);
   if (!t.storage()->meta()) view::fill(t, value);
   return t;
@@ -41,13 +45,10 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
 Tensor Tensor::scalar(double value, DType dtype) { return full({}, value, dtype); }
 
 Tensor Tensor::arange(int64_t n, DType dtype) {
-  Tensor t = empty({n}, dtype);
-  if (t.is_meta()) return t;  // tracing: values are not needed
-  TESSEL_DISPATCH_ALL(dtype, "arange", [&]<typename T>() {
-    T* p = t.data<T>();
-    for (int64_t i = 0; i < n; ++i) p[i] = convert_value<T>(i);
-  });
-  return t;
+  TESSEL_CHECK(n >= 0, "arange: negative length {}", n);
+  std::vector<double> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = static_cast<double>(i);
+  return from_doubles(values, {n}, dtype);
 }
 
 Tensor Tensor::from_doubles(const std::vector<double>& values, const Shape& shape, DType dtype) {
@@ -55,11 +56,26 @@ Tensor Tensor::from_doubles(const std::vector<double>& values, const Shape& shap
                "from_doubles: {} values for shape {} ({} elements)", values.size(), shape_str(shape),
                shape_numel(shape));
   Tensor t = empty(shape, dtype);
-  if (t.is_meta()) return t;
-  TESSEL_DISPATCH_ALL(dtype, "from_doubles", [&]<typename T>() {
-    T* p = t.data<T>();
-    for (size_t i = 0; i < values.size(); ++i) p[i] = convert_value<T>(values[i]);
-  });
+  view::copy(t, borrow_host(values.data(), shape, DType::f64));
+  return t;
+}
+
+Tensor Tensor::borrow_host(const void* data, const Shape& shape, DType dtype) {
+  size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  return from_storage(Storage::wrap(const_cast<void*>(data), nbytes, Device{}, [] {}), 0, shape,
+                      contiguous_strides(shape), dtype);
+}
+
+Tensor Tensor::to_new_storage() const {
+  Tensor t = empty(shape(), dtype());
+  view::copy(t, *this);
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  if (this->device() == device) return *this;
+  Tensor t = empty(shape(), dtype(), device);
+  view::copy(t, *this);
   return t;
 }
 
@@ -108,9 +124,7 @@ template <typename T>
 std::vector<T> Tensor::to_vector() const {
   std::vector<T> out(static_cast<size_t>(numel()));
   if (out.empty()) return out;
-  Tensor dst = from_storage(Storage::wrap(out.data(), out.size() * sizeof(T), Device{}, [] {}), 0, shape(),
-                            contiguous_strides(shape()), dtype_of<T>);
-  view::copy(dst, *this);
+  view::copy(borrow_host(out.data(), shape(), dtype_of<T>), *this);
   return out;
 }
 template std::vector<float> Tensor::to_vector<float>() const;

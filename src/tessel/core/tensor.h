@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,17 +51,22 @@ class Tensor {
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
   // ---- factories (new contiguous storage) ----
-  static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = {});
+  // Without a device, a factory makes its tensor on the rank's current device (DeviceScope);
+  // the ones that take host values write them on the host and copy them there.
+  static Tensor empty(const Shape& shape, DType dtype = DType::f32, std::optional<Device> device = std::nullopt);
   static Tensor empty(const TensorMeta& meta) { return empty(meta.shape, meta.dtype, meta.device); }
-  static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = {});
-  static Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = {});
-  static Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = {});
+  static Tensor zeros(const Shape& shape, DType dtype = DType::f32, std::optional<Device> device = std::nullopt);
+  static Tensor ones(const Shape& shape, DType dtype = DType::f32, std::optional<Device> device = std::nullopt);
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::f32,
+                     std::optional<Device> device = std::nullopt);
   static Tensor scalar(double value, DType dtype = DType::f32);
   static Tensor arange(int64_t n, DType dtype = DType::i64);
   // Copies `values` (converted to `dtype`) into a new tensor of `shape`.
   static Tensor from_doubles(const std::vector<double>& values, const Shape& shape, DType dtype = DType::f32);
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape);
+  // A tensor of `shape` and `dtype` viewing host memory the caller keeps alive (no copy).
+  static Tensor borrow_host(const void* data, const Shape& shape, DType dtype);
   // A view of existing storage.
   static Tensor from_storage(std::shared_ptr<Storage> storage, int64_t offset, const Shape& shape,
                              const Shape& strides, DType dtype);
@@ -80,8 +86,14 @@ class Tensor {
   TensorMeta meta() const { return TensorMeta{shape(), dtype(), device()}; }
   bool is_contiguous() const;
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
+  // This tensor on `device`: itself when already there, else a contiguous copy (to and from
+  // a GPU through pinned staging). Records no autograd history (the `to` op does).
+  Tensor to(Device device) const;
   // Made while tracing (meta mode): a shape with no data behind it.
   bool is_meta() const { return impl().storage != nullptr && impl().storage->meta(); }
+
+  // A contiguous copy on the rank's current device (no autograd history).
+  Tensor to_new_storage() const;
 
   // ---- data ----
   // Pointer to the first element; checks that T matches the dtype.
@@ -95,7 +107,8 @@ class Tensor {
   void* raw_data() const;
   // The single element, converted to double.
   double item() const;
-  // Every element in row-major order, converted to double (for tests and printing).
+  // Every element in row-major order, converted to double (for tests and printing). These
+  // copy from the tensor's device; the host waits for it.
   std::vector<double> to_doubles() const;
   template <typename T>
   std::vector<T> to_vector() const;
@@ -151,11 +164,7 @@ Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
   TESSEL_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
                "from_vector: {} values for shape {} ({} elements)", values.size(), shape_str(shape),
                shape_numel(shape));
-  Tensor t = empty(shape, dtype_of<T>);
-  if (t.is_meta()) return t;  // tracing: values are not needed
-  T* p = t.data<T>();
-  for (size_t i = 0; i < values.size(); ++i) p[i] = values[i];
-  return t;
+  return borrow_host(values.data(), shape, dtype_of<T>).to_new_storage();
 }
 
 }  // namespace tessel

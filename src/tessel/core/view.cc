@@ -1,11 +1,9 @@
-// Raw views, strided copies and dtype conversion.
+// Raw views, and copies and fills dispatched to the device of the tensors they write.
 #include "tessel/core/view.h"
 
 #include <algorithm>
 
-#include "tessel/core/convert.h"
-#include "tessel/core/strided.h"
-#include "tessel/core/thread_pool.h"
+#include "tessel/core/cpu/copy_kernels.h"
 
 namespace tessel::view {
 
@@ -175,24 +173,28 @@ Tensor clone(const Tensor& t) {
 
 namespace {
 
-template <typename To, typename From>
-void copy_typed(const Tensor& dst, const Tensor& src) {
-  To* d = static_cast<To*>(dst.raw_data());
-  const From* s = static_cast<const From*>(src.raw_data());
-  StridedLoop<2> loop(dst.shape(), {&dst.strides(), &src.strides()});
-  int64_t inner = std::max<int64_t>(loop.inner_size(), 1);
-  int64_t grain = std::max<int64_t>(1, 32768 / inner);
-  parallel_for(0, loop.outer_count(), grain, [&](int64_t b, int64_t e) {
-    loop.run(b, e, [&](const auto& off, int64_t n, const auto& st) {
-      To* dp = d + off[0];
-      const From* sp = s + off[1];
-      if (st[0] == 1 && st[1] == 1) {
-        for (int64_t i = 0; i < n; ++i) dp[i] = convert_value<To>(sp[i]);
-      } else {
-        for (int64_t i = 0; i < n; ++i) dp[i * st[0]] = convert_value<To>(sp[i * st[1]]);
-      }
-    });
-  });
+// dst = src on one device: the host loop for the CPU and for devices that run CPU kernels,
+// the device's own kernel otherwise.
+void same_device_copy(const Tensor& dst, const Tensor& src) {
+  Device d = dst.device();
+  if (d.is_cpu()) return cpu::copy(dst, src);
+  DeviceBackend& backend = device_backend(d);
+  if (!backend.runs_cpu_kernels()) return backend.copy_strided(dst, src);
+  KernelScope scope(d);
+  cpu::copy(dst, src);
+}
+
+// Bytes from one contiguous tensor to another of the same dtype and shape on another device.
+void move_bytes(const Tensor& to, const Tensor& from) {
+  Device td = to.device(), fd = from.device();
+  if (!td.is_cpu() && !fd.is_cpu() && td.type != fd.type) {  // two device types: through the host
+    Tensor host = Tensor::empty(from.shape(), from.dtype(), Device{});
+    move_bytes(host, from);
+    move_bytes(to, host);
+    return;
+  }
+  Device side = td.is_cpu() ? fd : td;
+  device_backend(side).copy_bytes(to.raw_data(), td, from.raw_data(), fd, to.nbytes(), Stream{side, 0});
 }
 
 }  // namespace
@@ -200,9 +202,18 @@ void copy_typed(const Tensor& dst, const Tensor& src) {
 void copy(const Tensor& dst, const Tensor& src) {
   if (dst.is_meta() || src.is_meta()) return;  // tracing: the copy's place in the step is what counts
   Tensor s = src.shape() == dst.shape() ? src : expand(src, dst.shape());
-  TESSEL_DISPATCH_ALL(dst.dtype(), "copy", [&]<typename To>() {
-    TESSEL_DISPATCH_ALL(s.dtype(), "copy", [&]<typename From>() { copy_typed<To, From>(dst, s); });
-  });
+  if (dst.numel() == 0) return;
+  if (dst.device() == s.device()) return same_device_copy(dst, s);
+  // Across devices bytes move between contiguous tensors of dst's dtype; conversion and
+  // striding happen on whichever side needs them.
+  Tensor from = s;
+  if (s.dtype() != dst.dtype() || !s.is_contiguous()) {
+    from = Tensor::empty(s.shape(), dst.dtype(), s.device());
+    same_device_copy(from, s);
+  }
+  Tensor to = dst.is_contiguous() ? dst : Tensor::empty(dst.shape(), dst.dtype(), dst.device());
+  move_bytes(to, from);
+  if (!to.is_same(dst)) same_device_copy(dst, to);
 }
 
 Tensor to_dtype(const Tensor& t, DType dtype) {
@@ -213,15 +224,13 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
 }
 
 void fill(const Tensor& t, double value) {
-  if (t.is_meta()) return;
-  TESSEL_DISPATCH_ALL(t.dtype(), "fill", [&]<typename T>() {
-    T v = convert_value<T>(value);
-    T* p = static_cast<T*>(t.raw_data());
-    StridedLoop<1> loop(t.shape(), {&t.strides()});
-    loop.run([&](const auto& off, int64_t n, const auto& st) {
-      for (int64_t i = 0; i < n; ++i) p[off[0] + i * st[0]] = v;
-    });
-  });
+  if (t.is_meta() || t.numel() == 0) return;
+  Device d = t.device();
+  if (d.is_cpu()) return cpu::fill(t, value);
+  DeviceBackend& backend = device_backend(d);
+  if (!backend.runs_cpu_kernels()) return backend.fill(t, value);
+  KernelScope scope(d);
+  cpu::fill(t, value);
 }
 
 }  // namespace tessel::view

@@ -73,6 +73,40 @@ std::vector<TensorMeta> metas_of(std::span<const Tensor> inputs) {
   return m;
 }
 
+// The one device of an op's defined inputs; throws naming the op, the tensors and their devices
+// when they are on two.
+Device common_device(const OpDef& op, std::span<const Tensor> inputs) {
+  const Tensor* first = nullptr;
+  for (const Tensor& t : inputs) {
+    if (!t.defined()) continue;
+    if (first == nullptr) {
+      first = &t;
+    } else if (t.device() != first->device()) {
+      std::string list;
+      for (size_t i = 0; i < inputs.size(); ++i)
+        if (inputs[i].defined())
+          list += fmt::format("{}input {} {} on {}", list.empty() ? "" : ", ", i, inputs[i].str(),
+                              inputs[i].device().str());
+      TESSEL_THROW("{}: inputs on two devices ({}); move them to one with Tensor::to", op.name, list);
+    }
+  }
+  return first != nullptr ? first->device() : current_device();
+}
+
+// The kernels `op` runs on `device`, and whether they are the CPU's run inside a kernel scope.
+struct Kernels {
+  ForwardFn forward = nullptr;
+  BackwardFn backward = nullptr;
+  bool scoped = false;
+};
+Kernels kernels_for(const OpDef& op, Device device) {
+  if (device.is_cpu()) return {op.forward, op.backward, false};
+  if (const DeviceKernel* k = find_kernel(op, device.type))
+    return {k->forward, k->backward != nullptr ? k->backward : op.backward, false};
+  if (device_backend(device).runs_cpu_kernels()) return {op.forward, op.backward, true};
+  TESSEL_THROW("{}: no kernel for device {} (this op has kernels for: {})", op.name, device.str(), kernel_types(op));
+}
+
 void check_arity(const OpDef& op, size_t n) {
   TESSEL_CHECK(op.num_inputs < 0 || static_cast<size_t>(op.num_inputs) == n, "{}: expected {} inputs, got {}", op.name,
                op.num_inputs, n);
@@ -93,7 +127,13 @@ bool structural(const OpDef& op) {
 
 std::vector<TensorMeta> infer_op(const OpDef& op, std::span<const TensorMeta> metas, const Attrs& attrs) {
   check_arity(op, metas.size());
-  return op.infer(MetaCall{op, metas, attrs});
+  std::vector<TensorMeta> out = op.infer(MetaCall{op, metas, attrs});
+  // Outputs live where the inputs do (ops with no inputs make theirs on the current device).
+  Device device = metas.empty() ? current_device() : metas[0].device;
+  for (const TensorMeta& m : metas)
+    TESSEL_CHECK(m.device == device, "{}: inputs on two devices ({} and {})", op.name, device.str(), m.device.str());
+  for (TensorMeta& m : out) m.device = device;
+  return out;
 }
 
 Cost op_cost(const OpDef& op, std::span<const TensorMeta> metas, const Attrs& attrs) {
@@ -105,22 +145,33 @@ std::vector<Tensor> run_kernel(const OpDef& op, std::span<const Tensor> inputs, 
   for (size_t i = 0; i < inputs.size(); ++i)
     TESSEL_CHECK(inputs[i].defined(), "{}: input {} is an undefined tensor", op.name, i);
   ProfileScope profile_scope(op.name);
+  const Device device = common_device(op, inputs);
   std::vector<TensorMeta> metas = metas_of(inputs);
   std::vector<TensorMeta> out_metas = infer_op(op, metas, attrs);
   if (tracing_ops())
     trace_cost(op.name, op.cost ? op.cost(MetaCall{op, metas, attrs}, out_metas) : Cost{}, false,
                product_sizes(op, metas, attrs));
+  DeviceScope device_scope(device);  // what the kernel makes without naming a device lands here
   if (meta_mode()) {
     if (structural(op)) return op.forward(OpCall{op, inputs, attrs, out_metas});
     std::vector<Tensor> outs;
     for (const TensorMeta& m : out_metas) outs.push_back(Tensor::empty(m));
     return outs;
   }
-  std::vector<Tensor> outs = op.forward(OpCall{op, inputs, attrs, out_metas});
+  const Kernels k = kernels_for(op, device);
+  std::vector<Tensor> outs;
+  if (k.scoped) {
+    KernelScope kernel_scope(device);
+    outs = k.forward(OpCall{op, inputs, attrs, out_metas});
+  } else {
+    outs = k.forward(OpCall{op, inputs, attrs, out_metas});
+  }
   TESSEL_ASSERT(outs.size() == out_metas.size(), "{} forward made {} outputs, infer said {}", op.name, outs.size(),
                 out_metas.size());
   for (const Tensor& o : outs) {
     TESSEL_ASSERT(o.defined(), "{} forward returned an undefined output", op.name);
+    TESSEL_ASSERT(o.device() == device, "{}'s kernel for {} made an output on {}", op.name, device.str(),
+                  o.device().str());
     for (const Tensor& in : inputs)
       TESSEL_ASSERT(!o.is_same(in), "{} forward returned its input's handle; return a view or detach()", op.name);
   }
@@ -133,6 +184,7 @@ std::vector<Tensor> run_backward(const GradCall& call) {
     trace_cost(call.op.name, backward_cost(call.op, call.input_metas, outs, call.attrs, call.needs_grad), true,
                product_sizes(call.op, call.input_metas, call.attrs));
   }
+  const Device device = call.input_metas.empty() ? current_device() : call.input_metas[0].device;
   if (!meta_mode()) {
     RankContext& ctx = rank_context();
     ++ctx.op_backward_depth;  // what the backward calls is its own work
@@ -140,7 +192,12 @@ std::vector<Tensor> run_backward(const GradCall& call) {
       RankContext& ctx;
       ~Leave() { --ctx.op_backward_depth; }
     } leave{ctx};
-    return call.op.backward(call);
+    DeviceScope device_scope(device);
+    const Kernels k = kernels_for(call.op, device);
+    TESSEL_ASSERT(k.backward != nullptr, "{} has no backward", call.op.name);
+    if (!k.scoped) return k.backward(call);
+    KernelScope kernel_scope(device);
+    return k.backward(call);
   }
   std::vector<Tensor> grads(call.input_metas.size());
   for (size_t i = 0; i < grads.size(); ++i)

@@ -23,6 +23,7 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
     view::copy(dst, f);
     return;
   }
+  kernels::check_same_device("add_", dst, src);
   Tensor s = src.dtype() == dst.dtype() ? src : view::to_dtype(src, dst.dtype());
   if (s.shape() != dst.shape()) s = view::expand(s, dst.shape());
   auto run = [&]<typename T>() {
@@ -46,7 +47,7 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
       });
     });
   };
-  TESSEL_DISPATCH_FLOAT(dst.dtype(), "add_", run);
+  kernels::host_kernel("add_", dst.device(), [&] { TESSEL_DISPATCH_FLOAT(dst.dtype(), "add_", run); });
 }
 
 void scale_(const Tensor& dst, double alpha) {
@@ -61,11 +62,13 @@ void scale_(const Tensor& dst, double alpha) {
     view::copy(dst, g);
     return;
   }
-  TESSEL_DISPATCH_FLOAT(dst.dtype(), "scale_", [&]<typename T>() {
-    T a = static_cast<T>(alpha);
-    T* d = dst.data<T>();
-    parallel_for(0, dst.numel(), kernels::kElementGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) d[i] *= a;
+  kernels::host_kernel("scale_", dst.device(), [&] {
+    TESSEL_DISPATCH_FLOAT(dst.dtype(), "scale_", [&]<typename T>() {
+      T a = static_cast<T>(alpha);
+      T* d = dst.data<T>();
+      parallel_for(0, dst.numel(), kernels::kElementGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) d[i] *= a;
+      });
     });
   });
 }

@@ -12,6 +12,11 @@
 
 namespace tessel::kernels {
 
+void check_same_device(std::string_view what, const Tensor& a, const Tensor& b) {
+  TESSEL_CHECK(a.device() == b.device(), "{}: {} is on {} but {} is on {}; move one with Tensor::to", what, a.str(),
+               a.device().str(), b.str(), b.device().str());
+}
+
 std::string inputs_str(const MetaCall& call) {
   std::string out;
   for (const TensorMeta& m : call.inputs) out += (out.empty() ? "" : ", ") + m.str();

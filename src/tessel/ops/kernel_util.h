@@ -25,6 +25,20 @@ void check_index(const MetaCall& call, size_t i);
 // "f32[2, 3], f32[3]" — the inputs, for error messages.
 std::string inputs_str(const MetaCall& call);
 
+// Runs the CPU kernel `fn` on tensors of `device` that no registered op covers (the in-place
+// updates, kernels composed by hand): directly on the CPU, inside a kernel scope on a device
+// that runs CPU kernels; on any other device it throws naming `what` and the device, until
+// that device has a kernel of its own for it.
+template <typename F>
+void host_kernel(std::string_view what, Device device, F&& fn) {
+  if (device.is_cpu()) return fn();
+  TESSEL_CHECK(device_backend(device).runs_cpu_kernels(), "{}: no kernel for device {}", what, device.str());
+  KernelScope scope(device);
+  fn();
+}
+// Throws unless `a` and `b` are on one device, naming `what` and both tensors.
+void check_same_device(std::string_view what, const Tensor& a, const Tensor& b);
+
 // Contiguous view of `t` (the tensor itself when already contiguous).
 inline Tensor contig(const Tensor& t) { return view::contiguous(t); }
 

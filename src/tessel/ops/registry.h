@@ -2,6 +2,7 @@
 #pragma once
 
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "tessel/ops/op.h"
@@ -14,5 +15,23 @@ std::span<const OpDef* const> all_ops();
 const OpDef* find_op(std::string_view name);
 // The op called `name`; throws listing close names when absent.
 const OpDef& op_by_name(std::string_view name);
+
+// Kernels by device type — Paddle's kernel registry keyed by backend, ggml-backend's
+// supports_op. An OpDef's `forward` and `backward` are its CPU kernels; a device backend's
+// library registers its own for the ops it implements when it loads. A device that runs CPU
+// kernels (the guarded test device) uses the CPU's for every op it has none of its own for.
+// A registered backward of null means the op's backward composes other ops, which dispatch
+// by device themselves.
+struct DeviceKernel {
+  ForwardFn forward = nullptr;
+  BackwardFn backward = nullptr;
+};
+void register_kernel(const OpDef& op, DeviceType type, DeviceKernel kernel);
+// The kernel registered for `op` on `type` (the CPU's from the OpDef), or null.
+const DeviceKernel* find_kernel(const OpDef& op, DeviceType type);
+// Whether `op` can run on `device`: a kernel of its type, or CPU kernels it runs.
+bool supports_op(const OpDef& op, Device device);
+// "cpu, cuda": the device types `op` has kernels of, for messages.
+std::string kernel_types(const OpDef& op);
 
 }  // namespace tessel
