@@ -68,14 +68,11 @@ TEST(ShardedOptimizer, EveryStageUpdatesLikeOneRankOnTheSummedGradient) {
           const double norm = norms.back();
           const float clip = norm + 1e-6 > kMaxNorm ? static_cast<float>(kMaxNorm / (norm + 1e-6)) : 1.0f;
           for (size_t k = 0; k < kShapes.size(); ++k) {
-            float* p = want[k].data<float>();
-            const float* g = sums[k].data<float>();
-            const int64_t n = want[k].numel();
             if (options.kind == "adamw")
-              optim::adamw_update(p, g, m[k].data<float>(), v[k].data<float>(), n, t + 1, options.adamw, kLr,
-                                  kShapes[k].size() >= 2, clip);
+              optim::adamw_update(want[k], sums[k], m[k], v[k], t + 1, options.adamw, kLr, kShapes[k].size() >= 2,
+                                  clip);
             else
-              optim::sgd_update(p, g, m[k].data<float>(), n, t == 0, options.sgd, kLr, clip);
+              optim::sgd_update(want[k], sums[k], &m[k], t == 0, options.sgd, kLr, clip);
           }
         }
         ASSERT_GT(norms[0], kMaxNorm);  // the clip is exercised

@@ -209,15 +209,16 @@ Tensor SafetensorsFile::load(const std::string& name) const {
                                         "BOOL data must be 0 or 1",
                                         path_, name, static_cast<unsigned char>(*bad), bad - src));
   }
+  // Loaded tensors are host tensors: views of the mapping, or host memory of their own.
   if (e.dtype == "F16") {
-    Tensor t = Tensor::empty(e.shape, DType::f32);
-    float* out = t.data<float>();
+    auto out = std::make_shared<std::vector<float>>(static_cast<size_t>(numel));
     for (int64_t i = 0; i < numel; ++i) {
       uint16_t h;
       std::memcpy(&h, src + 2 * i, 2);
-      out[i] = half_to_float(h);
+      (*out)[static_cast<size_t>(i)] = half_to_float(h);
     }
-    return t;
+    auto storage = Storage::wrap(out->data(), out->size() * sizeof(float), Device{}, [out] {});
+    return Tensor::from_storage(storage, 0, e.shape, contiguous_strides(e.shape), DType::f32);
   }
   if (reinterpret_cast<uintptr_t>(src) % fd->size == 0) {
     auto keep = mapping_;
@@ -225,7 +226,7 @@ Tensor SafetensorsFile::load(const std::string& name) const {
     // The mapping is private and read-only: copy before writing into these tensors.
     return Tensor::from_storage(storage, 0, e.shape, contiguous_strides(e.shape), fd->dtype);
   }
-  Tensor t = Tensor::empty(e.shape, fd->dtype);
+  Tensor t = Tensor::empty(e.shape, fd->dtype, Device{});
   std::memcpy(t.raw_data(), src, e.end - e.begin);
   return t;
 }
@@ -287,7 +288,7 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   std::vector<Tensor> contiguous;
   for (const auto& [name, t] : tensors) {
     TESSEL_CHECK_AS(CheckpointError, t.defined(), "save_safetensors '{}': tensor \"{}\" is undefined", path, name);
-    Tensor c = view::contiguous(t);
+    Tensor c = view::contiguous(t.to(Device{}));  // written from host memory
     entries.push_back({name, safetensors_dtype(c.dtype()), c.shape(), offset, offset + c.nbytes()});
     offset += c.nbytes();
     contiguous.push_back(c);

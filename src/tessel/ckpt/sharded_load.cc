@@ -231,17 +231,24 @@ void CheckpointReader::read_into(const std::vector<CheckpointTensor>& targets, i
     const CheckpointTensor* target;
     const Where* where;
     Shape offset, extent;
-    Tensor piece, buf;  // buf: where the bytes land (the piece itself when no conversion is needed)
-    std::vector<uint16_t> halves;
+    Tensor piece;
+    // Where the bytes land: the piece itself when it is host memory of the file's dtype, else
+    // host staging (`host`, in the file's dtype; f16 is widened into `widened`), copied into the
+    // piece on its device afterwards.
+    bool direct = false;
+    std::vector<char> host;
+    std::vector<float> widened;
   };
   std::vector<Job> jobs;
   for (const CheckpointTensor& t : targets) {
-    Job job{&t, where_.at(t.name).get(), {}, {}, {}, {}, {}};
+    Job job{&t, where_.at(t.name).get(), {}, {}, {}, false, {}, {}};
     if (!box_of(t.value, job.offset, job.extent, job.piece)) continue;
     const bool f16 = job.where->dtype == "F16";
-    const bool direct = !f16 && safetensors_tessel_dtype(job.where->dtype) == job.piece.dtype() && job.piece.is_contiguous();
-    job.buf = direct ? job.piece : Tensor::empty(job.extent, f16 ? DType::f32 : safetensors_tessel_dtype(job.where->dtype));
-    if (f16) job.halves.resize(static_cast<size_t>(shape_numel(job.extent)));
+    job.direct = !f16 && safetensors_tessel_dtype(job.where->dtype) == job.piece.dtype() && job.piece.is_contiguous() &&
+                 host_accessible(job.piece.device());
+    if (!job.direct)
+      job.host.resize(static_cast<size_t>(shape_numel(job.extent)) * safetensors_dtype_size(job.where->dtype));
+    if (f16) job.widened.resize(static_cast<size_t>(shape_numel(job.extent)));
     jobs.push_back(std::move(job));
   }
   // Checks the saved pieces of a job's tensor against the bytes just read (in the file's dtype):
@@ -282,7 +289,7 @@ void CheckpointReader::read_into(const std::vector<CheckpointTensor>& targets, i
     Job& job = jobs[i];
     const Where& w = *job.where;
     const uint64_t es = safetensors_dtype_size(w.dtype);
-    char* dst = job.halves.empty() ? static_cast<char*>(job.buf.raw_data()) : reinterpret_cast<char*>(job.halves.data());
+    char* dst = job.direct ? static_cast<char*>(job.piece.raw_data()) : job.host.data();
     const int fd = fds.get(w.file);
     // Pieces are in the value's coordinates; the file holds the same row-major elements.
     for_each_run(job.target->value.shape(), job.offset, job.extent, [&](int64_t at, int64_t from, int64_t count) {
@@ -291,11 +298,16 @@ void CheckpointReader::read_into(const std::vector<CheckpointTensor>& targets, i
       bytes += count * static_cast<int64_t>(es);
     });
     if (verify != nullptr) check_read(job, dst, es, *verify);
-    if (!job.halves.empty()) widen_f16(job.halves.data(), job.buf.data<float>(), job.halves.size());
+    if (!job.widened.empty())
+      widen_f16(reinterpret_cast<const uint16_t*>(job.host.data()), job.widened.data(), job.widened.size());
   });
-  for (Job& job : jobs)
-    if (job.buf.raw_data() != job.piece.raw_data())
-      copy_(job.piece, job.buf.dtype() == job.piece.dtype() ? job.buf : cast(job.buf, job.piece.dtype()));
+  for (Job& job : jobs) {
+    if (job.direct) continue;
+    const Tensor staged = job.widened.empty()
+                              ? Tensor::borrow_host(job.host.data(), job.extent, safetensors_tessel_dtype(job.where->dtype))
+                              : Tensor::borrow_host(job.widened.data(), job.extent, DType::f32);
+    copy_(job.piece, staged);  // converts and moves to the piece's device
+  }
   fds.finish(/*sync=*/false);
   bytes_read_ += bytes.load();
 }

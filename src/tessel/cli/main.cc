@@ -13,10 +13,27 @@
 #include "tessel/cli/commands.h"
 #include "tessel/core/context.h"
 #include "tessel/core/error.h"
+#if defined(TESSEL_HAVE_CUDA)
+#include "tessel/ops/cuda/kernels.h"
+#endif
 
 using namespace tessel;
 
 namespace {
+
+// "devices: cpu; cuda:0 NVIDIA H200 (sm_90, 139.8 GiB)", or why there is no GPU.
+std::string devices_description() {
+  std::string out = "devices: cpu";
+#if defined(TESSEL_HAVE_CUDA)
+  DeviceBackend* cuda = find_device_backend(DeviceType::cuda);
+  int n = cuda != nullptr ? cuda->device_count() : 0;
+  if (n == 0) out += "; CUDA backend built, no GPU found";
+  for (int i = 0; i < n; ++i) out += fmt::format("; cuda:{} {}", i, cuda->describe(i));
+#else
+  out += "; built without CUDA";
+#endif
+  return out;
+}
 
 CLI::Validator whole_number(int64_t least, const char* what, const char* name) {
   return CLI::Validator(
@@ -37,9 +54,14 @@ const CLI::Validator tessel::kNonNegativeCount = whole_number(0, "a whole number
 
 int main(int argc, char** argv) {
   quiet_blas_workers();
+#if defined(TESSEL_HAVE_CUDA)
+  cuda::install();
+#endif
   CLI::App app{"tessel: train large networks across many devices from a program written for one"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", fmt::format("tessel 0.1.0 ({})", blas_kernels_description()));
+  app.set_version_flag("--version", [] {
+    return fmt::format("tessel 0.1.0 ({})\n{}", blas_kernels_description(), devices_description());
+  });
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return fmt::format("error: {}\nRun with --help for more information.\n", e.what());
   });

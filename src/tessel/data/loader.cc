@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "tessel/core/context.h"
 #include "tessel/core/error.h"
 #include "tessel/core/view.h"
 
@@ -11,12 +12,12 @@ namespace tessel {
 PackedDocuments pack_documents(const Tensor& inputs, int64_t eot) {
   TESSEL_CHECK(inputs.dim() == 2 && inputs.dtype() == DType::i64, "pack_documents: token ids must be i64 [rows, S], "
                "got {}", inputs.str());
-  const Tensor in = view::contiguous(inputs);
-  const int64_t rows = in.size(0), S = in.size(1);
-  PackedDocuments out{Tensor::empty({rows, S}, DType::i64), Tensor::empty({rows, S}, DType::i64)};
-  const int64_t* x = in.data<int64_t>();
-  int64_t* starts = out.doc_starts.data<int64_t>();
-  int64_t* pos = out.positions.data<int64_t>();
+  const int64_t rows = inputs.size(0), S = inputs.size(1);
+  DeviceScope on(inputs.device());  // the results go where the ids are
+  if (inputs.is_meta()) return {Tensor::empty({rows, S}, DType::i64), Tensor::empty({rows, S}, DType::i64)};
+  // Host work on a host copy of the ids (they may live on a device).
+  const std::vector<int64_t> x = inputs.to_vector<int64_t>();
+  std::vector<int64_t> starts(x.size()), pos(x.size());
   for (int64_t r = 0; r < rows; ++r) {
     int64_t n = 0, start = 0;
     starts[r * S + n++] = 0;
@@ -27,9 +28,9 @@ PackedDocuments pack_documents(const Tensor& inputs, int64_t eot) {
         starts[r * S + n++] = start;
       }
     }
-    std::fill(starts + r * S + n, starts + (r + 1) * S, S);
+    std::fill(starts.begin() + r * S + n, starts.begin() + (r + 1) * S, S);
   }
-  return out;
+  return {Tensor::from_vector(starts, {rows, S}), Tensor::from_vector(pos, {rows, S})};
 }
 
 Batch make_batch(const TokenDataset& data, const Sampler& sampler, int64_t step, int64_t first_row, int64_t rows) {
@@ -39,17 +40,21 @@ Batch make_batch(const TokenDataset& data, const Sampler& sampler, int64_t step,
                sampler.global_batch());
   Batch b;
   b.step = step;
-  b.inputs = Tensor::empty({rows, S}, DType::i64);
-  b.targets = Tensor::empty({rows, S}, DType::i64);
-  if (b.inputs.is_meta()) return b;  // tracing (meta mode): the batch's shape is all there is
-  int64_t* in = b.inputs.data<int64_t>();
-  int64_t* tg = b.targets.data<int64_t>();
+  if (meta_mode()) {  // tracing: the batch's shape is all there is
+    b.inputs = Tensor::empty({rows, S}, DType::i64);
+    b.targets = Tensor::empty({rows, S}, DType::i64);
+    return b;
+  }
+  // Assembled on the host, then placed on the rank's current device.
+  std::vector<int64_t> in(static_cast<size_t>(rows * S)), tg(static_cast<size_t>(rows * S));
   std::vector<int64_t> buf(static_cast<size_t>(S + 1));
   for (int64_t r = 0; r < rows; ++r) {
     data.read(sampler.start(step, first_row + r), S + 1, buf.data());
-    std::copy(buf.begin(), buf.end() - 1, in + r * S);
-    std::copy(buf.begin() + 1, buf.end(), tg + r * S);
+    std::copy(buf.begin(), buf.end() - 1, in.begin() + r * S);
+    std::copy(buf.begin() + 1, buf.end(), tg.begin() + r * S);
   }
+  b.inputs = Tensor::from_vector(in, {rows, S});
+  b.targets = Tensor::from_vector(tg, {rows, S});
   return b;
 }
 

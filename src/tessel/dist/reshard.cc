@@ -11,6 +11,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/philox.h"
 #include "tessel/core/view.h"
+#include "tessel/ops/inplace.h"
 #include "tessel/dist/mesh_comm.h"
 
 namespace tessel {
@@ -93,11 +94,7 @@ Tensor run_step(const Tensor& x, const ReshardStep& s, const ProcessMesh& mesh, 
       if (op == ReduceOp::avg) {
         piece = view::to_dtype(x, dt == DType::bf16 ? DType::f32 : dt);
         piece = view::clone(piece);
-        if (!piece.is_meta())  // tracing: no values to scale
-          TESSEL_DISPATCH_FLOAT(piece.dtype(), "reshard", [&]<typename T>() {
-            T* p = piece.data<T>();
-            for (int64_t i = 0; i < piece.numel(); ++i) p[i] *= static_cast<T>(k);
-          });
+        if (!piece.is_meta()) scale_(piece, static_cast<double>(k));  // tracing: no values to scale
       }
       view::copy(view::slice(out, d, split_offset(e, k, c), split_offset(e, k, c) + split_size(e, k, c)), piece);
       return out;

@@ -63,9 +63,9 @@ Routing route_tokens(const Tensor& logits, const RouterOptions& o) {
         r.dropped += std::max<int64_t>(n - capacity, 0);
       }
   } else {
-    const Tensor ex = view::contiguous(experts);
+    // The dispatch order is host control flow: decided on host copies of the choices.
+    const std::vector<int64_t> pe = experts.to_vector<int64_t>();
     const std::vector<double> sv = view::contiguous(top).to_doubles();
-    const int64_t* pe = ex.data<int64_t>();
     keep.assign(static_cast<size_t>(T * k), 1.0);
     std::vector<std::vector<int64_t>> kept(static_cast<size_t>(E));  // per expert, in token order
     for (int64_t g = 0; g < groups; ++g) {
@@ -96,8 +96,8 @@ Routing route_tokens(const Tensor& logits, const RouterOptions& o) {
   }
   r.dropped_fraction = T * k > 0 ? static_cast<double>(r.dropped) / static_cast<double>(T * k) : 0.0;
   if (r.dropped > 0) {
-    Tensor mask = Tensor::empty({T, k}, DType::f64);
-    if (!meta) std::copy(keep.begin(), keep.end(), mask.data<double>());
+    DeviceScope on(weights.device());
+    Tensor mask = meta ? Tensor::empty({T, k}, DType::f64) : Tensor::from_vector(keep, {T, k});
     weights = mul(weights, cast(mask, weights.dtype()));
   }
   r.weights = weights;
@@ -107,9 +107,10 @@ Routing route_tokens(const Tensor& logits, const RouterOptions& o) {
   // group's mean score.
   if (o.group_shards > 1) o.sum_over_shards(chose);
   const auto whole = static_cast<double>(G * o.group_shards);
-  Tensor f = Tensor::empty({groups, E}, DType::f64);
-  if (!meta)
-    for (size_t i = 0; i < chose.size(); ++i) f.data<double>()[i] = chose[i] / (whole * static_cast<double>(k));
+  std::vector<double> fv(chose.size());
+  for (size_t i = 0; i < chose.size(); ++i) fv[i] = chose[i] / (whole * static_cast<double>(k));
+  DeviceScope on_scores(scores.device());
+  Tensor f = meta ? Tensor::empty({groups, E}, DType::f64) : Tensor::from_vector(fv, {groups, E});
   const Tensor per_group = reshape(scores, {groups, G, E});
   const Tensor P = o.group_shards == 1 ? mean(per_group, {1}) : scale(sum(per_group, {1}), 1.0 / whole);
   r.aux_loss = scale(mean(sum(mul(P, cast(f, P.dtype())), {1})), static_cast<double>(E));

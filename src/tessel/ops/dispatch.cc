@@ -102,7 +102,7 @@ struct Kernels {
 Kernels kernels_for(const OpDef& op, Device device) {
   if (device.is_cpu()) return {op.forward, op.backward, false};
   if (const DeviceKernel* k = find_kernel(op, device.type))
-    return {k->forward, k->backward != nullptr ? k->backward : op.backward, false};
+    return {k->forward, k->backward != nullptr ? k->backward : k->composite_backward ? op.backward : nullptr, false};
   if (device_backend(device).runs_cpu_kernels()) return {op.forward, op.backward, true};
   TESSEL_THROW("{}: no kernel for device {} (this op has kernels for: {})", op.name, device.str(), kernel_types(op));
 }
@@ -194,7 +194,8 @@ std::vector<Tensor> run_backward(const GradCall& call) {
     } leave{ctx};
     DeviceScope device_scope(device);
     const Kernels k = kernels_for(call.op, device);
-    TESSEL_ASSERT(k.backward != nullptr, "{} has no backward", call.op.name);
+    TESSEL_CHECK(k.backward != nullptr, "{}: no backward kernel for device {} (the forward has one)", call.op.name,
+                 device.str());
     if (!k.scoped) return k.backward(call);
     KernelScope kernel_scope(device);
     return k.backward(call);

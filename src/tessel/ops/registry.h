@@ -20,11 +20,13 @@ const OpDef& op_by_name(std::string_view name);
 // supports_op. An OpDef's `forward` and `backward` are its CPU kernels; a device backend's
 // library registers its own for the ops it implements when it loads. A device that runs CPU
 // kernels (the guarded test device) uses the CPU's for every op it has none of its own for.
-// A registered backward of null means the op's backward composes other ops, which dispatch
-// by device themselves.
+// A registered kernel without a backward uses the OpDef's when `composite_backward` says that
+// backward only calls other ops (which dispatch by device themselves); else the op has no
+// backward on that device and a backward through it fails naming the op and the device.
 struct DeviceKernel {
   ForwardFn forward = nullptr;
   BackwardFn backward = nullptr;
+  bool composite_backward = false;
 };
 void register_kernel(const OpDef& op, DeviceType type, DeviceKernel kernel);
 // The kernel registered for `op` on `type` (the CPU's from the OpDef), or null.

@@ -1,4 +1,4 @@
-// Optimizer state, update kernels, clipping and schedules.
+// Optimizer state, updates dispatched to the parameters' device, clipping and schedules.
 #include "tessel/optim/optimizer.h"
 
 #include <algorithm>
@@ -11,41 +11,19 @@
 #include "tessel/dist/dtensor.h"
 #include "tessel/dist/mesh_comm.h"
 #include "tessel/ops/inplace.h"
+#include "tessel/ops/kernel_util.h"
+#include "tessel/optim/cpu/updates.h"
 #include "tessel/ops/trace.h"
 
 namespace tessel::optim {
 
 namespace {
 
-struct AdamWScalars {
-  float decay, w1, b2, w2, step_size, bc2_sqrt, eps, grad_scale;
-};
-
-// The element loop on one chunk; restrict pointers let GCC vectorise it.
-void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v, int64_t n,
-                 AdamWScalars k) {
-  for (int64_t i = 0; i < n; ++i) {
-    float gi = g[i] * k.grad_scale;
-    float mi = m[i] + k.w1 * (gi - m[i]);
-    float vi = v[i] * k.b2 + k.w2 * gi * gi;
-    float denom = std::sqrt(vi) / k.bc2_sqrt + k.eps;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = p[i] * k.decay - k.step_size * (mi / denom);
-  }
-}
-
-void sgd_chunk(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n, bool first, float wd,
-               float mom, float damp, float lr, bool nesterov, float grad_scale) {
-  for (int64_t i = 0; i < n; ++i) {
-    float d = g[i] * grad_scale + wd * p[i];
-    if (mom != 0.0f) {
-      float b = first ? d : mom * buf[i] + damp * d;
-      buf[i] = b;
-      d = nesterov ? d + mom * b : b;
-    }
-    p[i] -= lr * d;
-  }
+// An update's operand: contiguous f32, of p's shape and on p's device.
+void check_operand(const char* what, const Tensor& p, const Tensor& t) {
+  TESSEL_CHECK(t.dtype() == DType::f32 && t.is_contiguous() && t.shape() == p.shape() && t.device() == p.device(),
+               "{}: operand {} on {} must be contiguous f32 like the parameter {} on {}", what, t.str(),
+               t.device().str(), p.str(), p.device().str());
 }
 
 // What an update reads and writes of parameter `p`: its data (this rank's piece when it is
@@ -70,29 +48,20 @@ Operands operands(const Tensor& p) {
 
 }  // namespace
 
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step, const AdamWOptions& o, double lr,
-                  bool decay, float grad_scale) {
-  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
-  AdamWScalars k{decay ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f,
-                 static_cast<float>(1.0 - o.beta1),
-                 static_cast<float>(o.beta2),
-                 static_cast<float>(1.0 - o.beta2),
-                 static_cast<float>(lr / bc1),
-                 static_cast<float>(std::sqrt(bc2)),
-                 static_cast<float>(o.eps),
-                 grad_scale};
-  parallel_for(0, n, 1 << 14, [&](int64_t lo, int64_t hi) { adamw_chunk(p + lo, g + lo, m + lo, v + lo, hi - lo, k); });
+void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, int64_t step,
+                  const AdamWOptions& o, double lr, bool decay, float grad_scale) {
+  for (const Tensor* t : {&g, &m, &v}) check_operand("adamw_update", p, *t);
+  if (p.is_meta()) return;
+  kernels::host_kernel("adamw_update", p.device(),
+                       [&] { cpu::adamw_update(p, g, m, v, step, o, lr, decay, grad_scale); });
 }
 
-void sgd_update(float* p, const float* g, float* buf, int64_t n, bool first_step, const SgdOptions& o, double lr,
+void sgd_update(const Tensor& p, const Tensor& g, const Tensor* buf, bool first_step, const SgdOptions& o, double lr,
                 float grad_scale) {
-  const float wd = static_cast<float>(o.weight_decay), mom = static_cast<float>(o.momentum);
-  const float damp = static_cast<float>(1.0 - o.dampening), lrf = static_cast<float>(lr);
-  parallel_for(0, n, 1 << 14, [&](int64_t lo, int64_t hi) {
-    sgd_chunk(p + lo, g + lo, buf ? buf + lo : nullptr, hi - lo, first_step, wd, mom, damp, lrf, o.nesterov,
-              grad_scale);
-  });
+  check_operand("sgd_update", p, g);
+  if (buf != nullptr) check_operand("sgd_update", p, *buf);
+  if (p.is_meta()) return;
+  kernels::host_kernel("sgd_update", p.device(), [&] { cpu::sgd_update(p, g, buf, first_step, o, lr, grad_scale); });
 }
 
 Optimizer::Optimizer(std::vector<ParamRef> params, double lr, std::vector<std::string> slots)
@@ -122,8 +91,8 @@ Tensor& Optimizer::slot(size_t i, const std::string& slot) {
   return t;
 }
 
-// The data of a state slot: its piece when distributed.
-static float* slot_data(Tensor& t) { return (is_dist(t) ? local_piece(t) : t).data<float>(); }
+// A state slot's tensor: its piece when distributed.
+static Tensor slot_local(const Tensor& t) { return is_dist(t) ? local_piece(t) : t; }
 
 std::map<std::string, Tensor> Optimizer::state_dict() const {
   std::map<std::string, Tensor> out = state_;
@@ -177,8 +146,7 @@ void AdamW::apply(float grad_scale) {
     Tensor& v = slot(i, "exp_avg_sq");
     // Decoupled weight decay on matrices (embeddings, projections), not on biases and norms.
     bool decay = params_[i].decay.value_or(params_[i].param.dim() >= 2);
-    adamw_update(data.data<float>(), g.data<float>(), slot_data(m), slot_data(v), data.numel(), step_, options_, lr_,
-                 decay, grad_scale);
+    adamw_update(data, g, slot_local(m), slot_local(v), step_, options_, lr_, decay, grad_scale);
   }
 }
 
@@ -197,26 +165,19 @@ void Sgd::apply(float grad_scale) {
     const auto [data, g] = operands(params_[i].param);
     if (!g.defined()) continue;
     bool first = options_.momentum != 0.0 && !state_.count(params_[i].name + ".momentum_buffer");
-    float* buf = options_.momentum != 0.0 ? slot_data(slot(i, "momentum_buffer")) : nullptr;
-    sgd_update(data.data<float>(), g.data<float>(), buf, data.numel(), first, options_, lr_, grad_scale);
+    Tensor buf = options_.momentum != 0.0 ? slot_local(slot(i, "momentum_buffer")) : Tensor();
+    sgd_update(data, g, buf.defined() ? &buf : nullptr, first, options_, lr_, grad_scale);
   }
-}
-
-// Σ x² in f64 with 8 independent partial sums (vectorisable; a fixed order).
-double sum_squares(const float* __restrict x, int64_t n) {
-  double acc[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(x[i + k]) * x[i + k];
-  double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
-  return s;
 }
 
 double sum_squares(const Tensor& x) {
   if (tracing_ops()) trace_cost("sum_squares", Cost{2.0 * static_cast<double>(x.numel()), static_cast<double>(x.nbytes())});
   if (x.is_meta()) return 0;
-  return sum_squares(x.data<float>(), x.numel());
+  TESSEL_CHECK(x.dtype() == DType::f32 && x.is_contiguous(), "sum_squares: expected a contiguous f32 tensor, got {}",
+               x.str());
+  double s = 0;
+  kernels::host_kernel("sum_squares", x.device(), [&] { s = cpu::sum_squares(x); });
+  return s;
 }
 
 double grad_sum_squares(const std::vector<Tensor>& params) {

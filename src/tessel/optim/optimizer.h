@@ -38,14 +38,17 @@ struct SgdOptions {
   bool nesterov = false;
 };
 
-// One AdamW step on n contiguous f32 elements (PyTorch's single-tensor AdamW, in f32):
+// One AdamW step in place on contiguous f32 tensors of one shape and device (PyTorch's
+// single-tensor AdamW, in f32), run on their device:
 // p *= 1 - lr·wd (if decay);  m += (1-β1)(g - m);  v = β2 v + (1-β2) g²;
 // p -= lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + eps).
-// The gradient read is g · grad_scale (a clipping coefficient applied on the fly).
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step, const AdamWOptions& o, double lr,
-                  bool decay, float grad_scale = 1.0f);
-// One SGD step (PyTorch semantics; the first step seeds the momentum buffer with the gradient).
-void sgd_update(float* p, const float* g, float* buf, int64_t n, bool first_step, const SgdOptions& o, double lr,
+// The gradient read is g · grad_scale (a clipping coefficient applied on the fly). A tensor
+// made in meta mode is left alone.
+void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, int64_t step,
+                  const AdamWOptions& o, double lr, bool decay, float grad_scale = 1.0f);
+// One SGD step (PyTorch semantics; the first step seeds the momentum buffer `buf`, null
+// without momentum, with the gradient).
+void sgd_update(const Tensor& p, const Tensor& g, const Tensor* buf, bool first_step, const SgdOptions& o, double lr,
                 float grad_scale = 1.0f);
 
 class Optimizer {
@@ -98,11 +101,9 @@ class Sgd : public Optimizer {
   SgdOptions options_;
 };
 
-// Σ x[i]² over n floats, in f64 with a fixed order (8 partial sums); the building block of
-// the gradient norm, for callers holding raw gradient slices.
-double sum_squares(const float* x, int64_t n);
-// The same over a contiguous f32 tensor; a tensor made in meta mode (tracing) adds its cost to
-// the rank's op trace and counts 0.
+// Σ x[i]² over a contiguous f32 tensor, in f64 with a fixed order (8 partial sums), on its
+// device: the building block of the gradient norm. A tensor made in meta mode (tracing) adds
+// its cost to the rank's op trace and counts 0.
 double sum_squares(const Tensor& x);
 
 // Σ over parameters of Σ grad² (in f64) — the square of the global gradient norm. Parameters

@@ -31,13 +31,14 @@ Tensor take_columns(const Tensor& x, const std::vector<int64_t>& cols) {
   const Tensor src = view::contiguous(x);
   const int64_t rows = src.size(0), S = src.size(1), n = static_cast<int64_t>(cols.size());
   TESSEL_ASSERT(src.dtype() == DType::i64, "take_columns: token ids are i64");
-  Tensor out = Tensor::empty({rows, n}, src.dtype());
-  if (meta_mode()) return out;  // a traced step: the shape is what counts
-  const int64_t* ps = src.data<int64_t>();
-  int64_t* po = out.data<int64_t>();
+  DeviceScope on(x.device());
+  if (meta_mode()) return Tensor::empty({rows, n}, src.dtype());  // a traced step: the shape is what counts
+  // Host work on a host copy of the ids, placed back on their device.
+  const std::vector<int64_t> ps = src.to_vector<int64_t>();
+  std::vector<int64_t> po(static_cast<size_t>(rows * n));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < n; ++j) po[r * n + j] = ps[r * S + cols[static_cast<size_t>(j)]];
-  return out;
+  return Tensor::from_vector(po, {rows, n});
 }
 
 ShardedLoader::ShardedLoader(std::shared_ptr<const TokenDataset> data, Sampler sampler, const Layout& layout,
@@ -68,10 +69,11 @@ std::vector<MicroBatch> ShardedLoader::batch(int64_t step) const {
     const auto first = order.begin() + split_offset(S, cp, at_cp);
     cols.assign(first, first + split_size(S, cp, at_cp));
     if (c.cp_method == "ring") {
-      Tensor pos = Tensor::empty({rows, static_cast<int64_t>(cols.size())}, DType::i64);
+      std::vector<int64_t> rows_of_cols;
       if (!meta_mode())
-        for (int64_t r = 0; r < rows; ++r)
-          std::copy(cols.begin(), cols.end(), pos.data<int64_t>() + r * static_cast<int64_t>(cols.size()));
+        for (int64_t r = 0; r < rows; ++r) rows_of_cols.insert(rows_of_cols.end(), cols.begin(), cols.end());
+      const Shape shape{rows, static_cast<int64_t>(cols.size())};
+      Tensor pos = meta_mode() ? Tensor::empty(shape, DType::i64) : Tensor::from_vector(rows_of_cols, shape);
       positions = dtensor_from_local(pos, mesh, layout_.ids_placements(), global);
     }
   }

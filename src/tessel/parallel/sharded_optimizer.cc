@@ -580,11 +580,10 @@ void ShardedOptimizer::update(size_t i, float clip, double lr) {
   }
   if (p.is_meta()) return;  // tracing: no values to update
   if (options_.kind == "adamw") {
-    optim::adamw_update(p.data<float>(), g.data<float>(), local_piece(s.m).data<float>(), local_piece(s.v).data<float>(),
-                        p.numel(), steps_, options_.adamw, lr, s.decay, clip);
+    optim::adamw_update(p, g, local_piece(s.m), local_piece(s.v), steps_, options_.adamw, lr, s.decay, clip);
   } else {
-    optim::sgd_update(p.data<float>(), g.data<float>(), local_piece(s.m).data<float>(), p.numel(), steps_ == 1,
-                      options_.sgd, lr, clip);
+    const Tensor buf = local_piece(s.m);
+    optim::sgd_update(p, g, &buf, steps_ == 1, options_.sgd, lr, clip);
   }
   if (!target.is_contiguous()) view::copy(target, p);
 }
