@@ -20,7 +20,9 @@ def train_command(tessel, src, steps, save_every):
             "--set", "train.seq_len=32", "--set", "train.global_batch=8", "--set", "train.micro_batch=8",
             "--set", f"train.steps={steps}", "--set", "train.warmup=0", "--set", f"train.save_every={save_every}",
             "--set", "train.memory_save_every=1", "--set", "train.threads=1", "--set", "log.every=1",
-            "--set", "parallel.dp=2", "--set", "parallel.tp=2", "--set", "parallel.sharding_stage=2"]
+            "--set", "parallel.dp=2", "--set", "parallel.tp=2", "--set", "parallel.sharding_stage=2",
+            # TESSEL_TEST_DEVICE=guarded: the same job on the guarded test device (docs/devices.md).
+            "--set", f"train.device={os.environ.get('TESSEL_TEST_DEVICE', 'cpu')}"]
 
 
 def losses(path):

@@ -370,7 +370,10 @@ PendingCheckpoint::PendingCheckpoint(const std::string& dir, const CheckpointCon
     Tensor piece;
     TESSEL_CHECK_AS(CheckpointWriteError, box_of(*held.at(p.name), offset, extent, piece),
                     "tensor \"{}\": this rank holds no piece of it", p.name);
-    m.sources[j] = snapshot ? view::clone(piece) : view::contiguous(piece);
+    // Files are written from host memory: a piece on a device is staged into a host copy here
+    // (a private copy, so it serves a snapshot too).
+    if (!host_accessible(piece.device())) m.sources[j] = piece.to(Device{});
+    else m.sources[j] = snapshot ? view::clone(piece) : view::contiguous(piece);
   }
   m.sums.resize(m.jobs.size());
   m.job_state.assign(m.jobs.size(), Impl::kWaiting);

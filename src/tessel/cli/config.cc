@@ -538,6 +538,7 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   t.memory_save_every = train.get("memory_save_every", t.memory_save_every);
   t.memory_dir = train.get("memory_dir", t.memory_dir);
   t.threads = train.get("threads", t.threads);
+  t.device = train.get("device", t.device);
   t.eval_every = train.get("eval_every", t.eval_every);
   t.eval_batches = train.get("eval_batches", t.eval_batches);
   train.finish();
@@ -629,6 +630,8 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   not_negative("train.keep_last", static_cast<double>(t.keep_last));
   not_negative("train.memory_save_every", static_cast<double>(t.memory_save_every));
   not_negative("train.threads", static_cast<double>(t.threads));
+  TESSEL_CHECK(t.device == "cpu" || t.device == "cuda" || t.device == "guarded",
+               "{}: config 'train.device' is '{}'; expected cpu, cuda or guarded", source, t.device);
   not_negative("train.eval_every", static_cast<double>(t.eval_every));
   positive("train.eval_batches", static_cast<double>(t.eval_batches));
   TESSEL_CHECK(c.data.val_fraction >= 0 && c.data.val_fraction <= 0.5,

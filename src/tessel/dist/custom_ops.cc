@@ -33,11 +33,13 @@
 #include "tessel/core/view.h"
 #include "tessel/dist/dispatch.h"
 #include "tessel/dist/dtensor.h"
+#include "tessel/dist/kernels/cross_entropy.h"
 #include "tessel/dist/mesh_comm.h"
 #include "tessel/dist/ring_attention.h"
 #include "tessel/ops/dispatch.h"
 #include "tessel/ops/fast_math.h"
 #include "tessel/ops/kernel_util.h"
+#include "tessel/ops/ops.h"
 #include "tessel/ops/trace.h"
 #include "tessel/sharding/spmd.h"
 
@@ -61,38 +63,20 @@ struct CrossEntropyState {
   bool mean = true;
 };
 
-// Rows per parallel_for chunk: about kernels::kElementGrain logits.
-int64_t row_grain(int64_t Cl) { return std::max<int64_t>(1, kernels::kElementGrain / std::max<int64_t>(1, Cl)); }
-
 // Fills st.lse and returns the loss (sum or mean over every rank's rows).
 template <typename T>
 double cross_entropy_forward(CrossEntropyState& st, const std::vector<int64_t>& class_dims,
                              const std::vector<int64_t>& row_dims, int64_t C) {
-  const int64_t R = st.R, Cl = st.Cl;
+  const int64_t R = st.R;
   const bool meta = st.x.is_meta();  // tracing: the same collectives, no arithmetic
-  const T* px = meta ? nullptr : st.x.data<T>();
   // The members of a class dim's group hold the same rows, so they skip its reductions together
   // when there are none.
   const std::vector<int64_t> reduce_dims = R > 0 ? class_dims : std::vector<int64_t>{};
   std::vector<T> m(static_cast<size_t>(R), -std::numeric_limits<T>::infinity());
   std::vector<T> sx(static_cast<size_t>(2 * R), T(0));  // s[R] then xt[R]
-  if (!meta)
-    parallel_for(0, R, row_grain(Cl), [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r)
-        for (int64_t c = 0; c < Cl; ++c) m[r] = px[r * Cl + c] > m[r] ? px[r * Cl + c] : m[r];
-    });
+  if (!meta) kernels::ce_row_max<T>(st.x, m);
   for (int64_t d : reduce_dims) mesh_dim_group(st.mesh, d)->all_reduce(m.data(), R, dtype_of<T>, ReduceOp::max);
-  if (!meta)
-    parallel_for(0, R, row_grain(Cl), [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r) {
-        const T* row = px + r * Cl;
-        T s = 0;
-        for (int64_t c = 0; c < Cl; ++c) s += fast::exp_t<T>(row[c] - m[r]);
-        sx[r] = s;
-        const int64_t t = st.targets[r] - st.c0;
-        if (st.targets[r] != st.ignore && t >= 0 && t < Cl) sx[R + r] = row[t];
-      }
-    });
+  if (!meta) kernels::ce_row_sums<T>(st.x, m, st.targets, st.c0, st.ignore, sx);
   for (int64_t d : reduce_dims) mesh_dim_group(st.mesh, d)->all_reduce(sx.data(), 2 * R, dtype_of<T>, ReduceOp::sum);
   st.lse.assign(static_cast<size_t>(R), 0.0);
   double acc[3] = {0, 0, 0};  // loss sum, non-ignored count, targets out of range
@@ -121,29 +105,11 @@ double cross_entropy_forward(CrossEntropyState& st, const std::vector<int64_t>& 
 // dx[R, Cl] for the loss gradient g.
 template <typename T>
 Tensor cross_entropy_backward(const CrossEntropyState& st, double g) {
-  const int64_t R = st.R, Cl = st.Cl;
   const T scale = static_cast<T>(st.mean ? g / std::max(st.count, 1.0) : g);
-  Tensor dx = Tensor::empty(st.x.shape(), st.x.dtype());
   if (tracing_ops())
     trace_cost("cross_entropy", Cost{3.0 * static_cast<double>(st.x.numel()), 2.0 * static_cast<double>(st.x.nbytes())}, true);
-  if (dx.is_meta()) return dx;
-  const T* px = st.x.data<T>();
-  T* pd = dx.data<T>();
-  parallel_for(0, R, row_grain(Cl), [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) {
-      T* d = pd + r * Cl;
-      if (st.targets[r] == st.ignore) {
-        std::fill(d, d + Cl, T(0));
-        continue;
-      }
-      const T* row = px + r * Cl;
-      const T lse = static_cast<T>(st.lse[r]);
-      for (int64_t c = 0; c < Cl; ++c) d[c] = fast::exp_t<T>(row[c] - lse) * scale;
-      const int64_t t = st.targets[r] - st.c0;
-      if (t >= 0 && t < Cl) d[t] -= scale;
-    }
-  });
-  return dx;
+  if (st.x.is_meta()) return Tensor::empty(st.x.shape(), st.x.dtype());
+  return kernels::ce_backward<T>(st.x, st.lse, st.targets, st.c0, st.ignore, scale);
 }
 
 // The loss gradient as a number on this rank (replicated first when it is distributed).
@@ -193,12 +159,7 @@ std::vector<Tensor> dist_cross_entropy(const OpDef& op, std::vector<Tensor>& inp
       std::vector<TensorMeta> local{st->x.meta(), t.meta()};
       trace_cost(op.name, op_cost(op, local, attrs));
     }
-    if (!t.is_meta()) {
-      TESSEL_DISPATCH_INDEX(t.dtype(), "cross_entropy", [&]<typename I>() {
-        const I* pt = t.data<I>();
-        for (int64_t r = 0; r < st->R; ++r) st->targets[r] = static_cast<int64_t>(pt[r]);
-      });
-    }
+    if (!t.is_meta()) st->targets = t.to_vector<int64_t>();  // host control: which class each row wants
     const double value = TESSEL_DISPATCH_FLOAT(dtype, "cross_entropy", [&]<typename T>() {
       return cross_entropy_forward<T>(*st, class_dims, row_dims, C);
     });
@@ -299,41 +260,37 @@ std::vector<Tensor> dist_max(const OpDef& op, std::vector<Tensor>& inputs, const
     std::vector<double> best(static_cast<size_t>(n)), first(static_cast<size_t>(n));
     const Shape local_shape = st->local_meta.shape;
     const Shape offset = st->in_attr.local_offset(st->global, me);
-    const int64_t* pi = st->index.data<int64_t>();
-    TESSEL_DISPATCH_FLOAT(st->values.dtype(), "max", [&]<typename T>() {
-      const T* pv = view::contiguous(st->values).template data<T>();
-      for (int64_t o = 0; o < n; ++o) best[o] = static_cast<double>(pv[o]);
-    });
+    // The selection is host control flow on host copies of the (output-sized) maxima.
+    const std::vector<int64_t> pi = st->index.to_vector<int64_t>();
+    const std::vector<double> pv = view::contiguous(st->values).to_doubles();
+    for (int64_t o = 0; o < n; ++o) best[o] = pv[o];
     for (int64_t d : st->select)
       mesh_dim_group(st->mesh, d)->all_reduce(best.data(), n, DType::f64, st->smallest ? ReduceOp::min : ReduceOp::max);
-    TESSEL_DISPATCH_FLOAT(st->values.dtype(), "max", [&]<typename T>() {
-      const T* pv = view::contiguous(st->values).template data<T>();
-      for (int64_t o = 0; o < n; ++o) {
-        if (reduced_local == 0 || static_cast<double>(pv[o]) != best[o]) {
-          first[o] = std::numeric_limits<double>::infinity();
-          continue;
-        }
-        // The local position (row-major over the local reduced dims) to a global one.
-        int64_t rem = pi[o];
-        double global = 0, stride = 1;
-        for (size_t j = st->dims.size(); j-- > 0;) {
-          const size_t d = static_cast<size_t>(st->dims[j]);
-          const int64_t coord = rem % local_shape[d] + offset[d];
-          rem /= local_shape[d];
-          global += static_cast<double>(coord) * stride;
-          stride *= static_cast<double>(st->global[d]);
-        }
-        first[o] = global;
+    for (int64_t o = 0; o < n; ++o) {
+      if (reduced_local == 0 || pv[o] != best[o]) {
+        first[o] = std::numeric_limits<double>::infinity();
+        continue;
       }
-    });
+      // The local position (row-major over the local reduced dims) to a global one.
+      int64_t rem = pi[o];
+      double global = 0, stride = 1;
+      for (size_t j = st->dims.size(); j-- > 0;) {
+        const size_t d = static_cast<size_t>(st->dims[j]);
+        const int64_t coord = rem % local_shape[d] + offset[d];
+        rem /= local_shape[d];
+        global += static_cast<double>(coord) * stride;
+        stride *= static_cast<double>(st->global[d]);
+      }
+      first[o] = global;
+    }
     std::vector<double> mine = first;
     for (int64_t d : st->select) mesh_dim_group(st->mesh, d)->all_reduce(first.data(), n, DType::f64, ReduceOp::min);
-    Tensor masked = view::clone(go);
-    TESSEL_DISPATCH_FLOAT(masked.dtype(), "max", [&]<typename T>() {
-      T* pg = masked.data<T>();
-      for (int64_t o = 0; o < n; ++o)
-        if (mine[o] != first[o]) pg[o] = T(0);
-    });
+    // The gradient stays where this rank holds the winner, 0 elsewhere.
+    std::vector<double> wins(static_cast<size_t>(n));
+    for (int64_t o = 0; o < n; ++o) wins[o] = mine[o] == first[o] ? 1.0 : 0.0;
+    DeviceScope on(go.device());
+    const Tensor keep = ne(Tensor::from_vector(wins, go.shape()), Tensor::scalar(0.0, DType::f64));
+    Tensor masked = where(keep, go, Tensor::zeros(go.shape(), go.dtype()));
     if (reduced_local == 0)
       return std::vector<Tensor>{wrap_dtensor(Tensor::zeros(local_shape, masked.dtype()), st->in_attr, st->global)};
     std::vector<Tensor> ins{Tensor()}, outs{st->values, st->index}, grads{masked};
@@ -377,32 +334,26 @@ std::vector<Tensor> dist_argmax(const OpDef& op, std::vector<Tensor>& inputs, co
   if (L > 0) {
     GradModeGuard no_grad(false);
     const std::vector<Tensor> in_local{local};
-    const Tensor idx = view::contiguous(run_kernel(op, in_local, attrs)[0]);
-    const int64_t* pi = idx.data<int64_t>();
+    // Host control on host copies: the local argmax and the values there.
+    const std::vector<int64_t> pi = run_kernel(op, in_local, attrs)[0].to_vector<int64_t>();
+    const std::vector<double> px = local.to_doubles();
     int64_t inner = 1;
     for (int64_t j = d + 1; j < local.dim(); ++j) inner *= local.size(j);
-    TESSEL_DISPATCH_ALL(local.dtype(), "argmax", [&]<typename T>() {
-      if constexpr (!std::is_same_v<T, bool>) {
-        const T* px = local.data<T>();
-        for (int64_t o = 0; o < n; ++o) {
-          const int64_t outer = o / inner, i = o % inner;
-          const T v = px[(outer * L + pi[o]) * inner + i];
-          if constexpr (std::is_same_v<T, BFloat16>) best[o] = static_cast<double>(static_cast<float>(v));
-          else best[o] = static_cast<double>(v);
-          first[o] = static_cast<double>(pi[o] + offset);
-        }
-      }
-    });
+    for (int64_t o = 0; o < n; ++o) {
+      const int64_t outer = o / inner, i = o % inner;
+      best[o] = px[static_cast<size_t>((outer * L + pi[o]) * inner + i)];
+      first[o] = static_cast<double>(pi[o] + offset);
+    }
   }
   std::vector<double> mine = best;
   for (int64_t m : select) mesh_dim_group(mesh, m)->all_reduce(best.data(), n, DType::f64, ReduceOp::max);
   for (int64_t o = 0; o < n; ++o)
     if (mine[o] != best[o]) first[o] = std::numeric_limits<double>::infinity();
   for (int64_t m : select) mesh_dim_group(mesh, m)->all_reduce(first.data(), n, DType::f64, ReduceOp::min);
-  Tensor out = Tensor::empty(out_local, DType::i64);
-  int64_t* po = out.data<int64_t>();
+  std::vector<int64_t> po(static_cast<size_t>(n));
   for (int64_t o = 0; o < n; ++o) po[o] = static_cast<int64_t>(first[o]);
-  return {wrap_dtensor(out, DistAttr(mesh, out_p), out_meta.shape)};
+  DeviceScope on(local.device());
+  return {wrap_dtensor(Tensor::from_vector(po, out_local), DistAttr(mesh, out_p), out_meta.shape)};
 }
 
 // ---------------------------------------------------------------- topk over a sharded dim
@@ -469,19 +420,16 @@ std::vector<Tensor> dist_topk(const OpDef& op, std::vector<Tensor>& inputs, cons
     local_attrs.set("k", mine);
     const std::vector<Tensor> in_local{local};
     const std::vector<Tensor> outs = run_kernel(op, in_local, local_attrs);
-    const Tensor v = view::contiguous(outs[0]), ix = view::contiguous(outs[1]);
-    const int64_t* pi = ix.data<int64_t>();
-    TESSEL_DISPATCH_FLOAT(v.dtype(), "topk", [&]<typename T>() {
-      const T* pv = v.data<T>();
-      for (int64_t o = 0; o < st->rows_outer; ++o)
-        for (int64_t j = 0; j < mine; ++j)
-          for (int64_t i = 0; i < st->inner; ++i) {
-            const int64_t src = (o * mine + j) * st->inner + i, row = o * st->inner + i;
-            if constexpr (std::is_same_v<T, BFloat16>) value[static_cast<size_t>(row * k + j)] = static_cast<float>(pv[src]);
-            else value[static_cast<size_t>(row * k + j)] = static_cast<double>(pv[src]);
-            pos[static_cast<size_t>(row * k + j)] = static_cast<double>(pi[src] + st->offset);
-          }
-    });
+    // Host copies of the (k-sized) candidates.
+    const std::vector<double> pv = outs[0].to_doubles();
+    const std::vector<int64_t> pi = outs[1].to_vector<int64_t>();
+    for (int64_t o = 0; o < st->rows_outer; ++o)
+      for (int64_t j = 0; j < mine; ++j)
+        for (int64_t i = 0; i < st->inner; ++i) {
+          const int64_t src = (o * mine + j) * st->inner + i, row = o * st->inner + i;
+          value[static_cast<size_t>(row * k + j)] = pv[static_cast<size_t>(src)];
+          pos[static_cast<size_t>(row * k + j)] = static_cast<double>(pi[static_cast<size_t>(src)] + st->offset);
+        }
   }
   // Merge over each mesh dim sharding the dim: gather every rank's k per row, keep the best k.
   for (int64_t m : select) {
@@ -507,21 +455,21 @@ std::vector<Tensor> dist_topk(const OpDef& op, std::vector<Tensor>& inputs, cons
       }
     }
   }
-  Tensor values = Tensor::empty(out_local, st->dtype), indices = Tensor::empty(out_local, DType::i64);
-  int64_t* po = indices.data<int64_t>();
+  const int64_t total = shape_numel(out_local);
+  std::vector<double> vals(static_cast<size_t>(total));
+  std::vector<int64_t> po(static_cast<size_t>(total));
   st->index.resize(static_cast<size_t>(rows * k));
-  TESSEL_DISPATCH_FLOAT(st->dtype, "topk", [&]<typename T>() {
-    T* pv = values.data<T>();
-    for (int64_t o = 0; o < st->rows_outer; ++o)
-      for (int64_t j = 0; j < k; ++j)
-        for (int64_t i = 0; i < st->inner; ++i) {
-          const int64_t dst = (o * k + j) * st->inner + i, row = o * st->inner + i;
-          pv[dst] = static_cast<T>(static_cast<float>(value[static_cast<size_t>(row * k + j)]));
-          if constexpr (std::is_same_v<T, double>) pv[dst] = value[static_cast<size_t>(row * k + j)];
-          po[dst] = static_cast<int64_t>(pos[static_cast<size_t>(row * k + j)]);
-          st->index[static_cast<size_t>(dst)] = po[dst];
-        }
-  });
+  for (int64_t o = 0; o < st->rows_outer; ++o)
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t i = 0; i < st->inner; ++i) {
+        const int64_t dst = (o * k + j) * st->inner + i, row = o * st->inner + i;
+        // The merged values are the candidates' own (f64 holds every f32 exactly).
+        vals[static_cast<size_t>(dst)] = value[static_cast<size_t>(row * k + j)];
+        po[static_cast<size_t>(dst)] = static_cast<int64_t>(pos[static_cast<size_t>(row * k + j)]);
+        st->index[static_cast<size_t>(dst)] = po[static_cast<size_t>(dst)];
+      }
+  DeviceScope on(local.device());
+  Tensor values = Tensor::from_doubles(vals, out_local, st->dtype), indices = Tensor::from_vector(po, out_local);
   Tensor out_values = wrap_dtensor(values, out_attr, metas[0].shape);
   Tensor out_indices = wrap_dtensor(indices, out_attr, metas[1].shape);
   record_function("topk (distributed)", {x}, {out_values}, [st](std::vector<Tensor>&& g) {
@@ -533,19 +481,19 @@ std::vector<Tensor> dist_topk(const OpDef& op, std::vector<Tensor>& inputs, cons
     Tensor gd = g[0];
     if (dist_attr(gd).placements != st->out_p) gd = reshard(gd, st->mesh, st->out_p);
     const Tensor go = view::contiguous(local_piece(gd));
-    Tensor dx = Tensor::zeros(st->local_shape, go.dtype());
     const int64_t L = st->local_shape[static_cast<size_t>(st->dim)];
-    TESSEL_DISPATCH_FLOAT(go.dtype(), "topk", [&]<typename T>() {
-      const T* pg = go.data<T>();
-      T* pd = dx.data<T>();
-      for (int64_t o = 0; o < st->rows_outer; ++o)
-        for (int64_t j = 0; j < st->k; ++j)
-          for (int64_t i = 0; i < st->inner; ++i) {
-            const int64_t src = (o * st->k + j) * st->inner + i;
-            const int64_t at = st->index[static_cast<size_t>(src)] - st->offset;
-            if (at >= 0 && at < L) pd[(o * L + at) * st->inner + i] += pg[src];
-          }
-    });
+    // Each selected position gets its one gradient (positions are distinct), on host copies.
+    const std::vector<double> pg = go.to_doubles();
+    std::vector<double> pd(static_cast<size_t>(shape_numel(st->local_shape)), 0.0);
+    for (int64_t o = 0; o < st->rows_outer; ++o)
+      for (int64_t j = 0; j < st->k; ++j)
+        for (int64_t i = 0; i < st->inner; ++i) {
+          const int64_t src = (o * st->k + j) * st->inner + i;
+          const int64_t at = st->index[static_cast<size_t>(src)] - st->offset;
+          if (at >= 0 && at < L) pd[static_cast<size_t>((o * L + at) * st->inner + i)] += pg[static_cast<size_t>(src)];
+        }
+    DeviceScope on(go.device());
+    const Tensor dx = Tensor::from_doubles(pd, st->local_shape, go.dtype());
     return std::vector<Tensor>{wrap_dtensor(dx, st->in_attr, st->global)};
   });
   return {out_values, out_indices};

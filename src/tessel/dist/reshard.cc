@@ -11,6 +11,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/philox.h"
 #include "tessel/core/view.h"
+#include "tessel/dist/comm_buffers.h"
 #include "tessel/ops/inplace.h"
 #include "tessel/dist/mesh_comm.h"
 
@@ -101,7 +102,8 @@ Tensor run_step(const Tensor& x, const ReshardStep& s, const ProcessMesh& mesh, 
     }
     case K::all_reduce: {  // on a copy: x may still be needed (autograd keeps inputs)
       Tensor out = view::clone(x);
-      mesh_dim_group(mesh, m)->all_reduce(out.raw_data(), out.numel(), dt, s.reduce);
+      CommBuffers cb;
+      cb.finish(mesh_dim_group(mesh, m)->all_reduce_async(cb.inout(out), out.numel(), dt, s.reduce))->wait();
       return out;
     }
     case K::all_gather: {
@@ -118,7 +120,10 @@ Tensor run_step(const Tensor& x, const ReshardStep& s, const ProcessMesh& mesh, 
       std::vector<int64_t> widths;
       for (int64_t e : ext) widths.push_back(e * inner);
       Tensor out = Tensor::empty(full, dt);
-      if (rows > 0) mesh_dim_group(mesh, m)->all_gather_v(piece.raw_data(), out.raw_data(), widths, dt, rows);
+      if (rows > 0) {
+        CommBuffers cb;
+        cb.finish(mesh_dim_group(mesh, m)->all_gather_v_async(cb.in(piece), cb.out(out), widths, dt, rows))->wait();
+      }
       return out;
     }
     case K::reduce_scatter: {
@@ -132,8 +137,11 @@ Tensor run_step(const Tensor& x, const ReshardStep& s, const ProcessMesh& mesh, 
       Shape mine = full.shape();
       mine[static_cast<size_t>(d)] = ext[static_cast<size_t>(c)];
       Tensor out = Tensor::empty(mine, dt);
-      if (rows > 0)
-        mesh_dim_group(mesh, m)->reduce_scatter_v(full.raw_data(), out.raw_data(), widths, dt, s.reduce, rows);
+      if (rows > 0) {
+        CommBuffers cb;
+        cb.finish(mesh_dim_group(mesh, m)->reduce_scatter_v_async(cb.in(full), cb.out(out), widths, dt, s.reduce, rows))
+            ->wait();
+      }
       return out;
     }
     case K::all_to_all: {
@@ -170,12 +178,13 @@ Tensor run_step(const Tensor& x, const ReshardStep& s, const ProcessMesh& mesh, 
       int64_t at = 0;
       for (const Tensor& ch : chunks) {
         if (ch.numel() > 0 && !send.is_meta())
-          std::memcpy(static_cast<char*>(send.raw_data()) + at * static_cast<int64_t>(dtype_size(dt)), ch.raw_data(),
-                      ch.nbytes());
+          view::copy(view::slice(send, 0, at, at + ch.numel()), view::reshape(ch, {ch.numel()}));
         at += ch.numel();
       }
       Tensor out = Tensor::empty(moved, dt);
-      mesh_dim_group(mesh, m)->all_to_all_v(send.raw_data(), send_counts, out.raw_data(), recv_counts, dt);
+      CommBuffers cb;
+      cb.finish(mesh_dim_group(mesh, m)->all_to_all_v_async(cb.in(send), send_counts, cb.out(out), recv_counts, dt))
+          ->wait();
       return unfront(out, a);
     }
     case K::send_recv: break;
@@ -219,7 +228,8 @@ Tensor transfer(const Tensor& x, const ReshardStep& s, const ReshardPlan& plan, 
                             part.offset[i] - own.offset[i] + part.shape[i]);
       piece = view::clone(piece);
       keep.push_back(piece);
-      works.push_back(world->send_async(piece.raw_data(), piece.numel(), dt, static_cast<int>(d), tag));
+      CommBuffers cb;
+      works.push_back(cb.finish(world->send_async(cb.in(piece), piece.numel(), dt, static_cast<int>(d), tag)));
     }
   }
   Tensor out;
@@ -240,7 +250,8 @@ Tensor transfer(const Tensor& x, const ReshardStep& s, const ReshardPlan& plan, 
                               part.offset[i] - own.offset[i] + part.shape[i]);
         view::copy(buf, piece);
       } else {
-        works.push_back(world->recv_async(buf.raw_data(), buf.numel(), dt, static_cast<int>(src), tag));
+        CommBuffers cb;
+        works.push_back(cb.finish(world->recv_async(cb.out(buf), buf.numel(), dt, static_cast<int>(src), tag)));
       }
       incoming.emplace_back(part, buf);
     }

@@ -21,6 +21,9 @@
 // order is fixed by the ring, so the results do not depend on timing or thread count.
 #include "tessel/dist/ring_attention.h"
 
+#include "tessel/dist/comm_buffers.h"
+#include "tessel/dist/kernels/ring_merge.h"
+
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -107,39 +110,6 @@ void trace_block(const Tensor& q, const Tensor& k, const Tensor& v, const RingSt
 // Rows [half·c, (half + 1)·c) of dim `d` of x.
 Tensor half_of(const Tensor& x, int64_t d, int64_t half, int64_t c) { return view::slice(x, d, half * c, (half + 1) * c); }
 
-// acc rows [t0, t0 + rows) of [B, H, 2c, D] (and lse [B, H, 2c]) merged with a block's out
-// [B, H, rows, D] (any strides) and lse [B, H, rows].
-template <typename T>
-void merge(Tensor& acc, Tensor& acc_lse, const Tensor& out, const Tensor& lse, int64_t t0) {
-  const Tensor o = view::contiguous(out), l = view::contiguous(lse);
-  const int64_t B = acc.size(0), H = acc.size(1), TT = acc.size(2), D = acc.size(3), rows = o.size(2);
-  T* pa = acc.data<T>();
-  T* pl = acc_lse.data<T>();
-  const T* po = o.data<T>();
-  const T* pb = l.data<T>();
-  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-  parallel_for(0, B * H, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t bh = lo; bh < hi; ++bh)
-      for (int64_t t = 0; t < rows; ++t) {
-        const T lb = pb[bh * rows + t];
-        if (lb == kNegInf) continue;  // the block gave this row nothing
-        T& la = pl[bh * TT + t0 + t];
-        T* a = pa + (bh * TT + t0 + t) * D;
-        const T* b = po + (bh * rows + t) * D;
-        if (la == kNegInf) {
-          std::copy_n(b, D, a);
-          la = lb;
-          continue;
-        }
-        const T m = std::max(la, lb);
-        const T ea = std::exp(la - m), eb = std::exp(lb - m);
-        const T lse_new = m + std::log(ea + eb);
-        const T wa = std::exp(la - lse_new), wb = std::exp(lb - lse_new);
-        for (int64_t e = 0; e < D; ++e) a[e] = a[e] * wa + b[e] * wb;
-        la = lse_new;
-      }
-  });
-}
 
 // Whether query chunk gq sees anything of key chunk gk (causal: not wholly above the diagonal).
 bool pair_visible(bool causal, int64_t gq, int64_t gk) { return !causal || gk <= gq; }
@@ -157,8 +127,11 @@ std::vector<Tensor> ring_forward(RingState& st, const std::shared_ptr<ProcessGro
     if (s + 1 < n) {
       ProfileScope scope("ring attention (post kv)");
       next = Tensor::empty(cur.shape(), cur.dtype());
-      send = group->send_async(cur.raw_data(), cur.numel(), cur.dtype(), static_cast<int>((r + 1) % n), kTagKv);
-      recv = group->recv_async(next.raw_data(), next.numel(), next.dtype(), static_cast<int>((r - 1 + n) % n), kTagKv);
+      CommBuffers out_kv, in_kv;
+      send = out_kv.finish(
+          group->send_async(out_kv.in(cur), cur.numel(), cur.dtype(), static_cast<int>((r + 1) % n), kTagKv));
+      recv = in_kv.finish(
+          group->recv_async(in_kv.out(next), next.numel(), next.dtype(), static_cast<int>((r - 1 + n) % n), kTagKv));
     }
     RingAttentionStats& stats = ring_attention_stats();
     const auto t_compute = std::chrono::steady_clock::now();
@@ -176,7 +149,7 @@ std::vector<Tensor> ring_forward(RingState& st, const std::shared_ptr<ProcessGro
           const std::array<Tensor, 2> block =
               sdpa_block_forward(qb, kb, vb, st.docs, st.causal, st.scale, block_place(st, gq, gk));
           const Tensor &o = block[0], &l = block[1];
-          TESSEL_DISPATCH_FLOAT(q.dtype(), "sdpa", [&]<typename T>() { merge<T>(acc, acc_lse, o, l, qh * c); });
+          kernels::ring_merge(acc, acc_lse, o, l, qh * c);
         }
     }
     stats.compute_s += seconds_since(t_compute);
@@ -203,8 +176,11 @@ std::array<Tensor, 3> ring_backward(const RingState& st, const std::shared_ptr<P
     WorkPtr send, recv;
     if (s + 1 < n) {
       next = Tensor::empty(cur.shape(), cur.dtype());
-      send = group->send_async(cur.raw_data(), cur.numel(), cur.dtype(), static_cast<int>((r + 1) % n), kTagKv);
-      recv = group->recv_async(next.raw_data(), next.numel(), next.dtype(), static_cast<int>((r - 1 + n) % n), kTagKv);
+      CommBuffers out_kv, in_kv;
+      send = out_kv.finish(
+          group->send_async(out_kv.in(cur), cur.numel(), cur.dtype(), static_cast<int>((r + 1) % n), kTagKv));
+      recv = in_kv.finish(
+          group->recv_async(in_kv.out(next), next.numel(), next.dtype(), static_cast<int>((r - 1 + n) % n), kTagKv));
     }
     Tensor dkv = Tensor::zeros(cur.shape(), cur.dtype());
     RingAttentionStats& stats = ring_attention_stats();
@@ -244,10 +220,11 @@ std::array<Tensor, 3> ring_backward(const RingState& st, const std::shared_ptr<P
     // Pass the accumulator on; after the last step it reaches the block's owner, r + 1's... which
     // is what this rank receives from r - 1 at the same time: its own block's gradient.
     incoming = Tensor::empty(cur.shape(), cur.dtype());
-    in_flight.emplace_back(dkv, group->send_async(dkv.raw_data(), dkv.numel(), dkv.dtype(),
-                                                  static_cast<int>((r + 1) % n), kTagGrad));
-    incoming_work = group->recv_async(incoming.raw_data(), incoming.numel(), incoming.dtype(),
-                                      static_cast<int>((r - 1 + n) % n), kTagGrad);
+    CommBuffers out_grad, in_grad;
+    in_flight.emplace_back(dkv, out_grad.finish(group->send_async(out_grad.in(dkv), dkv.numel(), dkv.dtype(),
+                                                                  static_cast<int>((r + 1) % n), kTagGrad)));
+    incoming_work = in_grad.finish(group->recv_async(in_grad.out(incoming), incoming.numel(), incoming.dtype(),
+                                                     static_cast<int>((r - 1 + n) % n), kTagGrad));
     if (s + 1 < n) cur = finish_kv_step(send, recv, next, stats);
   }
   {

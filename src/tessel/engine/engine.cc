@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <cmath>
@@ -42,6 +43,23 @@
 namespace tessel {
 
 namespace {
+
+// This rank's device for train.device: the CPU; for cuda each local rank its own GPU
+// (LOCAL_RANK under `tessel launch`, else the rank); for the guarded test device one of its
+// indices by rank. Collectives stage device memory through host copies (dist/comm_buffers.h)
+// until the device has a backend of its own (NCCL).
+Device rank_device(const std::string& name, int rank) {
+  if (name == "cpu") return Device{};
+  Device d = Device::parse(name);
+  const int count = device_backend(Device{d.type, 0}).device_count();
+  int local = rank;
+  if (const char* lr = std::getenv("LOCAL_RANK"); lr != nullptr && *lr != '\0') local = std::atoi(lr);
+  d.index = d.type == DeviceType::guarded ? local % count : local;
+  TESSEL_CHECK(d.index < count, "train.device {}: local rank {} has no device of its own ({} present)", name, local,
+               count);
+  return d;
+}
+
 
 using Clock = std::chrono::steady_clock;
 using namespace parallel;
@@ -403,6 +421,9 @@ Engine::Engine(RunConfig config, std::unique_ptr<nn::LanguageModel> model) : s_(
                pc.dp, pc.ep, pc.cp, pc.tp, pc.pp, pc.world_size(), s.world->size());
   // Thread ranks get their intra-op threads from spawn; a process rank sets its own.
   if (t.threads > 0 && s.world->backend() != "thread") set_default_num_threads(static_cast<int>(t.threads));
+  // The rank's device becomes its current one: the model, its states and every step's tensors
+  // are made there (docs/devices.md).
+  rank_context().device = rank_device(t.device, s.world->rank());
   s.model = model ? std::move(model) : build_model(s.cfg);
   s.model->set_selective_recompute(pc.recompute == "selective");
   s.data = open_training_data(s.cfg, s.model->vocab_size());
@@ -528,9 +549,10 @@ Tensor Engine::predict(const Tensor& ids) {
   Tensor in = ids;
   if (reordered) {
     in = take_columns(ids, order);
-    Tensor pos = Tensor::empty(in.shape(), DType::i64);
-    for (int64_t r = 0; r < in.size(0); ++r)
-      std::copy(order.begin(), order.end(), pos.data<int64_t>() + r * in.size(1));
+    std::vector<int64_t> rows_of_order;
+    for (int64_t r = 0; r < in.size(0); ++r) rows_of_order.insert(rows_of_order.end(), order.begin(), order.end());
+    DeviceScope on(in.device());
+    Tensor pos = Tensor::from_vector(rows_of_order, in.shape());
     ss.positions = shard_tensor(pos, layout.stage_mesh(), layout.ids_placements());
   }
   nn::sequence_state() = ss;

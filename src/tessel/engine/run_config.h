@@ -58,6 +58,9 @@ struct TrainSection {
   int64_t memory_save_every = 0;
   std::string memory_dir;  // "": /dev/shm/tessel-<uid>-<job id> (removed when the job ends)
   int64_t threads = 0;  // 0: TESSEL_NUM_THREADS / OMP_NUM_THREADS / all cores
+  // Where the model, its states and the step run: cpu, cuda (each rank its local GPU), or
+  // guarded (the CPU test device whose memory host code may not touch; docs/devices.md).
+  std::string device = "cpu";
   // With validation data: the validation loss every `eval_every` steps (0: at the start and the
   // end only) over `eval_batches` fixed global batches read in order from the validation tokens.
   int64_t eval_every = 0, eval_batches = 4;

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <optional>
 
+#include "tessel/core/context.h"
 #include "tessel/core/view.h"
 #include "tessel/ops/attention_kernel.h"
 #include "tessel/ops/dispatch.h"
@@ -352,23 +353,32 @@ DropMask block_drop(const SdpaBlockPlace& at, const Dims& d) {
 
 std::array<Tensor, 2> sdpa_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& doc_starts,
                                          bool causal, double scale, const SdpaBlockPlace& at) {
+  // Called by the ring (dist/ring_attention.cc), not through dispatch: on q's device here.
+  kernels::check_same_device("sdpa block", q, k);
+  kernels::check_same_device("sdpa block", q, v);
+  DeviceScope on(q.device());
   const Dims d = block_dims(q, k, at);
   Tensor out = heads_major(d.B, d.H, d.T, d.D, q.dtype());
   Tensor lse = Tensor::empty({d.B, d.H, d.T}, q.dtype());
-  attention_kernel::forward(d, resolved_scale(scale, d.D), causal, contig_docs(doc_starts), block_drop(at, d), q, k, v,
-                            out, lse);
+  kernels::host_kernel("sdpa block", q.device(), [&] {
+    attention_kernel::forward(d, resolved_scale(scale, d.D), causal, contig_docs(doc_starts), block_drop(at, d), q, k,
+                              v, out, lse);
+  });
   return {out, lse};
 }
 
 std::array<Tensor, 3> sdpa_block_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                           const Tensor& lse, const Tensor& dout, const Tensor& doc_starts, bool causal,
                                           double scale, const SdpaBlockPlace& at) {
+  DeviceScope on(q.device());
   const Dims d = block_dims(q, k, at);
   const DType dt = q.dtype();
   Tensor dq = heads_major(d.B, d.H, d.T, d.D, dt), dk = heads_major(d.B, d.Hkv, d.S, d.D, dt),
          dv = heads_major(d.B, d.Hkv, d.S, d.D, dt);
-  attention_kernel::backward(d, resolved_scale(scale, d.D), causal, contig_docs(doc_starts), block_drop(at, d), q, k, v,
-                             out, lse, dout, dq, dk, dv);
+  kernels::host_kernel("sdpa block backward", q.device(), [&] {
+    attention_kernel::backward(d, resolved_scale(scale, d.D), causal, contig_docs(doc_starts), block_drop(at, d), q, k,
+                               v, out, lse, dout, dq, dk, dv);
+  });
   return {dq, dk, dv};
 }
 

@@ -8,6 +8,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/profile.h"
 #include "tessel/core/view.h"
+#include "tessel/dist/comm_buffers.h"
 #include "tessel/dist/dtensor.h"
 
 namespace tessel::parallel {
@@ -25,7 +26,8 @@ Tensor exchange_rows(const Tensor& x, const std::vector<int64_t>& send_rows, con
   std::vector<int64_t> send(send_rows), recv(recv_rows);
   for (int64_t& v : send) v *= C;
   for (int64_t& v : recv) v *= C;
-  group->all_to_all_v(in.raw_data(), send, out.raw_data(), recv, x.dtype());
+  CommBuffers cb;
+  cb.finish(group->all_to_all_v_async(cb.in(in), send, cb.out(out), recv, x.dtype()))->wait();
   record_function("exchange_rows", {x}, {out}, [send_rows, recv_rows, group](std::vector<Tensor>&& g) {
     return std::vector<Tensor>{g[0].defined() ? exchange_rows(g[0], recv_rows, send_rows, group) : Tensor()};
   });

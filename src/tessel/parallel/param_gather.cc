@@ -6,6 +6,7 @@
 #include "tessel/core/context.h"
 #include "tessel/core/error.h"
 #include "tessel/core/profile.h"
+#include "tessel/dist/comm_buffers.h"
 #include "tessel/dist/dtensor.h"
 
 namespace tessel::parallel {
@@ -78,7 +79,8 @@ void ParamGather::launch(Unit& u) {
     if (e.work || !e.full.storage()->released()) continue;  // in flight, or gathered already
     e.full.storage()->restore();
     const Tensor& shard = local_piece(e.p->value);
-    e.work = group->all_gather_v_async(shard.raw_data(), e.full.raw_data(), e.counts, shard.dtype(), e.rows);
+    CommBuffers cb;
+    e.work = cb.finish(group->all_gather_v_async(cb.in(shard), cb.out(e.full), e.counts, shard.dtype(), e.rows));
   }
 }
 

@@ -10,6 +10,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/profile.h"
 #include "tessel/core/view.h"
+#include "tessel/dist/comm_buffers.h"
 #include "tessel/dist/dtensor.h"
 #include "tessel/ops/ops.h"
 
@@ -68,8 +69,9 @@ PipelineRuntime::Incoming PipelineRuntime::post_receive(int pp, int direction, i
   for (size_t i = 0; i < payload_.size(); ++i) {
     const Payload& p = payload_[i];
     Tensor buf = Tensor::empty(DistAttr(mesh, p.placements).local_shape(p.shape, layout_.rank), p.dtype);
-    in.works.push_back(pp_group_->recv_async(buf.raw_data(), buf.numel(), p.dtype, pp,
-                                             tag(direction, microbatch, sender_vstage, i)));
+    CommBuffers cb;
+    in.works.push_back(cb.finish(pp_group_->recv_async(cb.out(buf), buf.numel(), p.dtype, pp,
+                                                       tag(direction, microbatch, sender_vstage, i))));
     in.pieces.push_back(std::move(buf));
   }
   return in;
@@ -90,8 +92,9 @@ void PipelineRuntime::post(const std::vector<Tensor>& ts, int pp, int direction,
   TESSEL_ASSERT(ts.size() == payload_.size(), "pipeline: {} tensors to send, payload of {}", ts.size(), payload_.size());
   for (size_t i = 0; i < ts.size(); ++i) {
     const Tensor piece = view::contiguous(local_piece(ts[i]));
-    WorkPtr w = pp_group_->send_async(piece.raw_data(), piece.numel(), piece.dtype(), pp,
-                                      tag(direction, microbatch, sender_vstage, i));
+    CommBuffers cb;
+    WorkPtr w = cb.finish(pp_group_->send_async(cb.in(piece), piece.numel(), piece.dtype(), pp,
+                                                tag(direction, microbatch, sender_vstage, i)));
     pending.emplace_back(std::move(w), piece);
   }
 }

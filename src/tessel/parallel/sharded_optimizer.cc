@@ -12,6 +12,7 @@
 #include "tessel/core/profile.h"
 #include "tessel/core/shape.h"
 #include "tessel/core/view.h"
+#include "tessel/dist/comm_buffers.h"
 #include "tessel/dist/dtensor.h"
 #include "tessel/ops/inplace.h"
 #include "tessel/ops/trace.h"
@@ -290,7 +291,10 @@ void ShardedOptimizer::launch(Bucket&& b) {
     b.flat = Tensor::empty({total}, DType::f32);
     for (size_t k = 0; k < b.grads.size(); ++k) pack(b.flat, b.at[k][0], b.grads[k]);
     b.grads.clear();
-    if (dp > 1) b.work = group->all_reduce_async(b.flat.raw_data(), total, DType::f32, ReduceOp::sum);
+    if (dp > 1) {
+      CommBuffers cb;
+      b.work = cb.finish(group->all_reduce_async(cb.inout(b.flat), total, DType::f32, ReduceOp::sum));
+    }
   } else {
     // Region r holds dp rank r's box of every gradient of the bucket, one after another.
     b.region.assign(static_cast<size_t>(dp), 0);
@@ -315,8 +319,8 @@ void ShardedOptimizer::launch(Bucket&& b) {
              slots_[b.slots[k]].grad_box(b.grads[k], r));
     b.grads.clear();
     b.mine = Tensor::empty({b.region[static_cast<size_t>(layout_.coord("dp"))]}, DType::f32);
-    b.work = group->reduce_scatter_v_async(b.flat.raw_data(), b.mine.raw_data(), b.region, DType::f32,
-                                           ReduceOp::sum);
+    CommBuffers cb;
+    b.work = cb.finish(group->reduce_scatter_v_async(cb.in(b.flat), cb.out(b.mine), b.region, DType::f32, ReduceOp::sum));
   }
   in_flight_.push_back(std::move(b));
 }
@@ -342,8 +346,9 @@ void ShardedOptimizer::finish_oldest() {
 
 void ShardedOptimizer::start_sum(Bucket& b) {
   const Tensor& held = layout_.config().sharding_stage == 0 ? b.flat : b.mine;
-  b.sum_work =
-      sum_groups_.at(b.sum_dims[b.summing])->all_reduce_async(held.raw_data(), held.numel(), DType::f32, ReduceOp::sum);
+  CommBuffers cb;
+  b.sum_work = cb.finish(
+      sum_groups_.at(b.sum_dims[b.summing])->all_reduce_async(cb.inout(held), held.numel(), DType::f32, ReduceOp::sum));
 }
 
 void ShardedOptimizer::finish_oldest_sum() {
@@ -436,7 +441,10 @@ double ShardedOptimizer::step(double lr, double max_norm) {
       pack(flat, at, local_piece(slots_[i].grad));
       at += local_piece(slots_[i].grad).numel();
     }
-    timed("gradient sum", [&] { group.all_reduce(flat.raw_data(), total, DType::f32, ReduceOp::sum); });
+    timed("gradient sum", [&] {
+      CommBuffers cb;
+      cb.finish(group.all_reduce_async(cb.inout(flat), total, DType::f32, ReduceOp::sum))->wait();
+    });
     at = 0;
     for (size_t i : which) {
       Slot& s = slots_[i];
@@ -548,7 +556,8 @@ double ShardedOptimizer::step(double lr, double max_norm) {
     g.all = Tensor::empty({total}, DType::f32);
     for (size_t k = g.first; k < g.last; ++k)
       pack(g.mine, g.at[k - g.first][static_cast<size_t>(me)], slots_[split[k]].box(local_piece(slots_[split[k]].p->value), me));
-    g.work = layout_.group("dp")->all_gather_v_async(g.mine.raw_data(), g.all.raw_data(), g.region, DType::f32);
+    CommBuffers cb;
+    g.work = cb.finish(layout_.group("dp")->all_gather_v_async(cb.in(g.mine), cb.out(g.all), g.region, DType::f32));
     if (in_flight) finish_gather(*in_flight);  // at most two in flight
     first = g.last;
     in_flight = std::move(g);
