@@ -29,6 +29,15 @@ expect_refusal "config model.init_from names '$tmp/none.safetensors', which cann
 expect_refusal "config data.path names '$tmp', which cannot be read (a folder, not a file)" --set data.path="$tmp"
 expect_refusal "no complete checkpoint (step-NNNNNN folder) under '$tmp'" --resume "$tmp"
 [ ! -e "$tmp/ck" ] || { echo "a refused run created its checkpoint folder"; exit 1; }
+expect_refusal "error: --device: tpu not in {cpu,cuda,guarded}" --device tpu
+
+# --device guarded trains on the guarded test device with the CPU's losses (docs/devices.md).
+for dev in cpu guarded; do
+  "$tessel" train "$config" --device "$dev" --set train.steps=2 --set model.n_layer=1 --set log.every=1 \
+    --metrics "$tmp/$dev.jsonl" > "$tmp/$dev.log" 2>&1 || { echo "--device $dev failed:"; cat "$tmp/$dev.log"; exit 1; }
+done
+cmp -s <(grep -o '"loss":[^,]*' "$tmp/cpu.jsonl") <(grep -o '"loss":[^,]*' "$tmp/guarded.jsonl") ||
+  { echo "--device guarded losses differ from the CPU's:"; cat "$tmp/cpu.jsonl" "$tmp/guarded.jsonl"; exit 1; }
 
 # The README's main command (./run.sh demo) parses and steps: its layout flags, taken from
 # run.sh itself, for two steps.

@@ -11,6 +11,8 @@
 #include "tessel/core/context.h"
 #include "tessel/core/view.h"
 #include "tessel/ops/cuda/kernels.h"
+#include "tessel/ops/inplace.h"
+#include "tessel/optim/optimizer.h"
 #include "tessel/ops/registry.h"
 
 namespace tessel::testing {
@@ -91,6 +93,30 @@ TEST(CudaDevice, StreamsOrderWorkThroughEvents) {
   EXPECT_EQ(y.to(Device{}).to_doubles()[777], 6.0);
   b.destroy_stream(s1);
   b.destroy_stream(s2);
+}
+
+// The updates no op covers: add_ (broadcast source), scale_ and AdamW, against the CPU's.
+TEST(CudaUpdates, MatchTheCpu) {
+  TESSEL_REQUIRE_GPU();
+  Tensor d = rand_tensor({64, 33}, DType::f32, 1), s = rand_tensor({33}, DType::f32, 2);
+  Tensor dg = d.to(kGpu);
+  add_(d, s, 0.5);
+  add_(dg, s.to(kGpu), 0.5);
+  EXPECT_EQ(compare(dg.to(Device{}), d, 1e-6, 1e-7), "");
+  scale_(d, -3.0);
+  scale_(dg, -3.0);
+  EXPECT_EQ(compare(dg.to(Device{}), d, 1e-6, 1e-7), "");
+
+  Tensor p = rand_tensor({1000}, DType::f32, 3), g = rand_tensor({1000}, DType::f32, 4);
+  Tensor m = Tensor::zeros({1000}, DType::f32), v = Tensor::zeros({1000}, DType::f32);
+  Tensor pg = p.to(kGpu), gg = g.to(kGpu), mg = m.to(kGpu), vg = v.to(kGpu);
+  optim::AdamWOptions o;
+  for (int64_t step = 1; step <= 3; ++step) {
+    optim::adamw_update(p, g, m, v, step, o, 1e-2, true, 0.5f);
+    optim::adamw_update(pg, gg, mg, vg, step, o, 1e-2, true, 0.5f);
+  }
+  EXPECT_EQ(compare(pg.to(Device{}), p, 1e-5, 1e-7), "");
+  EXPECT_EQ(compare(vg.to(Device{}), v, 1e-5, 1e-9), "");
 }
 
 const std::vector<OpCase>& cases() {

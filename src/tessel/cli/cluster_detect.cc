@@ -494,7 +494,7 @@ plan::Cluster detect_local_cluster(int ranks, bool verbose) {
   sw.op_overhead = sig4(overhead);
   sw.optimizer_efficiency = sig4(std::clamp(kernels.optimizer_rate / kernels.stream_bandwidth, 0.05, 2.0));
   k.sources = {
-      {"machine", fmt::format("hwloc: {}; {} ranks; {}", m.str(), ranks, origin)},
+      {"machine", fmt::format("hwloc: {}; {} ranks; {}; {}", m.str(), ranks, origin, devices_description())},
       {"peak_flops",
        fmt::format("time-averaged sgemm 1024^3 rate (tiled over the pool, as tessel runs it) with {} thread{} per rank "
                    "while {} rank{} compute{} (the rounds that time the kernels): {:.2f} GFLOP/s (best-of-shapes peak "

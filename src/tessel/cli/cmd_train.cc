@@ -98,7 +98,7 @@ void plan_for_launched_world(RunConfig& cfg, const std::string& why) {
 
 std::vector<Command> register_train(CLI::App& app) {
   struct Args {
-    std::string config, metrics, save, resume, trace, backend = "thread", plan;
+    std::string config, metrics, save, resume, trace, backend = "thread", plan, device;
     std::vector<std::string> sets;
     int nproc = 0;
     double timeout = 0;
@@ -125,11 +125,16 @@ std::vector<Command> register_train(CLI::App& app) {
                   "thread: --nproc ranks in this process; gloo: this process is one rank started by `tessel launch`")
       ->check(CLI::IsMember({"thread", "gloo"}));
   cmd->add_option("--trace", a->trace, "write a Chrome-trace/Perfetto timeline (one row per rank) to this JSON file");
+  cmd->add_option("--device", a->device,
+                  "where the model and the step run: cpu, cuda (each local rank its GPU) or guarded (the CPU test "
+                  "device that host code may not read; docs/devices.md); the same as --set train.device=...")
+      ->check(CLI::IsMember({"cpu", "cuda", "guarded"}));
   a->timeout_opt = cmd->add_option("--timeout", a->timeout,
                                    "seconds a collective or store call waits for the other ranks before the run fails "
                                    "naming them (overrides the config's parallel.timeout_s)")
                        ->default_str("parallel.timeout_s, else tessel launch's --timeout, else 300");
   return {{cmd, [a] {
+             if (!a->device.empty()) a->sets.push_back("train.device=" + a->device);
              RunConfig cfg = load_or_bad_input(a->config, a->sets);
              try {
                set_default_timeout(a->timeout_opt->count() > 0 ? timeout_from_seconds(a->timeout, "--timeout")

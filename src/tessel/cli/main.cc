@@ -21,19 +21,6 @@ using namespace tessel;
 
 namespace {
 
-// "devices: cpu; cuda:0 NVIDIA H200 (sm_90, 139.8 GiB)", or why there is no GPU.
-std::string devices_description() {
-  std::string out = "devices: cpu";
-#if defined(TESSEL_HAVE_CUDA)
-  DeviceBackend* cuda = find_device_backend(DeviceType::cuda);
-  int n = cuda != nullptr ? cuda->device_count() : 0;
-  if (n == 0) out += "; CUDA backend built, no GPU found";
-  for (int i = 0; i < n; ++i) out += fmt::format("; cuda:{} {}", i, cuda->describe(i));
-#else
-  out += "; built without CUDA";
-#endif
-  return out;
-}
 
 CLI::Validator whole_number(int64_t least, const char* what, const char* name) {
   return CLI::Validator(

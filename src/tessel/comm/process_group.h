@@ -26,6 +26,7 @@
 
 #include "tessel/comm/reduce.h"
 #include "tessel/comm/store.h"
+#include "tessel/core/device.h"
 #include "tessel/core/dtype.h"
 #include "tessel/core/reduce_op.h"
 #include "tessel/core/shape.h"
@@ -39,6 +40,15 @@ class Work {
   // Blocks until done; rethrows the operation's error.
   virtual void wait() = 0;
   virtual bool is_completed() = 0;
+  // Orders the operation before the work enqueued on `stream` after this call. A backend that
+  // runs on the device's streams (NCCL) makes the stream wait for an event and returns at
+  // once; the backends that move host memory on host threads (thread, Gloo) wait here on the
+  // host, so their results are in place before anything later on the stream runs. Rethrows the
+  // operation's error.
+  virtual void wait_on(Stream stream) {
+    (void)stream;
+    wait();
+  }
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -256,6 +256,16 @@ bool Event::done() const {
   return device_.is_cpu() || handle_ == nullptr || device_backend(device_).event_done(device_, handle_);
 }
 
+std::string devices_description() {
+  std::string out = "devices: cpu";
+  DeviceBackend* cuda = find_device_backend(DeviceType::cuda);
+  const int n = cuda != nullptr ? cuda->device_count() : 0;
+  if (cuda == nullptr) out += "; no CUDA backend";
+  else if (n == 0) out += "; CUDA backend built, no GPU found";
+  for (int i = 0; i < n; ++i) out += fmt::format("; cuda:{} {}", i, cuda->describe(i));
+  return out;
+}
+
 void release_cpu_cache() { cpu_allocator().empty_cache(); }
 size_t cpu_cache_bytes() { return cpu_allocator().cached_bytes(); }
 

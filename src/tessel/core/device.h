@@ -150,6 +150,11 @@ class Event {
   void* handle_ = nullptr;
 };
 
+// "devices: cpu; cuda:0 NVIDIA H200 (sm_90, 139.8 GiB)": the devices this process can use —
+// the CPU, then each registered backend's devices, or why a backend shows none ("CUDA backend
+// built, no GPU found"; a process whose binary does not install CUDA says "no CUDA backend").
+std::string devices_description();
+
 // Frees the CPU allocator's cache of free blocks; its current size in bytes.
 void release_cpu_cache();
 size_t cpu_cache_bytes();

@@ -5,6 +5,7 @@
 #include "tessel/core/strided.h"
 #include "tessel/core/thread_pool.h"
 #include "tessel/core/view.h"
+#include "tessel/ops/device_fns.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/ops/trace.h"
 
@@ -47,6 +48,7 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
       });
     });
   };
+  if (auto f = device_fn<AddInplaceFn>("add_", dst.device())) return f(dst, s, alpha);
   kernels::host_kernel("add_", dst.device(), [&] { TESSEL_DISPATCH_FLOAT(dst.dtype(), "add_", run); });
 }
 
@@ -62,6 +64,7 @@ void scale_(const Tensor& dst, double alpha) {
     view::copy(dst, g);
     return;
   }
+  if (auto f = device_fn<ScaleInplaceFn>("scale_", dst.device())) return f(dst, alpha);
   kernels::host_kernel("scale_", dst.device(), [&] {
     TESSEL_DISPATCH_FLOAT(dst.dtype(), "scale_", [&]<typename T>() {
       T a = static_cast<T>(alpha);

@@ -10,6 +10,7 @@
 #include "tessel/core/view.h"
 #include "tessel/dist/dtensor.h"
 #include "tessel/dist/mesh_comm.h"
+#include "tessel/ops/device_fns.h"
 #include "tessel/ops/inplace.h"
 #include "tessel/ops/kernel_util.h"
 #include "tessel/optim/cpu/updates.h"
@@ -52,8 +53,18 @@ void adamw_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tenso
                   const AdamWOptions& o, double lr, bool decay, float grad_scale) {
   for (const Tensor* t : {&g, &m, &v}) check_operand("adamw_update", p, *t);
   if (p.is_meta()) return;
-  kernels::host_kernel("adamw_update", p.device(),
-                       [&] { cpu::adamw_update(p, g, m, v, step, o, lr, decay, grad_scale); });
+  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
+  const AdamWScalars k{decay ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f,
+                       static_cast<float>(1.0 - o.beta1),
+                       static_cast<float>(o.beta2),
+                       static_cast<float>(1.0 - o.beta2),
+                       static_cast<float>(lr / bc1),
+                       static_cast<float>(std::sqrt(bc2)),
+                       static_cast<float>(o.eps),
+                       grad_scale};
+  if (auto f = device_fn<AdamWFn>("adamw_update", p.device())) return f(p, g, m, v, k);
+  kernels::host_kernel("adamw_update", p.device(), [&] { cpu::adamw_update(p, g, m, v, k); });
 }
 
 void sgd_update(const Tensor& p, const Tensor& g, const Tensor* buf, bool first_step, const SgdOptions& o, double lr,

@@ -6,12 +6,15 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string_view>
 
 #include "tessel/core/cuda/cuda_device.h"
 #include "tessel/core/view.h"
 #include "tessel/ops/cuda/gemm.h"
 #include "tessel/ops/cuda/launch.h"
+#include "tessel/ops/device_fns.h"
 #include "tessel/ops/op_list.h"
 #include "tessel/ops/registry.h"
 
@@ -108,6 +111,55 @@ std::vector<Tensor> linear_forward(const OpCall& c) {
   return {out};
 }
 
+// sum and mean over `dims`: the reduced dims moved last and made contiguous (the backend's
+// strided copy), then one row sum per output element.
+template <bool kMean>
+std::vector<Tensor> reduce_forward(const OpCall& c) {
+  const Tensor& x = c.inputs[0];
+  const std::vector<int64_t> dims = normalize_dims(c.attrs.ints("dims"), x.dim(), c.op.name);
+  std::vector<int64_t> order;
+  int64_t K = 1;
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (!std::binary_search(dims.begin(), dims.end(), d)) order.push_back(d);
+  for (int64_t d : dims) {
+    order.push_back(d);
+    K *= x.size(d);
+  }
+  const Tensor xc = view::contiguous(view::permute(x, order));
+  Tensor out = Tensor::empty(c.outputs[0]);
+  const int64_t M = out.numel();
+  int64_t n = K;
+  if (kMean && c.attrs.has("count")) n = c.attrs.i("count");  // a sharded mean: the global count
+  const double scale = kMean ? (n == 0 ? std::nan("") : 1.0 / static_cast<double>(n)) : 1.0;
+  activate(out.device());
+  launch_row_sum(code_of(out, c.op.name), xc.raw_data(), out.raw_data(), M, K, scale, stream_for(out.device()));
+  check(cudaGetLastError(), c.op.name);
+  return {out};
+}
+
+// The in-place updates and the AdamW step (ops/device_fns.h).
+void add_inplace(const Tensor& dst, const Tensor& src, double alpha) {
+  activate(dst.device());
+  launch_axpy(code_of(dst, "add_"), dst.raw_data(), src.raw_data(), strides_of(dst, &src), dst.numel(), alpha,
+              stream_for(dst.device()));
+  check(cudaGetLastError(), "add_");
+}
+
+void scale_inplace(const Tensor& dst, double alpha) {
+  activate(dst.device());
+  launch_unary(Unary::scale, code_of(dst, "scale_"), dst.raw_data(), dst.raw_data(), strides_of(dst, &dst),
+               dst.numel(), alpha, 0.0, stream_for(dst.device()));
+  check(cudaGetLastError(), "scale_");
+}
+
+void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWScalars& k) {
+  activate(p.device());
+  launch_adamw(static_cast<float*>(p.raw_data()), static_cast<const float*>(g.raw_data()),
+               static_cast<float*>(m.raw_data()), static_cast<float*>(v.raw_data()), p.numel(), k,
+               stream_for(p.device()));
+  check(cudaGetLastError(), "adamw_update");
+}
+
 }  // namespace
 
 void install() {
@@ -132,7 +184,12 @@ void install() {
     reg(op_gelu, unary_forward<Unary::gelu>);
     reg(op_scale, unary_forward<Unary::scale>, true);
     reg(op_matmul, matmul_forward, true);
+    reg(op_sum, reduce_forward<false>, true);
+    reg(op_mean, reduce_forward<true>, true);
     reg(op_linear, linear_forward);
+    register_device_fn("add_", DeviceType::cuda, reinterpret_cast<void*>(&add_inplace));
+    register_device_fn("scale_", DeviceType::cuda, reinterpret_cast<void*>(&scale_inplace));
+    register_device_fn("adamw_update", DeviceType::cuda, reinterpret_cast<void*>(&adamw_step));
     // Views and copies only: their OpDef's forward is device-neutral.
     for (const OpDef* op : {&op_cast, &op_reshape, &op_permute, &op_expand, &op_contiguous, &op_cat, &op_split,
                             &op_slice})

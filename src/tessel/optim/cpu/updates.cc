@@ -10,10 +10,6 @@ namespace tessel::optim::cpu {
 
 namespace {
 
-struct AdamWScalars {
-  float decay, w1, b2, w2, step_size, bc2_sqrt, eps, grad_scale;
-};
-
 // The element loop on one chunk; restrict pointers let GCC vectorise it.
 void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v, int64_t n,
                  AdamWScalars k) {
@@ -43,23 +39,12 @@ void sgd_chunk(float* __restrict p, const float* __restrict g, float* __restrict
 
 }  // namespace
 
-void adamw_update(const Tensor& pt, const Tensor& gt, const Tensor& mt, const Tensor& vt, int64_t step,
-                  const AdamWOptions& o, double lr, bool decay, float grad_scale) {
+void adamw_update(const Tensor& pt, const Tensor& gt, const Tensor& mt, const Tensor& vt, const AdamWScalars& k) {
   float* p = pt.data<float>();
   const float* g = gt.data<float>();
   float* m = mt.data<float>();
   float* v = vt.data<float>();
   const int64_t n = pt.numel();
-  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
-  AdamWScalars k{decay ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f,
-                 static_cast<float>(1.0 - o.beta1),
-                 static_cast<float>(o.beta2),
-                 static_cast<float>(1.0 - o.beta2),
-                 static_cast<float>(lr / bc1),
-                 static_cast<float>(std::sqrt(bc2)),
-                 static_cast<float>(o.eps),
-                 grad_scale};
   parallel_for(0, n, 1 << 14, [&](int64_t lo, int64_t hi) { adamw_chunk(p + lo, g + lo, m + lo, v + lo, hi - lo, k); });
 }
 
