@@ -124,12 +124,6 @@ const std::vector<OpCase>& cases() {
   return all;
 }
 
-Tensors on(const Tensors& in, Device device) {
-  Tensors out;
-  for (const Tensor& t : in) out.push_back(t.defined() ? t.to(device) : t);
-  return out;
-}
-
 class CudaOpCase : public ::testing::TestWithParam<size_t> {
  protected:
   const OpCase& c() const { return cases()[GetParam()]; }
@@ -156,7 +150,7 @@ TEST_P(CudaOpCase, ForwardMatchesTheCpuAtF32) {
   Tensors got;
   TESSEL_ON_GPU({
     DeviceScope scope(kGpu);
-    got = c().run(on(in, kGpu));
+    got = c().run(to_device(in, kGpu));
   });
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) {
@@ -165,33 +159,12 @@ TEST_P(CudaOpCase, ForwardMatchesTheCpuAtF32) {
   }
 }
 
-Tensors gradients(const OpCase& c, Device device, Tensors in) {
-  DeviceScope scope(device);
-  in = on(in, device);
-  Tensors targets;
-  for (Tensor& t : in)
-    if (t.dtype() == DType::f64) {
-      t = t.detach();
-      t.set_requires_grad(true);
-      targets.push_back(t);
-    }
-  Tensors outs = c.run(in);
-  Tensor loss;
-  for (size_t k = 0; k < outs.size(); ++k) {
-    if (!is_floating(outs[k].dtype()) || !outs[k].requires_grad()) continue;
-    Tensor term = sum(mul(outs[k], rand_tensor(outs[k].shape(), DType::f64, 1000 + k).to(device)));
-    loss = loss.defined() ? add(loss, term) : term;
-  }
-  if (!loss.defined()) return {};
-  return grad({loss}, targets);
-}
-
 TEST_P(CudaOpCase, GradientsMatchTheCpuAtF64) {
   if (!c().grad) GTEST_SKIP() << "not differentiable";
   Tensors in = c().make_inputs(DType::f64);
-  Tensors want = gradients(c(), Device{}, in);
+  Tensors want = case_gradients(c(), Device{}, in);
   Tensors got;
-  TESSEL_ON_GPU(got = gradients(c(), kGpu, in));
+  TESSEL_ON_GPU(got = case_gradients(c(), kGpu, in));
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) {
     if (!want[i].defined()) continue;

@@ -24,12 +24,6 @@ const std::vector<OpCase>& cases() {
   return all;
 }
 
-Tensors to_device(const Tensors& in, Device device) {
-  Tensors out;
-  for (const Tensor& t : in) out.push_back(t.defined() ? t.to(device) : t);
-  return out;
-}
-
 // Empty when `got` (on any device) has the dtype, shape and bits of `want`.
 std::string bitwise(const Tensor& got, const Tensor& want) {
   if (got.dtype() != want.dtype() || got.shape() != want.shape())
@@ -72,34 +66,11 @@ TEST_P(DeviceCaseTest, ForwardOnTheGuardedDeviceIsBitwiseTheCpus) {
   EXPECT_FALSE(guarded_memory_open());
 }
 
-// The gradients of L = Σ_k Σ out_k · w_k on each device.
-Tensors gradients(const OpCase& c, Device device, Tensors in) {
-  DeviceScope scope(device);
-  in = to_device(in, device);
-  Tensors targets;
-  for (Tensor& t : in)
-    if (t.dtype() == DType::f64) {
-      t = t.detach();
-      t.set_requires_grad(true);
-      targets.push_back(t);
-    }
-  Tensors outs = c.run(in);
-  Tensor loss;
-  for (size_t k = 0; k < outs.size(); ++k) {
-    if (!is_floating(outs[k].dtype()) || !outs[k].requires_grad()) continue;
-    Tensor w = rand_tensor(outs[k].shape(), DType::f64, 1000 + k).to(device);
-    Tensor term = sum(mul(outs[k], w));
-    loss = loss.defined() ? add(loss, term) : term;
-  }
-  if (!loss.defined()) return {};
-  return grad({loss}, targets);
-}
-
 TEST_P(DeviceCaseTest, GradientsOnTheGuardedDeviceAreBitwiseTheCpus) {
   if (!c().grad) GTEST_SKIP() << "not differentiable";
   Tensors in = c().make_inputs(DType::f64);
-  Tensors want = gradients(c(), Device{}, in);
-  Tensors got = gradients(c(), kGuarded, in);
+  Tensors want = case_gradients(c(), Device{}, in);
+  Tensors got = case_gradients(c(), kGuarded, in);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i].defined(), want[i].defined()) << "gradient " << i;

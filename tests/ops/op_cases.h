@@ -34,6 +34,13 @@ struct OpCase {
 
 std::vector<OpCase> all_cases();
 
+// The tensors of `in` (undefined ones kept) on `device`.
+Tensors to_device(const Tensors& in, Device device);
+// The gradients, with respect to its f64 inputs, of L = Σ_k Σ out_k · w_k (w_k fixed random)
+// for case `c` run on `device` with inputs `in`; empty when no output is differentiable. The
+// device harnesses compare these across devices.
+Tensors case_gradients(const OpCase& c, Device device, Tensors in);
+
 // Bad-input cases: calling `call` must throw tessel::Error whose message contains every
 // string of `expect` (the op name and the offending shapes or dtypes).
 struct ErrorCase {
