@@ -10,46 +10,21 @@
 #include "tessel/cli/trainer.h"
 #include "tessel/core/error.h"
 #include "tessel/engine/engine.h"
+#include "tiny_train.h"
 
 namespace tessel {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string corpus() { return std::string(TESSEL_SOURCE_DIR) + "/data/kjv.txt"; }
-
-// Small GPT-2 (with dropout), Llama and Mixtral (dropless MoE) configs.
-std::string tiny_yaml(const std::string& arch) {
-  std::string model;
-  if (arch == "gpt2")
-    model = "model: {arch: gpt2, n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 256, n_positions: 32}\n";
-  else if (arch == "llama")
-    model = "model: {arch: llama, num_hidden_layers: 2, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2,"
-            " intermediate_size: 48, vocab_size: 256, max_position_embeddings: 32}\n";
-  else
-    model = "model: {arch: mixtral, num_hidden_layers: 2, hidden_size: 32, num_attention_heads: 4, "
-            "num_key_value_heads: 2, intermediate_size: 48, vocab_size: 256, max_position_embeddings: 32, "
-            "num_local_experts: 4, num_experts_per_tok: 2, router_aux_loss_coef: 0.01, router_z_loss_coef: 0.001}\n";
-  const std::string dropout = arch == "gpt2" ? " dropout: 0.1," : "";
-  return model + "data: {path: " + corpus() +
-         ", format: text, order: random}\n"
-         "train: {steps: 6, global_batch: 4, micro_batch: 2, seq_len: 16, lr: 3.0e-3, warmup: 2, schedule: cosine,"
-         " seed: 5," + dropout + " threads: 1}\n"
-         "log: {every: 5}\n";
-}
-
-std::vector<double> losses(const TrainResult& r) {
-  std::vector<double> out;
-  for (const StepRecord& s : r.steps) out.push_back(s.loss);
-  return out;
-}
+using testing::losses;
+using testing::tiny_yaml;
 
 class GuardedTraining : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GuardedTraining, LossesAreTheCpusBitForBit) {
-  const TrainResult cpu = train(parse_run_config(tiny_yaml(GetParam()), {}, "", "test"), TrainOptions{.quiet = true});
+  const TrainResult cpu = train(parse_run_config(tiny_yaml(GetParam(), 6), {}, "", "test"), TrainOptions{.quiet = true});
   const TrainResult guarded =
-      train(parse_run_config(tiny_yaml(GetParam()), {"train.device=guarded"}, "", "test"), TrainOptions{.quiet = true});
+      train(parse_run_config(tiny_yaml(GetParam(), 6), {"train.device=guarded"}, "", "test"), TrainOptions{.quiet = true});
   ASSERT_EQ(cpu.steps.size(), 6u);
   EXPECT_EQ(losses(guarded), losses(cpu));
 }
@@ -59,12 +34,12 @@ TEST_P(GuardedTraining, LossesAreTheCpusBitForBit) {
 TEST_P(GuardedTraining, SaveAndResumeContinueTheCpuTrajectory) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("tessel_guarded_{}_{}", ::getpid(), GetParam());
   fs::remove_all(dir);
-  const TrainResult cpu = train(parse_run_config(tiny_yaml(GetParam()), {}, "", "test"), TrainOptions{.quiet = true});
+  const TrainResult cpu = train(parse_run_config(tiny_yaml(GetParam(), 6), {}, "", "test"), TrainOptions{.quiet = true});
   const RunConfig first = parse_run_config(
-      tiny_yaml(GetParam()), {"train.device=guarded", "train.steps=3", "train.async_save=false"}, "", "test");
+      tiny_yaml(GetParam(), 6), {"train.device=guarded", "train.steps=3", "train.async_save=false"}, "", "test");
   train(first, TrainOptions{.save_dir = dir.string(), .quiet = true});
   ASSERT_TRUE(fs::exists(dir / "step-000003" / "optimizer.safetensors"));
-  const RunConfig rest = parse_run_config(tiny_yaml(GetParam()), {"train.device=guarded"}, "", "test");
+  const RunConfig rest = parse_run_config(tiny_yaml(GetParam(), 6), {"train.device=guarded"}, "", "test");
   const TrainResult resumed = train(rest, TrainOptions{.resume_dir = dir.string(), .quiet = true});
   ASSERT_EQ(resumed.steps.size(), 3u);
   const std::vector<double> all = losses(cpu);
@@ -89,9 +64,9 @@ TEST_P(GuardedLayouts, TrainLikeTheSameLayoutOnTheCpu) {
   const LayoutCase& c = GetParam();
   std::vector<std::string> sets = c.sets;
   sets.push_back("train.steps=3");
-  const RunConfig cpu = parse_run_config(tiny_yaml(c.arch), sets, "", "test");
+  const RunConfig cpu = parse_run_config(tiny_yaml(c.arch, 6), sets, "", "test");
   sets.push_back("train.device=guarded");
-  const RunConfig guarded = parse_run_config(tiny_yaml(c.arch), sets, "", "test");
+  const RunConfig guarded = parse_run_config(tiny_yaml(c.arch, 6), sets, "", "test");
   const int n = static_cast<int>(cpu.parallel.world_size());
   ASSERT_GT(n, 1);
   const ParallelTrainOptions opts{.base = TrainOptions{.quiet = true}};
@@ -112,7 +87,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(GuardedTraining, ABadDeviceNameIsAConfigError) {
   try {
-    parse_run_config(tiny_yaml("gpt2"), {"train.device=tpu"}, "", "test");
+    parse_run_config(tiny_yaml("gpt2", 6), {"train.device=tpu"}, "", "test");
     FAIL() << "accepted train.device=tpu";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("train.device"), std::string::npos) << e.what();

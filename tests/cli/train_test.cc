@@ -12,28 +12,15 @@
 #include "tessel/data/loader.h"
 #include "tessel/launch/signals.h"
 #include "tessel/core/context.h"
+#include "tiny_train.h"
 
 namespace tessel {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string corpus() { return std::string(TESSEL_SOURCE_DIR) + "/data/kjv.txt"; }
-
-std::string tiny_yaml(const std::string& arch) {
-  std::string model =
-      arch == "gpt2"
-          ? "model: {arch: gpt2, n_layer: 2, n_embd: 32, n_head: 2, vocab_size: 256, n_positions: 32}\n"
-          : "model: {arch: llama, num_hidden_layers: 2, hidden_size: 32, num_attention_heads: 4, num_key_value_heads: 2,"
-            " intermediate_size: 48, vocab_size: 256, max_position_embeddings: 32}\n";
-  // Llama has no dropout layers, and a config that asks it for dropout is refused.
-  const std::string dropout = arch == "gpt2" ? " dropout: 0.1," : "";
-  return model + "data: {path: " + corpus() +
-         ", format: text, order: random}\n"
-         "train: {steps: 20, global_batch: 4, micro_batch: 2, seq_len: 16, lr: 3.0e-3, warmup: 3, schedule: cosine,"
-         " seed: 5," + dropout + " threads: 1}\n"
-         "log: {every: 5}\n";
-}
+using testing::corpus;
+using testing::losses;
+using testing::tiny_yaml;
 
 class TempDir {
  public:
@@ -48,12 +35,6 @@ class TempDir {
   static inline int counter_ = 0;
   fs::path path_;
 };
-
-std::vector<double> losses(const TrainResult& r) {
-  std::vector<double> out;
-  for (const StepRecord& s : r.steps) out.push_back(s.loss);
-  return out;
-}
 
 class Resume : public ::testing::TestWithParam<std::string> {};
 

@@ -15,19 +15,14 @@ namespace {
 // Rows per parallel_for chunk: about kElementGrain logits.
 int64_t row_grain(int64_t Cl) { return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, Cl)); }
 
-// R and Cl of x viewed as [R, Cl].
-void rows_cols(const Tensor& x, int64_t& R, int64_t& Cl) {
-  Cl = x.dim() == 0 ? 1 : x.size(-1);
-  R = Cl == 0 ? 0 : x.numel() / Cl;
-}
+// Cl of x viewed as [R, Cl] (R is the length of the row statistics).
+int64_t row_width(const Tensor& x) { return x.dim() == 0 ? 1 : x.size(-1); }
 
 }  // namespace
 
 template <typename T>
 void ce_row_max(const Tensor& x, std::vector<T>& m) {
-  int64_t R = 0, Cl = 0;
-  rows_cols(x, R, Cl);
-  R = static_cast<int64_t>(m.size());
+  const int64_t R = static_cast<int64_t>(m.size()), Cl = row_width(x);
   host_kernel("cross_entropy", x.device(), [&] {
     const T* px = x.data<T>();
     parallel_for(0, R, row_grain(Cl), [&](int64_t lo, int64_t hi) {
@@ -40,9 +35,7 @@ void ce_row_max(const Tensor& x, std::vector<T>& m) {
 template <typename T>
 void ce_row_sums(const Tensor& x, const std::vector<T>& m, const std::vector<int64_t>& targets, int64_t c0,
                  int64_t ignore, std::vector<T>& sx) {
-  int64_t R = 0, Cl = 0;
-  rows_cols(x, R, Cl);
-  R = static_cast<int64_t>(m.size());
+  const int64_t R = static_cast<int64_t>(m.size()), Cl = row_width(x);
   host_kernel("cross_entropy", x.device(), [&] {
     const T* px = x.data<T>();
     parallel_for(0, R, row_grain(Cl), [&](int64_t lo, int64_t hi) {
@@ -61,9 +54,7 @@ void ce_row_sums(const Tensor& x, const std::vector<T>& m, const std::vector<int
 template <typename T>
 Tensor ce_backward(const Tensor& x, const std::vector<double>& lse, const std::vector<int64_t>& targets, int64_t c0,
                    int64_t ignore, T scale) {
-  int64_t R = 0, Cl = 0;
-  rows_cols(x, R, Cl);
-  R = static_cast<int64_t>(lse.size());
+  const int64_t R = static_cast<int64_t>(lse.size()), Cl = row_width(x);
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   host_kernel("cross_entropy", x.device(), [&] {
     const T* px = x.data<T>();
