@@ -4,7 +4,9 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <string>
 #include <type_traits>
 
 #include "tessel/ops/reduce.h"
@@ -50,6 +52,21 @@ namespace {
 // embeds tessel may have set more, and then each tile would again depend on the count.
 void blas_single_threaded() {
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
+// Whether OpenBLAS's kernel set is one whose sgemm gives an element the same bits inside a
+// call on several tiles as in its tile's own call (below). Measured on the AVX-512 sets,
+// SkylakeX and Cooperlake (tests/ops/thread_count_test.cc, GemmTiles); not on the AVX2 Zen
+// set, whose register tiles do not line up with tessel's 16-wide tile edges: a tenth of the
+// elements of a 1024x768x256 product differed (AMD EPYC, OpenBLAS 0.3.21). Any set not
+// measured keeps a call a tile.
+bool blas_keeps_tile_bits() {
+  static const bool keeps = [] {
+    std::string core = openblas_get_corename();
+    for (char& ch : core) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return core == "skylakex" || core == "cooperlake";
+  }();
+  return keeps;
 }
 
 void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
@@ -140,10 +157,11 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A
   // one call (BLAS packs each operand once instead of once a tile): f32 products whose
   // smallest tile, the corner one, stays on the packed path. OpenBLAS's SkylakeX dgemm does
   // not keep the bits of a tile inside a larger call (a fifth of a sweep of large f64 shapes
-  // differed), so f64 — the dtype of gradient checks, not of training — keeps a call a tile.
+  // differed), so f64 — the dtype of gradient checks, not of training — keeps a call a tile,
+  // as does f32 on a kernel set not known to keep the bits (blas_keeps_tile_bits).
   const double corner = static_cast<double>(M - (g.row_blocks - 1) * g.rows) *
                         static_cast<double>(N - (g.col_blocks - 1) * g.cols) * static_cast<double>(K);
-  const bool merge = std::is_same_v<T, float> && corner >= kBlasPackedWork;
+  const bool merge = std::is_same_v<T, float> && corner >= kBlasPackedWork && blas_keeps_tile_bits();
   const int64_t parts = merge ? std::min<int64_t>(tiles, current_num_threads()) : tiles;
   parallel_for(0, parts, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t p = lo; p < hi; ++p) tiles_from(p * tiles / parts, (p + 1) * tiles / parts);
