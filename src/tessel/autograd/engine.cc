@@ -125,10 +125,12 @@ void accumulate_leaf(const std::shared_ptr<AutogradMeta>& leaf, const TensorMeta
   for (const auto& hook : leaf->post_accumulate_hooks) hook(leaf->grad);
 }
 
-// Counts a backward pass on this rank for its scope.
+// Counts a backward pass on this rank for its scope, with mixed precision off: a backward's
+// dtypes are its forward's (a recompute turns it back on for its rerun).
 struct BackwardScope {
   BackwardScope() { ++rank_context().backward_depth; }
   ~BackwardScope() { --rank_context().backward_depth; }
+  AutocastScope autocast_off{false};
 };
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads, bool retain_graph,
@@ -380,7 +382,8 @@ Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x
   }
   y = y.detach();
   Tensor saved = x.detach();
-  record_function("recompute", {x}, {y}, [fn, saved, restore](std::vector<Tensor>&& g) {
+  const bool autocast = autocast_enabled();  // the rerun computes in the forward's dtypes
+  record_function("recompute", {x}, {y}, [fn, saved, restore, autocast](std::vector<Tensor>&& g) {
     if (!g[0].defined()) return std::vector<Tensor>{Tensor()};
     if (restore) restore();
     Tensor xi = saved.detach();
@@ -388,6 +391,7 @@ Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x
     Tensor yi;
     {
       GradModeGuard on(true);
+      AutocastScope same(autocast);
       yi = fn(xi);
     }
     backward(yi, g[0]);

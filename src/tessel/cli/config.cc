@@ -539,6 +539,8 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   t.memory_dir = train.get("memory_dir", t.memory_dir);
   t.threads = train.get("threads", t.threads);
   t.device = train.get("device", t.device);
+  t.precision = train.get("precision", t.precision);
+  t.grad_reduce = train.get("grad_reduce", t.grad_reduce);
   t.eval_every = train.get("eval_every", t.eval_every);
   t.eval_batches = train.get("eval_batches", t.eval_batches);
   train.finish();
@@ -632,6 +634,12 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   not_negative("train.threads", static_cast<double>(t.threads));
   TESSEL_CHECK(t.device == "cpu" || t.device == "cuda" || t.device == "guarded",
                "{}: config 'train.device' is '{}'; expected cpu, cuda or guarded", source, t.device);
+  for (const auto& [key, value] : {std::pair{"precision", &t.precision}, std::pair{"grad_reduce", &t.grad_reduce}}) {
+    if (*value == "float32") *value = "f32";
+    if (*value == "bfloat16") *value = "bf16";
+    TESSEL_CHECK(*value == "f32" || *value == "bf16", "{}: config 'train.{}' is '{}'; expected f32 or bf16", source,
+                 key, *value);
+  }
   not_negative("train.eval_every", static_cast<double>(t.eval_every));
   positive("train.eval_batches", static_cast<double>(t.eval_batches));
   TESSEL_CHECK(c.data.val_fraction >= 0 && c.data.val_fraction <= 0.5,

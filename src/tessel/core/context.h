@@ -42,6 +42,10 @@ struct RankContext {
   // kernel runs with its inputs' device current. `stream` is the current stream on it.
   Device device;
   uint64_t stream = 0;
+  // bf16 mixed precision (AutocastScope): ops called now pick their compute dtype by kind —
+  // products in bf16, norms, softmax and sums in f32, the rest in the widest of their inputs
+  // (ops/autocast.h). Off inside kernels, distributed dispatch and backward passes.
+  bool autocast = false;
 
   // State owned by higher layers, keyed by its type (comm world, dist state, ...).
   template <typename T>
@@ -136,6 +140,19 @@ class DeviceScope {
   Device device_;
   uint64_t stream_;
 };
+// Turns bf16 mixed precision (RankContext::autocast) on or off for the scope.
+class AutocastScope {
+ public:
+  explicit AutocastScope(bool enabled) : previous_(rank_context().autocast) { rank_context().autocast = enabled; }
+  ~AutocastScope() { rank_context().autocast = previous_; }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool previous_;
+};
+inline bool autocast_enabled() { return rank_context().autocast; }
+
 inline Device current_device() { return rank_context().device; }
 inline Stream current_stream() { return Stream{rank_context().device, rank_context().stream}; }
 

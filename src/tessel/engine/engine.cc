@@ -169,6 +169,8 @@ struct Engine::State {
   MemoryCheckpoints in_memory;          // the in-memory checkpoints' folder and the ranks' machines
 
   bool lead() const { return world->rank() == 0; }
+  // train.precision: bf16 mixed precision (the step's forward under AutocastScope).
+  bool bf16() const { return cfg.train.precision == "bf16"; }
   int pp_rank() const { return static_cast<int>(layout->coord("pp")); }
 
   // Model chunk `chunk` on token ids `ids` (its first virtual stage) or on the hidden states
@@ -217,9 +219,11 @@ struct Engine::State {
     nn::dropout_state() = ds;
     nn::sequence_state() = nn::SequenceState{
         .positions = batch.positions, .doc_starts = batch.doc_starts, .cp_method = cfg.parallel.cp_method};
+    AutocastScope precision(bf16());
     Tensor y = run_chunk(chunk, batch.inputs, inputs.empty() ? Tensor() : inputs[0], ds);
     if (schedule.virtual_stage(pp_rank(), chunk) == V - 1) return {cross_entropy(y, batch.targets)};
-    return {y};
+    // What crosses a stage boundary travels in f32 (the payload's dtype) whatever the precision.
+    return {y.dtype() == DType::f32 ? y : cast(y, DType::f32)};
   }
 
   // This rank's part of a checkpoint at the step the engine stands at.
@@ -492,7 +496,8 @@ Engine::Engine(RunConfig config, std::unique_ptr<nn::LanguageModel> model) : s_(
   OptimizerOptions oo{.kind = t.optimizer,
                       .adamw = {.lr = t.lr, .beta1 = t.beta1, .beta2 = t.beta2, .eps = t.eps, .weight_decay = t.weight_decay},
                       .sgd = {.lr = t.lr, .momentum = t.momentum, .weight_decay = t.weight_decay, .nesterov = t.nesterov},
-                      .bucket_bytes = static_cast<int64_t>(pc.bucket_mb * (1 << 20))};
+                      .bucket_bytes = static_cast<int64_t>(pc.bucket_mb * (1 << 20)),
+                      .reduce_dtype = t.grad_reduce == "bf16" ? DType::bf16 : DType::f32};
   s.optimizer = std::make_unique<ShardedOptimizer>(s.params, layout, oo, tied, tied_group, s.first_stage);
   s.lr_schedule = optim::LrSchedule{.kind = optim::LrSchedule::parse_kind(t.schedule),
                                     .lr = t.lr,
@@ -557,7 +562,12 @@ Tensor Engine::predict(const Tensor& ids) {
   }
   nn::sequence_state() = ss;
   const Tensor x = shard_tensor(in, layout.stage_mesh(), layout.ids_placements());
-  const Tensor logits = s.run_chunk(0, x, Tensor(), nn::dropout_state());  // one stage: the whole model
+  Tensor logits;
+  {
+    AutocastScope precision(s.bf16());
+    logits = s.run_chunk(0, x, Tensor(), nn::dropout_state());  // one stage: the whole model
+  }
+  if (logits.dtype() != DType::f32) logits = cast(logits, DType::f32);  // bf16 logits come back as f32
   if (s.gather) s.gather->finish_step();
   nn::sequence_state() = nn::SequenceState{};
   Tensor whole = full_tensor(logits);

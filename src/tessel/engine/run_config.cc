@@ -71,6 +71,9 @@ Json trajectory_settings(const RunConfig& c) {
          {"train.grad_clip", t.grad_clip}});
   put("train.schedule", t.schedule);
   put("train.optimizer", t.optimizer);
+  // Only where not f32, so a checkpoint written before they existed records the same settings.
+  if (t.precision != "f32") put("train.precision", t.precision);
+  if (t.grad_reduce != "f32") put("train.grad_reduce", t.grad_reduce);
   if (t.optimizer == "adamw") {
     reals({{"train.beta1", t.beta1}, {"train.beta2", t.beta2}, {"train.eps", t.eps}});
   } else {

@@ -61,6 +61,13 @@ struct TrainSection {
   // Where the model, its states and the step run: cpu, cuda (each rank its local GPU), or
   // guarded (the CPU test device whose memory host code may not touch; docs/devices.md).
   std::string device = "cpu";
+  // f32, or bf16 mixed precision: products (GEMMs, attention) in bf16 with f32 accumulation,
+  // norms, softmax and the loss in f32, the weights, their gradients and the optimizer's
+  // states in f32 (docs/precision.md).
+  std::string precision = "f32";
+  // The dtype data-parallel gradient buckets travel and are summed in: f32, or bf16 (half the
+  // bytes on the wire; each sum rounded to bf16).
+  std::string grad_reduce = "f32";
   // With validation data: the validation loss every `eval_every` steps (0: at the start and the
   // end only) over `eval_batches` fixed global batches read in order from the validation tokens.
   int64_t eval_every = 0, eval_batches = 4;

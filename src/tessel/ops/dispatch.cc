@@ -4,6 +4,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "tessel/core/context.h"
 #include "tessel/core/grad_node.h"
@@ -206,7 +207,46 @@ std::vector<Tensor> run_backward(const GradCall& call) {
   return grads;
 }
 
+namespace {
+
+// Under bf16 mixed precision: `inputs` cast to the dtype `op` computes in (its AutocastPolicy).
+// The casts are recorded, so gradients flow back to each input in its own dtype (an f32 master
+// weight gets an f32 gradient).
+void autocast_inputs(const OpDef& op, std::vector<Tensor>& inputs) {
+  bool has_bf16 = false, has_f32 = false;
+  for (const Tensor& t : inputs) {
+    if (!t.defined()) continue;
+    has_bf16 = has_bf16 || t.dtype() == DType::bf16;
+    has_f32 = has_f32 || t.dtype() == DType::f32;
+  }
+  DType from = DType::bf16, to = DType::f32;
+  switch (op.autocast) {
+    case AutocastPolicy::lower:
+      if (!has_f32) return;
+      from = DType::f32;
+      to = DType::bf16;
+      break;
+    case AutocastPolicy::f32:
+      if (!has_bf16) return;
+      break;
+    case AutocastPolicy::promote:
+      if (!has_bf16 || !has_f32) return;
+      break;
+  }
+  for (Tensor& t : inputs)
+    if (t.defined() && t.dtype() == from) t = call_op1(cast_op(), {t}, Attrs{{"dtype", to}});
+}
+
+}  // namespace
+
 std::vector<Tensor> call_op(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs) {
+  // Mixed precision decides the dtypes here, once: what this op's kernel, its distributed
+  // dispatch and the ops they call run on is then left as it is.
+  std::optional<AutocastScope> autocast_off;
+  if (autocast_enabled()) {
+    if (&op != &cast_op()) autocast_inputs(op, inputs);
+    autocast_off.emplace(false);
+  }
   // bf16 computes in f32: cast in (recorded, so gradients flow back as bf16), cast out.
   // Only when every floating input is bf16: a bf16/f32 mix is left for infer to reject.
   bool has_bf16 = false, other_float = false;

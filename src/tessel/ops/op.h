@@ -62,6 +62,12 @@ struct SaveSpec {
 };
 inline constexpr uint32_t kAll = 0xffffffffu;
 
+// What an op computes in under bf16 mixed precision (AutocastScope; the rule of torch.autocast):
+// `lower` (products: GEMMs, attention) rounds its f32 inputs to bf16, `f32` (norms, softmax,
+// losses, sums: where bf16's 8 bits of mantissa lose too much) widens its bf16 inputs to f32,
+// `promote` (everything else) computes in the widest floating dtype among its inputs.
+enum class AutocastPolicy : uint8_t { promote, lower, f32 };
+
 struct OpDef {
   std::string_view name;
   int num_inputs = 1;   // -1: variadic (cat)
@@ -74,6 +80,7 @@ struct OpDef {
   SpmdRule spmd = nullptr;  // filled per op by the distributed-tensor work
   SaveSpec save;
   bool bf16_via_f32 = true;  // bf16 inputs are computed in f32 and rounded back
+  AutocastPolicy autocast = AutocastPolicy::promote;
 };
 
 }  // namespace tessel

@@ -104,6 +104,8 @@ ShardedOptimizer::ShardedOptimizer(std::vector<nn::Parameter*> params, const Lay
   TESSEL_CHECK(options_.kind == "adamw" || options_.kind == "sgd", "train.optimizer must be adamw or sgd, got '{}'",
                options_.kind);
   TESSEL_CHECK(options_.bucket_bytes > 0, "parallel.bucket_mb must be positive");
+  TESSEL_CHECK(options_.reduce_dtype == DType::f32 || options_.reduce_dtype == DType::bf16,
+               "train.grad_reduce must be f32 or bf16, got {}", dtype_name(options_.reduce_dtype));
   const int64_t stage = layout_.config().sharding_stage, dp = layout_.degree("dp");
   const size_t dp_dim = static_cast<size_t>(layout_.stage_dim("dp")), tp_dim = static_cast<size_t>(layout_.stage_dim("tp"));
   const ProcessMesh mesh = layout_.stage_mesh();
@@ -288,12 +290,12 @@ void ShardedOptimizer::launch(Bucket&& b) {
       b.at.push_back({total});
       total += g.numel();
     }
-    b.flat = Tensor::empty({total}, DType::f32);
+    b.flat = Tensor::empty({total}, options_.reduce_dtype);
     for (size_t k = 0; k < b.grads.size(); ++k) pack(b.flat, b.at[k][0], b.grads[k]);
     b.grads.clear();
     if (dp > 1) {
       CommBuffers cb;
-      b.work = cb.finish(group->all_reduce_async(cb.inout(b.flat), total, DType::f32, ReduceOp::sum));
+      b.work = cb.finish(group->all_reduce_async(cb.inout(b.flat), total, b.flat.dtype(), ReduceOp::sum));
     }
   } else {
     // Region r holds dp rank r's box of every gradient of the bucket, one after another.
@@ -312,15 +314,16 @@ void ShardedOptimizer::launch(Bucket&& b) {
       start.push_back(total);
       total += n;
     }
-    b.flat = Tensor::empty({total}, DType::f32);
+    b.flat = Tensor::empty({total}, options_.reduce_dtype);
     for (size_t k = 0; k < b.slots.size(); ++k)
       for (int64_t r = 0; r < dp; ++r)
         pack(b.flat, start[static_cast<size_t>(r)] + b.at[k][static_cast<size_t>(r)],
              slots_[b.slots[k]].grad_box(b.grads[k], r));
     b.grads.clear();
-    b.mine = Tensor::empty({b.region[static_cast<size_t>(layout_.coord("dp"))]}, DType::f32);
+    b.mine = Tensor::empty({b.region[static_cast<size_t>(layout_.coord("dp"))]}, options_.reduce_dtype);
     CommBuffers cb;
-    b.work = cb.finish(group->reduce_scatter_v_async(cb.in(b.flat), cb.out(b.mine), b.region, DType::f32, ReduceOp::sum));
+    b.work = cb.finish(
+        group->reduce_scatter_v_async(cb.in(b.flat), cb.out(b.mine), b.region, b.flat.dtype(), ReduceOp::sum));
   }
   in_flight_.push_back(std::move(b));
 }
@@ -348,7 +351,7 @@ void ShardedOptimizer::start_sum(Bucket& b) {
   const Tensor& held = layout_.config().sharding_stage == 0 ? b.flat : b.mine;
   CommBuffers cb;
   b.sum_work = cb.finish(
-      sum_groups_.at(b.sum_dims[b.summing])->all_reduce_async(cb.inout(held), held.numel(), DType::f32, ReduceOp::sum));
+      sum_groups_.at(b.sum_dims[b.summing])->all_reduce_async(cb.inout(held), held.numel(), held.dtype(), ReduceOp::sum));
 }
 
 void ShardedOptimizer::finish_oldest_sum() {
@@ -376,6 +379,7 @@ void ShardedOptimizer::unpack_bucket(Bucket& b) {
     Slot& s = slots_[b.slots[k]];
     const Shape shape = s.shard_shape(static_cast<int64_t>(me));
     Tensor piece = stage0 ? unpack(b.flat, b.at[k][0], shape) : unpack(b.mine, b.at[k][me], shape);
+    if (piece.dtype() != DType::f32) piece = view::to_dtype(piece, DType::f32);  // a bf16 bucket, widened
     if (s.grad.defined()) {
       add_(local_piece(s.grad), piece);  // stage 2: this micro-batch's shard onto the earlier ones'
       continue;

@@ -45,6 +45,9 @@ struct OptimizerOptions {
   optim::SgdOptions sgd;
   // Gradient bytes per collective during the backward (docs/parallel.md, "Gradient buckets").
   int64_t bucket_bytes = int64_t{4} << 20;
+  // The dtype gradient buckets are summed in over dp (and cp/ep): f32, or bf16 (train.grad_reduce:
+  // half the bytes; the f32 gradients are rounded into the bucket and widened back after).
+  DType reduce_dtype = DType::f32;
 };
 
 class ShardedOptimizer {
