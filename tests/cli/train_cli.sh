@@ -39,6 +39,15 @@ done
 cmp -s <(grep -o '"loss":[^,]*' "$tmp/cpu.jsonl") <(grep -o '"loss":[^,]*' "$tmp/guarded.jsonl") ||
   { echo "--device guarded losses differ from the CPU's:"; cat "$tmp/cpu.jsonl" "$tmp/guarded.jsonl"; exit 1; }
 
+# The usual thread variables are taken (issue 52: both were ignored, a rank took the cores).
+for var in TESSEL_NUM_THREADS OMP_NUM_THREADS; do
+  env -u TESSEL_NUM_THREADS -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS "$var=1" \
+    "$tessel" train "$config" --set train.steps=1 --set model.n_layer=1 > "$tmp/threads.log" 2>&1 ||
+    { echo "$var=1 train failed:"; cat "$tmp/threads.log"; exit 1; }
+  grep -qF "1 intra-op thread per rank ($var)" "$tmp/threads.log" ||
+    { echo "$var=1 was not taken:"; cat "$tmp/threads.log"; exit 1; }
+done
+
 # The README's main command (./run.sh demo) parses and steps: its layout flags, taken from
 # run.sh itself, for two steps.
 demo_flags=$(sed -n '/tessel train configs\/gpt2-tiny.yaml/,/"\$@"/p' "$2/run.sh" | grep -o -- '--set parallel[^ ]*' | tr '\n' ' ')

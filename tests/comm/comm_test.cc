@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -28,6 +29,7 @@
 #include "tessel/core/context.h"
 #include "tessel/core/error.h"
 #include "tessel/core/profile.h"
+#include "tessel/core/thread_pool.h"
 
 namespace tessel {
 namespace {
@@ -126,6 +128,40 @@ class EnvScope {
 
 // Slots of 128 bytes: every collective of the suite (1001-element all_reduces, gathers of several
 // windows) runs in many chunks, each behind its own barriers.
+// Spawned thread ranks take their intra-op thread count from SpawnOptions, else from the
+// environment (TESSEL_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, in that order), else
+// share the usable cores (issue 52: both variables were ignored and each rank took the cores).
+TEST(ThreadBackendThreads, SpawnedRanksTakeTheEnvironmentsThreadCount) {
+  std::map<std::string, std::optional<std::string>> saved;
+  for (const char* name : {"TESSEL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+    const char* was = std::getenv(name);
+    saved[name] = was != nullptr ? std::optional<std::string>(was) : std::nullopt;
+    ::unsetenv(name);
+  }
+  auto threads_seen = [](int world, int per_rank) {
+    std::vector<int> seen(static_cast<size_t>(world));
+    spawn(world, [&](int rank) { seen[static_cast<size_t>(rank)] = current_num_threads(); },
+          SpawnOptions{.threads_per_rank = per_rank});
+    return seen;
+  };
+  // 3 is no machine's core count here: a rank that took the cores would not show it.
+  ::setenv("OMP_NUM_THREADS", "3", 1);
+  EXPECT_EQ(threads_seen(2, 0), (std::vector<int>{3, 3}));
+  ::setenv("TESSEL_NUM_THREADS", "5", 1);
+  EXPECT_EQ(threads_seen(1, 0), (std::vector<int>{5})) << "TESSEL_NUM_THREADS comes before OMP_NUM_THREADS";
+  EXPECT_EQ(threads_seen(1, 2), (std::vector<int>{2})) << "an explicit count wins";
+  ::unsetenv("TESSEL_NUM_THREADS");
+  ::unsetenv("OMP_NUM_THREADS");
+  EXPECT_EQ(threads_seen(1, 0), (std::vector<int>{usable_cores()}));
+  EXPECT_EQ(threads_seen(2 * usable_cores(), 0), std::vector<int>(static_cast<size_t>(2 * usable_cores()), 1));
+  for (const auto& [name, value] : saved) {
+    if (value)
+      ::setenv(name.c_str(), value->c_str(), 1);
+    else
+      ::unsetenv(name.c_str());
+  }
+}
+
 TEST(GlooSharedMemory, PassesTheSuiteInManySmallChunks) {
   EnvScope slot("TESSEL_GLOO_SHM_SLOT_BYTES", "128");
   spawn_gloo(3, [](ProcessGroup& g) {

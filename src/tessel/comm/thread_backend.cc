@@ -530,10 +530,15 @@ std::shared_ptr<ProcessGroup> make_thread_group(const std::shared_ptr<ThreadWorl
 
 void abort_thread_world(const std::shared_ptr<ThreadWorld>& world, const std::string& reason) { world->abort(reason); }
 
+int spawn_threads_per_rank(int world_size, int threads_per_rank) {
+  if (threads_per_rank > 0) return threads_per_rank;
+  if (EnvThreads e = env_num_threads(); e.count > 0) return e.count;
+  return std::max(1, usable_cores() / std::max(1, world_size));
+}
+
 void spawn(int world_size, const std::function<void(int rank)>& fn, const SpawnOptions& options) {
   auto world = make_thread_world(world_size, options.timeout, options.nodes);
-  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  int per_rank = options.threads_per_rank > 0 ? options.threads_per_rank : std::max(1, cores / world_size);
+  const int per_rank = spawn_threads_per_rank(world_size, options.threads_per_rank);
 
   std::mutex error_mutex;
   std::exception_ptr first;

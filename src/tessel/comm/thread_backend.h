@@ -17,7 +17,10 @@ class ThreadWorld;
 
 struct SpawnOptions {
   Millis timeout = default_timeout();  // of every collective and send/recv
-  int threads_per_rank = 0;          // intra-op threads per rank; 0: cores / world_size (at least 1)
+  // Intra-op threads per rank; 0: what the environment asks for (env_num_threads:
+  // TESSEL_NUM_THREADS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS), else the usable cores / world_size
+  // (at least 1).
+  int threads_per_rank = 0;
   std::vector<int> nodes;            // node of each rank (emulates several hosts); empty: one node
 };
 
@@ -26,6 +29,8 @@ struct SpawnOptions {
 // (world_group()). When a rank throws, the others' pending communication fails with a
 // CommError naming it; after every rank has stopped, the first rank's exception is rethrown.
 void spawn(int world_size, const std::function<void(int rank)>& fn, const SpawnOptions& options = {});
+// The intra-op threads each of `world_size` spawned ranks gets for SpawnOptions::threads_per_rank.
+int spawn_threads_per_rank(int world_size, int threads_per_rank);
 
 // A thread-backend world for `world_size` ranks, for callers managing their own threads;
 // make_thread_group(world, rank) gives each rank its handle.

@@ -138,10 +138,14 @@ RankContextScope::RankContextScope(std::shared_ptr<RankContext> context)
 
 RankContextScope::~RankContextScope() { t_current = previous_; }
 
+EnvThreads env_num_threads() {
+  for (const char* name : {"TESSEL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
+    if (int n = env_int(name); n > 0) return {n, name};
+  return {};
+}
+
 int default_num_threads() {
-  if (int n = env_int("TESSEL_NUM_THREADS"); n > 0) return n;
-  if (int n = env_int("OMP_NUM_THREADS"); n > 0) return n;
-  if (int n = env_int("OPENBLAS_NUM_THREADS"); n > 0) return n;
+  if (EnvThreads e = env_num_threads(); e.count > 0) return e.count;
   // The usable cores shared evenly with the other workers a launcher started on this node
   // (LOCAL_WORLD_SIZE, as torchrun and `tessel launch` set it): two processes on two cores
   // with two threads each ran a data-parallel step of configs/bench-gpt2.yaml 7% slower

@@ -169,6 +169,13 @@ int usable_cores();
 // else the cores of the process's affinity mask divided by LOCAL_WORLD_SIZE (the workers a
 // launcher started on this node; at least 1).
 int default_num_threads();
+// The thread count the environment asks for: TESSEL_NUM_THREADS, else OMP_NUM_THREADS, else
+// OPENBLAS_NUM_THREADS (the first positive one), and which variable said so; {0, ""} when none does.
+struct EnvThreads {
+  int count = 0;
+  const char* variable = "";
+};
+EnvThreads env_num_threads();
 // Sets the process default thread count (the default context's pool); OpenBLAS stays on one
 // thread, since kernels::gemm splits products over the pool itself.
 void set_default_num_threads(int num_threads);

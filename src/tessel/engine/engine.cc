@@ -587,9 +587,17 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
     if (s.lead() && !options.base.quiet) log_info("{}", m);
   };
   const int64_t M = pc.micro_batches;
-  say(fmt::format("{} model, {:.3f}M parameters; {} ranks: {}; {} step{} of {} x {} tokens{}", s.model->arch(),
-                  static_cast<double>(s.model->num_parameters()) / 1e6, pc.world_size(), pc.str(), t.steps,
-                  t.steps == 1 ? "" : "s", t.global_batch, t.seq_len, t.warmup_note()));
+  // Where the intra-op thread count came from, so a run that sets the usual variables sees them taken.
+  const EnvThreads env = env_num_threads();
+  const std::string threads_from = t.threads > 0 ? "train.threads"
+                                   : env.count > 0 ? env.variable
+                                                   : "the cores";
+  say(fmt::format("{} model, {:.3f}M parameters; {} ranks: {}; {} intra-op thread{} per rank ({}); {} step{} of {} x {} "
+                  "tokens{}{}",
+                  s.model->arch(), static_cast<double>(s.model->num_parameters()) / 1e6, pc.world_size(), pc.str(),
+                  current_num_threads(), current_num_threads() == 1 ? "" : "s", threads_from, t.steps,
+                  t.steps == 1 ? "" : "s", t.global_batch, t.seq_len, t.precision == "bf16" ? "; bf16 mixed precision" : "",
+                  t.warmup_note()));
   if (!t.dropout_note.empty() && s.lead() && !options.base.quiet) log_warn("{}", t.dropout_note);
   if (pc.pp > 1 && s.lead() && !options.base.quiet) log_info("pipeline schedule (unit-time view):\n{}", s.schedule.grid());
 
