@@ -73,4 +73,26 @@ for run in $(seq 1 10); do
   wait "$pid" 2> /dev/null || true
   check_resume "external $run"
 done
+# What a killed save leaves is removed by the next run that opens the folder, before its first
+# step, saying so — a --resume of one step folder without --save too (issue 52: it stayed for
+# good) — except a save a live process of this host is still writing.
+rm -rf "$tmp/ck"
+set +e
+{ TESSEL_FAULT="rank=0,step=2,action=crash,during=save,after_bytes=1000" \
+    "$tessel" train "$config" "${small[@]}" --save "$tmp/ck" > "$tmp/run.log" 2>&1; } 2> /dev/null
+set -e
+ls -d "$tmp/ck/.step-000002.tmp" > /dev/null || { echo "the killed save left no temporary folder"; exit 1; }
+mkdir "$tmp/ck/.step-000009.tmp" && echo "$(hostname) $$" > "$tmp/ck/.step-000009.tmp/.owner"
+"$tessel" train "$config" "${small[@]}" --resume "$tmp/ck/step-000001" > "$tmp/leftover.log" 2>&1 ||
+  { echo "the resume from a step folder failed:"; cat "$tmp/leftover.log"; exit 1; }
+[ ! -e "$tmp/ck/.step-000002.tmp" ] || { echo "a resume from a step folder left the killed save's folder"; exit 1; }
+grep -q "removed $tmp/ck/.step-000002.tmp (.* GB), left by a save that did not finish" "$tmp/leftover.log" ||
+  { echo "the removal was not announced:"; cat "$tmp/leftover.log"; exit 1; }
+[ -d "$tmp/ck/.step-000009.tmp" ] && grep -q "left the checkpoint folder $tmp/ck/.step-000009.tmp alone" "$tmp/leftover.log" ||
+  { echo "a live process's save folder was not left alone:"; cat "$tmp/leftover.log"; exit 1; }
+echo "$(hostname) 999999999" > "$tmp/ck/.step-000009.tmp/.owner"  # no such process: left over
+"$tessel" train "$config" "${small[@]}" --set train.steps=1 --save "$tmp/ck2" --resume "$tmp/ck" > "$tmp/leftover.log" 2>&1 ||
+  { echo "the resume failed:"; cat "$tmp/leftover.log"; exit 1; }
+[ ! -e "$tmp/ck/.step-000009.tmp" ] || { echo "a dead process's save folder was left"; exit 1; }
+
 echo "crash during save: ok ($injected of $runs injected kills and $((mid_save - injected)) of 10 external ones landed mid-save)"

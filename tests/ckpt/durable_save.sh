@@ -80,4 +80,16 @@ if not any(i > renamed_at for i in events):
     sys.exit("the parent folder was not fsync'd after the rename")
 print(f"fsync order: {len(files)} files and the folder synced before the rename, the parent after")
 PY
+# (3) A background save is announced before the next save starts, so that when the next one
+# fails the user still learns which checkpoint is complete (issue 52: it was sometimes never said).
+set +e
+out=$(TESSEL_FAULT="step=2,action=error,during=save" "$tessel" train "$config" "${small[@]}" --set train.steps=3 \
+  --set train.save_every=1 --set train.async_save=true --save "$tmp/bg" 2>&1)
+rc=$?
+set -e
+[ "$rc" = 1 ] || { echo "a failed background save: exit $rc, wanted 1:"; echo "$out"; exit 1; }
+grep -qF "saved $tmp/bg/step-000001" <<< "$out" ||
+  { echo "the completed save of step 1 was not announced before step 2's failed:"; echo "$out"; exit 1; }
+[ -d "$tmp/bg/step-000001" ] && [ ! -d "$tmp/bg/step-000002" ] ||
+  { echo "wanted step 1 published and step 2 not:"; ls -a "$tmp/bg"; exit 1; }
 echo "durable saves: ok ($failed file-size limits refused the save without publishing it)"

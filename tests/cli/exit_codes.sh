@@ -70,6 +70,29 @@ train1 2 "holds token id 300 but model.vocab_size is 256" --set data.path="$tmp/
 train1 2 "validation tokens from data.val_path '$tmp/short.txt'" --set data.val_path="$tmp/short.txt" \
   --set train.eval_every=1
 
+# Issue 52, item 6: each of these exited 1 with no reason or key, or was accepted silently.
+train1 2 "--metrics: cannot write metrics file 'no/such/dir/m.jsonl': No such file or directory" \
+  --metrics no/such/dir/m.jsonl
+train1 2 "--metrics: cannot write metrics file '$tmp': it is a folder" --metrics "$tmp"
+train1 2 "config 'log.metrics': cannot write metrics file '$tmp'" --set log.metrics="$tmp"
+train1 2 "config 'model.vocab_size' (68719476736) x 'model.n_embd' (256): the model's 1.76e+13 parameters need 64.0 TiB" \
+  --set model.vocab_size=68719476736
+train1 0 "config 'train.momentum' is a setting of train.optimizer sgd; this run's optimizer is adamw, which ignores it" \
+  --set train.momentum=0.5
+train1 0 "config 'train.betas' is a setting of train.optimizer adamw; this run's optimizer is sgd, which ignores it" \
+  --set train.optimizer=sgd
+train1 2 "tokens overflow the run's 64-bit token counter" --set train.steps=100000000000000000
+printf '{"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": -5, "n_positions": 32}' \
+  > "$tmp/config.json"
+train1 2 "(its own values, which the YAML overrides): config 'model.vocab_size' must be positive, got -5" \
+  --set model.hf_config="$tmp/config.json" --set model.vocab_size=256
+# One sample reads seq_len + 1 tokens: a file of exactly that many trains; one token fewer is refused.
+head -c 129 "$src/data/kjv.txt" > "$tmp/one_sample.txt"
+train1 0 "step 1/1" --set data.path="$tmp/one_sample.txt"
+head -c 128 "$src/data/kjv.txt" > "$tmp/too_short.txt"
+train1 2 "128 tokens are too few for samples of seq_len 128 (a sample reads seq_len + 1 = 129 tokens)" \
+  --set data.path="$tmp/too_short.txt"
+
 # checkpoints: a malformed trainer.json, a malformed safetensors file to start from
 mkdir -p "$tmp/ck/step-000001"
 echo garbage > "$tmp/ck/step-000001/trainer.json"

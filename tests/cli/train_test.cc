@@ -350,9 +350,15 @@ TEST(Config, RejectsTrainAndParallelValuesNamingTheKeyPath) {
     std::string e = config_error(gpt2, {set});
     EXPECT_NE(e.find(want), std::string::npos) << set << ": " << e;
   }
-  // Each optimizer's own keys are checked only for that optimizer: the other ignores them.
+  // Each optimizer's own keys are checked only for that optimizer; the other ignores them and
+  // says so (issue 52: momentum under AdamW was accepted without a word).
   EXPECT_EQ(config_error(gpt2, {"train.momentum=1.5"}), "<no error>");
   EXPECT_EQ(config_error(gpt2, {"train.optimizer=sgd", "train.eps=0"}), "<no error>");
+  const std::string note = parse_run_config(gpt2, {"train.momentum=0.9"}, "", "test").train.optimizer_note;
+  EXPECT_NE(note.find("'train.momentum' is a setting of train.optimizer sgd; this run's optimizer is adamw, which "
+                      "ignores it (AdamW's momentum is train.betas[0])"),
+            std::string::npos) << note;
+  EXPECT_EQ(parse_run_config(gpt2, {}, "", "test").train.optimizer_note, "");
   std::string e = config_error(gpt2, {"train.optimizer=sgd", "train.momentum=1.5"});
   EXPECT_NE(e.find("'train.momentum' must be in [0, 1), got 1.5"), std::string::npos) << e;
   e = config_error(gpt2, {"train.optimizer=sgd", "train.momentum=0", "train.nesterov=true"});

@@ -75,7 +75,10 @@ TEST(Dataset, ErrorsNameTheFile) {
     EXPECT_NE(std::string(e.what()).find("a folder, not a file"), std::string::npos) << e.what();
   }
   EXPECT_THROW(parse_token_format("utf8"), Error);
-  EXPECT_THROW(Sampler(10, 9, 1, SampleOrder::random, 0), Error);  // needs 11 tokens
+  EXPECT_THROW(Sampler(9, 9, 1, SampleOrder::random, 0), Error);  // a sample reads 10 tokens
+  // Exactly one sample's tokens are enough (issue 52: seq_len + 2 were asked for): every row starts at 0.
+  const Sampler one(10, 9, 3, SampleOrder::random, 0);
+  for (int64_t row = 0; row < 3; ++row) EXPECT_EQ(one.start(5, row), 0);
 }
 
 // Every fault of a data file is the user's to fix: an InputError (the CLI's exit status 2), never
@@ -106,7 +109,7 @@ TEST(Dataset, BadFilesAreInputErrorsAndPipesDoNotBlock) {
     }
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0) << path;
   }
-  EXPECT_THROW(Sampler(10, 9, 1, SampleOrder::random, 0), InputError);
+  EXPECT_THROW(Sampler(9, 9, 1, SampleOrder::random, 0), InputError);
   fs::remove(empty);
   fs::remove(odd);
   fs::remove(fifo);

@@ -40,6 +40,10 @@ struct TrainerState {
 // Creates DIR if needed and checks that a file can be written in it, so that a run with
 // --save fails before its first step rather than at its first checkpoint.
 void check_checkpoint_dir(const std::string& dir);
+// Removes the temporary folders (.step-N.tmp) that saves killed part-way left in DIR, saying
+// so with their sizes; a save another live process of this host is writing is left alone. Every
+// run that opens a checkpoint folder calls it (the engine, on the lead rank).
+void remove_unfinished_saves(const std::string& dir);
 // Writes DIR/step-NNNNNN/ (this process alone; see sharded.h for the format and its
 // durability) and returns its path; `keep_last` > 0 keeps only that many step folders.
 std::string save_checkpoint(const std::string& dir, nn::LanguageModel& model, const optim::Optimizer* optimizer,

@@ -2,6 +2,7 @@
 #include "tessel/ckpt/piece_io.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -152,17 +153,62 @@ int64_t step_of_folder(const std::string& name) {
   return ec == std::errc() && end == name.data() + name.size() ? step : -1;
 }
 
+namespace {
+
+std::string host_name() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "?";
+  return host;
+}
+
+// Whether the save that wrote `tmp`'s owner file is still running: a live process of this host
+// other than this one. A folder without one (an older save, or one killed before writing it)
+// or of another host counts as left over.
+bool owner_alive(const fs::path& tmp) {
+  std::ifstream in(tmp / kSaveOwnerFile);
+  std::string host;
+  long long pid = 0;
+  if (!(in >> host >> pid) || host != host_name() || pid <= 0 || pid == ::getpid()) return false;
+  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+}
+
+int64_t bytes_under(const fs::path& dir) {
+  int64_t n = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    std::error_code size_ec;
+    if (it->is_regular_file(size_ec)) {
+      const auto size = it->file_size(size_ec);
+      if (!size_ec) n += static_cast<int64_t>(size);
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+void write_save_owner(const fs::path& tmp) {
+  write_durable(tmp / kSaveOwnerFile, fmt::format("{} {}\n", host_name(), static_cast<long long>(::getpid())));
+}
+
 // Temporary folders of saves that never finished (this format's and the older per-process one).
 void remove_stale_temporaries(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind(".step-", 0) == 0 && name.find(".tmp") != std::string::npos) {
-      std::error_code rm;
-      fs::remove_all(entry.path(), rm);
-      log_info("removed the unfinished checkpoint folder {}", entry.path().string());
+    if (name.rfind(".step-", 0) != 0 || name.find(".tmp") == std::string::npos) continue;
+    if (owner_alive(entry.path())) {
+      log_info("left the checkpoint folder {} alone: a save of process {} on this host is writing it",
+               entry.path().string(), read_text(entry.path() / kSaveOwnerFile));
+      continue;
     }
+    const int64_t bytes = bytes_under(entry.path());
+    std::error_code rm;
+    fs::remove_all(entry.path(), rm);
+    log_info("removed {} ({:.2f} GB), left by a save that did not finish{}", entry.path().string(),
+             static_cast<double>(bytes) / 1e9, rm ? fmt::format(" (not all of it: {})", rm.message()) : "");
   }
 }
 
@@ -198,3 +244,7 @@ bool box_of(const Tensor& value, Shape& offset, Shape& extent, Tensor& piece) {
 }
 
 }  // namespace tessel::ckpt_io
+
+namespace tessel {
+void remove_unfinished_saves(const std::string& dir) { ckpt_io::remove_stale_temporaries(ckpt_io::fs::path(dir)); }
+}  // namespace tessel

@@ -46,7 +46,12 @@ void fsync_dir(const fs::path& dir);
 void write_durable(const fs::path& path, const std::string& text);  // checked through fsync and close
 std::string read_text(const fs::path& path);                         // regular files only
 int64_t step_of_folder(const std::string& name);                    // N of step-N, or -1
-void remove_stale_temporaries(const fs::path& dir);                 // .step-*.tmp* of killed saves
+// .step-*.tmp* of killed saves, each named with its size as it goes; a folder whose owner file
+// names a live process of this host (another job's save in progress) is left alone.
+void remove_stale_temporaries(const fs::path& dir);
+// The owner file of a save's temporary folder: this host and process (removed before publishing).
+inline constexpr const char* kSaveOwnerFile = ".owner";
+void write_save_owner(const fs::path& tmp);
 // checkpoint_incomplete without the check that the folder holds every piece (peer_copies.h).
 std::string checkpoint_files_incomplete(const std::string& step_dir);
 

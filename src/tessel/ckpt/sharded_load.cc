@@ -9,6 +9,7 @@
 #include <atomic>
 #include <map>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <mutex>
 
@@ -216,7 +217,7 @@ void CheckpointReader::read_into(const std::vector<CheckpointTensor>& targets, i
   for (const CheckpointTensor& t : targets) {
     const Shape& have = shape(t.name);
     const Where& w = *where_.at(t.name);
-    TESSEL_CHECK_AS(CheckpointError, shape_numel(have) == t.value.numel() && (t.file_shape.empty() || have == t.file_shape),
+    TESSEL_CHECK_AS(CheckpointError, have == (t.file_shape.empty() ? t.value.shape() : t.file_shape),
                     "checkpoint '{}': tensor \"{}\" has shape {} but {} is needed", w.file, t.name, shape_str(have),
                     shape_str(t.file_shape.empty() ? t.value.shape() : t.file_shape));
     TESSEL_CHECK_AS(CheckpointError, w.dtype != "F16" || t.value.dtype() == DType::f32,
@@ -342,6 +343,13 @@ std::vector<CheckpointReader::SavedPiece> CheckpointReader::saved_pieces() const
     }
     TESSEL_CHECK(numel == shape_numel(w->second->shape), "\"{}\" has {} elements in the index but {} in {}", name,
                  numel, shape_numel(w->second->shape), w->second->file);
+    // And the file's header agrees with the index on the stored shape and dtype, not only on
+    // the element count (a [16, 256] stored for [256, 16] has the count right).
+    TESSEL_CHECK(json_shape(t.at("shape")) == w->second->shape, "\"{}\" has shape {} in {} but {} in the index",
+                 name, shape_str(w->second->shape), w->second->file, shape_str(json_shape(t.at("shape"))));
+    if (const Json* dt = t.find("dtype"))
+      TESSEL_CHECK(dt->as_string() == w->second->dtype, "\"{}\" is {} in {} but {} in the index", name,
+                   w->second->dtype, w->second->file, dt->as_string());
     for (const Json& p : t.at("pieces").as_array()) {
       SavedPiece piece{&name, w->second.get(), shape, json_shape(p.at("offset")), json_shape(p.at("extent")),
                        p.at("checksum").as_string(), out.size()};
@@ -433,6 +441,18 @@ std::string checkpoint_files_incomplete(const std::string& step_dir) {
         if (hex64(checkpoint_checksum(text.data(), text.size())) != sum->as_string())
           return fmt::format("{} does not match its checksum", name);
       }
+      // A safetensors file's header (its length and JSON: each tensor's dtype, shape and
+      // offsets), read and checked before anything trusts it.
+      if (const Json* sum = e.find("header_checksum")) {
+        const int64_t n = e.at("header_bytes").as_int();
+        if (n < 8 || n > static_cast<int64_t>(size))
+          return fmt::format("{} lists a header of {} bytes for {}, a file of {}", kManifestFile, n, name, size);
+        std::string head(static_cast<size_t>(n), '\0');
+        std::ifstream in(f, std::ios::binary);
+        if (!in.read(head.data(), n)) return fmt::format("{}: cannot read its header", name);
+        if (hex64(checkpoint_checksum(head.data(), head.size())) != sum->as_string())
+          return fmt::format("{}'s header does not match its checksum", name);
+      }
     }
   } catch (const std::exception& e) {
     return fmt::format("bad {}: {}", kManifestFile, e.what());
@@ -468,6 +488,7 @@ std::vector<std::string> checkpoint_candidates(const std::string& path, ProcessG
   const bool is_step = fs::exists(p / kManifestFile, ec) || fs::exists(p / kTrainerFile, ec) ||
                        step_of_folder(p.filename().string()) >= 0;
   if (is_step) {
+    if (rank == 0) remove_stale_temporaries(p.parent_path());  // what killed saves left beside it
     const std::string why = checked(p.string());
     TESSEL_CHECK_AS(CheckpointError, why.empty(), "checkpoint '{}' cannot be resumed from: {}", path, why);
     return {p.string()};

@@ -323,6 +323,7 @@ PendingCheckpoint::PendingCheckpoint(const std::string& dir, const CheckpointCon
       remove_stale_temporaries(root);
       fs::create_directories(tmp, ec);
       TESSEL_CHECK_AS(CheckpointWriteError, !ec, "checkpoint: cannot create '{}': {}", tmp.string(), ec.message());
+      write_save_owner(tmp);
     } catch (const std::exception& e) {
       setup_error = e.what();
     }
@@ -590,13 +591,17 @@ std::string PendingCheckpoint::publish() {
       }
       for (const auto& [name, text] : written) write_durable(tmp / name, text);
       fsync_dir(tmp);
-      // The manifest, last: every file with its size (and the JSON files' checksums).
+      // The manifest, last: every file with its size, the safetensors files' header checksums
+      // (the tensors' data is checksummed piece by piece in checkpoint.json) and the JSON
+      // files' checksums.
       Json manifest = Json::Object{};
       manifest["step"] = m.step;
       Json listed = Json::Object{};
       for (const FilePlan& f : files) {
         Json e = Json::Object{};
         e["size"] = static_cast<int64_t>(f.size);
+        e["header_bytes"] = static_cast<int64_t>(f.header.size());
+        e["header_checksum"] = hex64(checkpoint_checksum(f.header.data(), f.header.size()));
         listed[f.name] = e;
       }
       for (const auto& [name, text] : written) {
@@ -610,6 +615,7 @@ std::string PendingCheckpoint::publish() {
       write_durable(tmp / kManifestFile, manifest.dump() + "\n");
       fsync_dir(tmp);
       std::error_code ec;
+      fs::remove(tmp / kSaveOwnerFile, ec);
       fs::remove_all(final_dir, ec);
       fs::rename(tmp, final_dir, ec);
       TESSEL_CHECK_AS(CheckpointWriteError, !ec, "checkpoint: cannot move '{}' to '{}': {}", tmp.string(),

@@ -1,8 +1,13 @@
 // `tessel train` and `tessel bench train`.
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <optional>
 
@@ -23,6 +28,54 @@
 namespace tessel {
 
 namespace {
+
+// The metrics file (`from`: the flag or key that named it) can be written: opened for appending
+// (created when missing, never truncated here: a resume keeps its lines), else the reason.
+void check_metrics_file(const std::string& path, const char* from) {
+  if (path.empty()) return;
+  struct stat st {};
+  const bool existed = ::stat(path.c_str(), &st) == 0;
+  if (existed && S_ISDIR(st.st_mode))
+    throw BadInput(fmt::format("{}: cannot write metrics file '{}': it is a folder; name a file in it", from, path));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw BadInput(fmt::format("{}: cannot write metrics file '{}': {}", from, path, std::strerror(errno)));
+  ::close(fd);
+  if (!existed) ::unlink(path.c_str());  // the run makes it; a run refused later leaves nothing
+}
+
+// A model whose f32 weights alone, split over every rank the layout has (the most any layout
+// splits them), exceed this machine's memory cannot train here: refused naming the sizes that
+// make it so, with what it needs against what there is, before anything is allocated.
+void check_model_fits(const RunConfig& cfg) {
+  auto format_bytes = [](double b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = 0;
+    while (b >= 1024 && u < 6) b /= 1024, ++u;
+    return fmt::format("{:.1f} {}", b, units[u]);
+  };
+  const plan::ModelSpec spec = model_spec_of(cfg);
+  const double params = spec.parameters();
+  const double need = params * 4 / static_cast<double>(std::max<int64_t>(1, cfg.parallel.world_size()));
+  const double have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+  if (have <= 0 || need <= have) return;
+  const bool gpt2 = cfg.model.arch == "gpt2";
+  const double embedding = static_cast<double>(spec.vocab) * static_cast<double>(spec.hidden);
+  const std::string width = gpt2 ? "model.n_embd" : "model.hidden_size";
+  const std::string sizes =
+      embedding * 2 >= params
+          ? fmt::format("'model.vocab_size' ({}) x '{}' ({})", spec.vocab, width, spec.hidden)
+          : fmt::format("'{}' ({}) x '{}' ({})", gpt2 ? "model.n_layer" : "model.num_hidden_layers", spec.layers, width,
+                        spec.hidden);
+  throw BadInput(fmt::format("config {}: the model's {:.3g} parameters need {} for their f32 weights alone{}; this "
+                             "machine has {} of memory",
+                             sizes, params, format_bytes(need),
+                             cfg.parallel.world_size() > 1
+                                 ? fmt::format(" (split over all {} ranks)", cfg.parallel.world_size())
+                                 : std::string(),
+                             format_bytes(have)));
+}
+
 RunConfig load_or_bad_input(const std::string& path, const std::vector<std::string>& sets) {
   RunConfig cfg;
   try {
@@ -195,6 +248,9 @@ std::vector<Command> register_train(CLI::App& app) {
              // A folder it cannot write or a checkpoint that is not there is the user's to fix
              // (exit 2), before any step.
              try {
+               check_model_fits(cfg);
+               check_metrics_file(a->metrics.empty() ? cfg.log.metrics : a->metrics,
+                                  a->metrics.empty() ? "config 'log.metrics'" : "--metrics");
                if (!base.save_dir.empty()) check_checkpoint_dir(base.save_dir);
                if (!base.resume_dir.empty() && !base.resume_optional) resolve_checkpoint(base.resume_dir);
              } catch (const Error& e) {

@@ -451,10 +451,27 @@ void merge_hf_config(YAML::Node model, const std::string& base_dir, const std::s
   } catch (const YAML::Exception& e) {
     TESSEL_THROW("{}: model.hf_config '{}': a value has the wrong type: {}", source, path, e.what());
   }
+  // The file's values are checked as a model of their own when the YAML overrides any of them
+  // (else they are the merged model's, checked with it): a file with a size of -5 is broken
+  // even where the YAML replaces that size.
+  YAML::Node own;
+  own["arch"] = model["arch"] && model["arch"].IsScalar() ? model["arch"].as<std::string>() : std::string("gpt2");
+  bool overridden = false;
   for (const auto& kv : hf) {
     std::string key = kv.first.as<std::string>();
-    if (kHfKeys.count(key) && !model[key]) model[key] = kv.second;
+    if (!kHfKeys.count(key)) continue;
+    own[key] = kv.second;
+    if (model[key]) overridden = true;
+    else model[key] = kv.second;
   }
+  if (!overridden) return;
+  const std::string own_source = fmt::format("{}: model.hf_config '{}' (its own values, which the YAML overrides)",
+                                             source, path);
+  const Overrides none;
+  Section section(own, "model", own_source, none);
+  for (const std::string& key : kHfKeys) section.mark(key);
+  ModelSection m;
+  read_model(section, m, base_dir, own_source);
 }
 
 }  // namespace
@@ -610,8 +627,10 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   check_elements(source, "a micro-batch's attention scores",
                  {{"train.micro_batch", t.micro_batch}, {"attention heads", heads}, {"train.seq_len", t.seq_len},
                   {"train.seq_len", t.seq_len}});
-  check_elements(source, "the tokens of the run", {{"train.steps", t.steps}, {"train.global_batch", t.global_batch},
-                                                  {"train.seq_len", t.seq_len}});
+  // The run's tokens are a count, never a tensor: only a 64-bit overflow bounds them.
+  TESSEL_CHECK(checked_product({t.steps, t.global_batch, t.seq_len}, std::numeric_limits<int64_t>::max()),
+               "{}: config 'train.steps' x 'train.global_batch' x 'train.seq_len' = {} x {} x {} tokens overflow the "
+               "run's 64-bit token counter", source, t.steps, t.global_batch, t.seq_len);
   TESSEL_CHECK(t.global_batch % t.micro_batch == 0,
                "{}: config 'train.global_batch' ({}) must be a multiple of 'train.micro_batch' ({})", source,
                t.global_batch, t.micro_batch);
@@ -678,6 +697,15 @@ static RunConfig read_run_config(const std::string& yaml_text, const std::vector
   // Each optimizer's own keys are checked for that optimizer only. A zero epsilon would divide
   // 0 by 0 for every parameter whose gradient is still 0 (unused vocabulary rows).
   if (t.optimizer == "adamw") positive("train.eps", t.eps);
+  // Another optimizer's keys are ignored, and the run says so: a config written for one optimizer
+  // is still run with the other by --set train.optimizer=..., but not in silence.
+  for (const auto& [key, owner] : {std::pair{"momentum", "sgd"}, std::pair{"nesterov", "sgd"},
+                                   std::pair{"betas", "adamw"}, std::pair{"eps", "adamw"}})
+    if (t.optimizer != owner && train.has(key))
+      t.optimizer_note += fmt::format("{}{}: config 'train.{}' is a setting of train.optimizer {}; this run's optimizer "
+                                      "is {}, which ignores it{}",
+                                      t.optimizer_note.empty() ? "" : "\n", train.origin_of(key), key, owner,
+                                      t.optimizer, t.optimizer == "adamw" ? " (AdamW's momentum is train.betas[0])" : "");
   if (t.optimizer == "sgd") {
     TESSEL_CHECK(t.momentum >= 0 && t.momentum < 1, "{}: config 'train.momentum' must be in [0, 1), got {}", source,
                  t.momentum);

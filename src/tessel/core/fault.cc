@@ -36,8 +36,8 @@ FaultSpec parse_fault(const std::string& text) {
     else if (key == "during") f.during = value;
     else TESSEL_THROW("TESSEL_FAULT: unknown key '{}' (known: rank, step, action, during, after_bytes)", key);
   }
-  TESSEL_CHECK(f.action == "crash" || f.action == "hang" || f.action == "exit",
-                  "TESSEL_FAULT: action must be crash, hang or exit, got '{}'", f.action);
+  TESSEL_CHECK(f.action == "crash" || f.action == "hang" || f.action == "exit" || f.action == "error",
+                  "TESSEL_FAULT: action must be crash, hang, exit or error, got '{}'", f.action);
   TESSEL_CHECK(f.during == "step" || f.during == "save",
                   "TESSEL_FAULT: during must be step or save, got '{}'", f.during);
   return f;
@@ -60,6 +60,9 @@ void inject_fault(const FaultSpec& f) {
     ::kill(::getpid(), SIGSTOP);
     return;
   }
+  if (f.action == "error")  // a write that fails as a full or broken disk makes it fail
+    throw CheckpointWriteError(fmt::format("TESSEL_FAULT: rank {} injected a write error ({} {})", f.rank, f.during,
+                                           f.step));
   ::_exit(3);
 }
 

@@ -7,9 +7,10 @@
 //                                                              rank 0's save at step 4, after it
 //                                                              wrote 12345 bytes of its files
 // Keys: rank (default: every rank), step (default: the first), action = crash (SIGKILL to the
-// process, as `kill -9`), hang (SIGSTOP to the process, as a stopped or wedged host) or exit
-// (_exit(3): a clean but unannounced death), during = step (default) or save, after_bytes (save
-// only; default 0). A malformed value is refused naming the key. See docs/checkpoint.md.
+// process, as `kill -9`), hang (SIGSTOP to the process, as a stopped or wedged host), exit
+// (_exit(3): a clean but unannounced death) or error (a CheckpointWriteError thrown where the
+// write is: a save that fails as on a full disk, the process going on), during = step
+// (default) or save, after_bytes (save only; default 0). A malformed value is refused naming the key. See docs/checkpoint.md.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,7 @@ namespace tessel {
 struct FaultSpec {
   int64_t rank = -1;  // -1: any rank
   int64_t step = -1;  // -1: the first step (or save) reached
-  std::string action = "crash";  // crash | hang | exit
+  std::string action = "crash";  // crash | hang | exit | error
   std::string during = "step";   // step | save
   int64_t after_bytes = 0;       // during=save: bytes this rank writes before it fails
 };
@@ -30,7 +31,8 @@ struct FaultSpec {
 FaultSpec parse_fault(const std::string& text);
 // The spec in TESSEL_FAULT when it names `during`, `rank` and `step`; nullopt otherwise.
 std::optional<FaultSpec> armed_fault(const char* during, int64_t rank, int64_t step);
-// Carries out the spec's action on this process (does not return for crash and exit).
+// Carries out the spec's action on this process (does not return for crash and exit; throws
+// CheckpointWriteError for error).
 void inject_fault(const FaultSpec& spec);
 
 }  // namespace tessel

@@ -132,11 +132,16 @@ int64_t TokenDataset::max_token() const {
 }
 
 Sampler::Sampler(int64_t num_tokens, int64_t seq_len, int64_t global_batch, SampleOrder order, uint64_t seed)
-    : span_(num_tokens - seq_len - 1), seq_len_(seq_len), global_batch_(global_batch), order_(order), seed_(seed) {
+    // A sample reads seq_len + 1 tokens, so N tokens have N - S valid starts; the span leaves out
+    // the last of them (as it always has: the samples of every recorded run stay the same)
+    // except where that one is the only start.
+    : span_(num_tokens - seq_len == 1 ? 1 : num_tokens - seq_len - 1), seq_len_(seq_len), global_batch_(global_batch),
+      order_(order), seed_(seed) {
   TESSEL_CHECK(seq_len > 0 && global_batch > 0, "data: seq_len ({}) and global_batch ({}) must be positive", seq_len,
                global_batch);
-  TESSEL_CHECK_AS(InputError, span_ > 0, "data: {} tokens are too few for samples of seq_len {} (need at least {})", num_tokens,
-               seq_len, seq_len + 2);
+  TESSEL_CHECK_AS(InputError, span_ > 0,
+                  "data: {} tokens are too few for samples of seq_len {} (a sample reads seq_len + 1 = {} tokens)",
+                  num_tokens, seq_len, seq_len + 1);
 }
 
 int64_t Sampler::start(int64_t step, int64_t row) const {

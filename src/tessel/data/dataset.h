@@ -67,7 +67,7 @@ class Sampler {
   int64_t global_batch() const { return global_batch_; }
 
  private:
-  int64_t span_;  // N - S - 1: number of valid starts
+  int64_t span_;  // starts drawn from [0, span): N - S - 1 (of the N - S valid ones), or 1 when N = S + 1
   int64_t seq_len_, global_batch_;
   SampleOrder order_;
   uint64_t seed_;

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -599,11 +601,15 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
                   t.steps == 1 ? "" : "s", t.global_batch, t.seq_len, t.precision == "bf16" ? "; bf16 mixed precision" : "",
                   t.warmup_note()));
   if (!t.dropout_note.empty() && s.lead() && !options.base.quiet) log_warn("{}", t.dropout_note);
+  if (!t.optimizer_note.empty() && s.lead() && !options.base.quiet) log_warn("{}", t.optimizer_note);
   if (pc.pp > 1 && s.lead() && !options.base.quiet) log_info("pipeline schedule (unit-time view):\n{}", s.schedule.grid());
 
   const TrainOptions& base = options.base;
   // A folder it cannot write fails the run before its first step, not at its first save.
-  if (!base.save_dir.empty()) check_checkpoint_dir(base.save_dir);
+  if (!base.save_dir.empty()) {
+    check_checkpoint_dir(base.save_dir);
+    if (s.lead()) remove_unfinished_saves(base.save_dir);  // a killed save's folder, before any step
+  }
   // The in-memory checkpoints' folder: one machine's tmpfs, or each machine's own with peer copies.
   s.in_memory = setup_memory_checkpoints(base.memory_dir, t.memory_save_every, s.world.get(), s.lead() && !base.quiet);
   const std::string memory = s.in_memory.dir;
@@ -619,8 +625,17 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
     say(fmt::format("saved {}{}", path, note));
   };
   bool holding = false;  // a background save started and the next update has not waited for it yet
+  auto published = [&](bool wait) {
+    const std::string path = s.finish_save(wait);
+    if (!path.empty())
+      saved(path, fmt::format(" (written in the background; the steps were held {:.3f} s in all)",
+                              result.save_block_seconds.back()));
+  };
   // `background`: write the state while training goes on.
   auto save = [&](bool background) {
+    // The background save before this one is published and announced first: were this save to
+    // fail, the user still learns which checkpoint is complete.
+    published(true);
     saved_at = s.next_step;
     const auto t0 = Clock::now();
     if (!background) {
@@ -631,12 +646,6 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
     // The step is held for the plan now and, at the next update, for what is left to write.
     result.save_block_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     holding = true;
-  };
-  auto published = [&](bool wait) {
-    const std::string path = s.finish_save(wait);
-    if (!path.empty())
-      saved(path, fmt::format(" (written in the background; the steps were held {:.3f} s in all)",
-                              result.save_block_seconds.back()));
   };
   if (!base.save_dir.empty() && t.save_init && start == 0) save(false);
   // A signal stops every rank after the same step: the first rank's thread backend process, or
@@ -654,7 +663,7 @@ ParallelTrainResult Engine::fit(const ParallelTrainOptions& options) {
     // crashed after its last checkpoint logged them): the file holds each step once.
     if (start > 0) keep_metrics_before(metrics_path, start);
     metrics.open(metrics_path, start > 0 ? std::ios::app : std::ios::trunc);
-    TESSEL_CHECK(metrics.good(), "cannot write metrics file '{}'", metrics_path);
+    TESSEL_CHECK_AS(InputError, metrics.good(), "cannot write metrics file '{}': {}", metrics_path, std::strerror(errno));
   }
 
   std::vector<TraceEvent> trace;

@@ -81,6 +81,8 @@ struct TrainSection {
   std::string warmup_note() const;
   // "" or, when train.dropout replaced model rates that differ from it, a warning naming them.
   std::string dropout_note;
+  // "" or a warning per key of the other optimizer the config gives (train.momentum under adamw...).
+  std::string optimizer_note;
 };
 
 struct LogSection {
