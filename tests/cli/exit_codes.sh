@@ -93,6 +93,9 @@ head -c 128 "$src/data/kjv.txt" > "$tmp/too_short.txt"
 train1 2 "128 tokens are too few for samples of seq_len 128 (a sample reads seq_len + 1 = 129 tokens)" \
   --set data.path="$tmp/too_short.txt"
 
+TESSEL_STORE_QUOTA_MB=abc expect 2 "TESSEL_STORE_QUOTA_MB must be a whole number of MiB" launch --nproc-per-node 1 -- /bin/true
+TESSEL_STORE_QUOTA_MB=64 expect 0 "" launch --nproc-per-node 1 -- /bin/true
+
 # checkpoints: a malformed trainer.json, a malformed safetensors file to start from
 mkdir -p "$tmp/ck/step-000001"
 echo garbage > "$tmp/ck/step-000001/trainer.json"

@@ -1,7 +1,7 @@
 // store_host: a TCP store server in a process of its own, so a test can measure the store's
 // memory from the OS (/proc/<pid>/status) while it attacks it.
 //
-//   store_host [--token T] [--nofile N] [--stall-ms M]
+//   store_host [--token T] [--nofile N] [--stall-ms M] [--quota-mb Q]
 //
 // Prints "port P" on stdout once it listens, serves until stdin reaches EOF, then exits 0.
 // --nofile sets this process's soft limit of open files (a launcher started from a shell has
@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--token") {
       o.token = value;
+    } else if (flag == "--quota-mb") {
+      o.quota_bytes = std::strtoull(value.c_str(), nullptr, 10) << 20;
     } else if (flag == "--stall-ms") {
       o.stall_timeout = tessel::Millis(std::atol(value.c_str()));
     } else if (flag == "--nofile") {

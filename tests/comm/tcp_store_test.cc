@@ -652,6 +652,51 @@ TEST(TcpStoreAbuse, PipelinedUnreadGetsHitTheReplyQueueLimit) {
   EXPECT_EQ(other.get("big", 1000ms).size(), value.size());
 }
 
+// Issue 52, item 3: an authenticated client storing distinct 8 MiB values until refused (32 of
+// them grew the launcher from 18 to 290 MB), then 64 more connections that each stall half-way
+// through a 16 MiB SET. The store's peak memory stays under the documented 256 MiB (its data
+// quota, 192 MiB, with the request buffers' budget, 48 MiB, and the process itself) and a real
+// rank is still served at once.
+TEST(TcpStoreAbuse, AnAuthenticatedHoarderStaysUnderTheStoresMemoryBound) {
+  StoreHost host({"--token", kToken, "--stall-ms", "60000"});
+  ASSERT_GT(host.port(), 0) << host.log();
+  TcpStore hoarder("127.0.0.1", host.port(), kToken, 30'000ms);
+  const std::string value(8u << 20, 'h');
+  int stored = 0;
+  std::string refusal;
+  for (; stored < 64; ++stored) {
+    refusal = error_of([&] { hoarder.set(fmt::format("hoard{}", stored), value); });
+    if (refusal != "<no error>") break;
+  }
+  EXPECT_NE(refusal.find("over its quota of"), std::string::npos) << refusal;
+  EXPECT_EQ(stored, 23) << "192 MiB of quota holds 23 values of 8 MiB (and their keys)";
+  // Stalled large requests: each connection announces a 16 MiB SET and sends half of it.
+  std::vector<int> stalled;
+  const std::string half(8u << 20, 's');
+  for (int i = 0; i < 64; ++i) {
+    const int fd = raw_connect(host.port());
+    send_exactly(fd, hello_frame(kToken));
+    const std::string key = fmt::format("stall{}", i);
+    // A SET frame: length, opcode, key, then the start of a 16 MiB value it never finishes.
+    std::string head = le32(static_cast<uint32_t>(1 + 4 + key.size() + 4 + (16u << 20))) + std::string("\x02", 1) +
+                       le32(static_cast<uint32_t>(key.size())) + key + le32(16u << 20);
+    ::send(fd, head.data(), head.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    ::send(fd, half.data(), half.size(), MSG_NOSIGNAL | MSG_DONTWAIT);  // what the socket takes now
+    stalled.push_back(fd);
+  }
+  std::this_thread::sleep_for(2s);  // the store reads what its budget allows
+  const auto t0 = std::chrono::steady_clock::now();
+  TcpStore rank("127.0.0.1", host.port(), kToken, 5000ms);
+  rank.set("rank0/addr", "10.0.0.1:29500");
+  EXPECT_EQ(rank.get("rank0/addr", 1000ms), "10.0.0.1:29500");
+  EXPECT_EQ(rank.add("rank/count", 1), 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s) << "a rank waited for the hoarder";
+  const long peak_kb = host.status_kb("VmHWM");
+  std::printf("  store peak %.1f MiB after %d values of 8 MiB and 64 stalled 16 MiB requests\n", peak_kb / 1024.0, stored);
+  EXPECT_LT(peak_kb, 256 * 1024) << "the store's peak memory is over its documented bound";
+  for (int fd : stalled) ::close(fd);
+}
+
 // Oversized keys, values and requests, and the job's quota: an error naming the limit, and the
 // connection stays usable.
 TEST(TcpStoreAbuse, OversizedValuesAndTheQuotaAreRefusedWithAnError) {

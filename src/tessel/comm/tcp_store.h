@@ -36,6 +36,11 @@ inline constexpr std::size_t kMinTokenChars = 32;
 // The longest token a client may present (the handshake frame must stay small).
 inline constexpr std::size_t kMaxTokenChars = 1024;
 
+// Requests up to this many bytes (every request a rank makes but a large SET) are read from a
+// reserve of the buffer budget that large ones may not use (TcpStoreServer::Options).
+inline constexpr std::size_t kSmallRequestBytes = 64u << 10;
+inline constexpr std::size_t kSmallRequestReserve = 16u << 20;
+
 class TcpStoreServer {
  public:
   struct Options {
@@ -50,7 +55,12 @@ class TcpStoreServer {
     std::size_t max_key_bytes = 4096;
     std::size_t max_value_bytes = 16u << 20;
     std::size_t max_reply_queue_bytes = 4u << 20;  // a connection's unread replies; then its requests wait
-    std::size_t quota_bytes = 512u << 20;           // every key and value together (+64 bytes per key)
+    std::size_t quota_bytes = 192u << 20;           // every key and value together (+64 bytes per key)
+    // Every connection's received, not yet handled request bytes together. A request past
+    // kSmallRequestBytes is read only while they stay under max_buffered_bytes -
+    // kSmallRequestReserve, so the requests of ranks (small) always find room. With quota_bytes,
+    // this bounds the store's memory: 192 + 48 MiB, under 256 MiB with the process's own (docs/comm.md).
+    std::size_t max_buffered_bytes = 48u << 20;
   };
   // Binds (SO_REUSEADDR) and starts serving; throws CommError naming the address when it
   // cannot, when the host is not loopback and the token is shorter than kMinTokenChars

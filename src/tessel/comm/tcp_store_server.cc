@@ -104,6 +104,7 @@ struct TcpStoreServer::Impl {
   std::list<Parked> parked;
   std::map<std::string, std::string> data;
   std::size_t stored = 0;  // quota charge of `data`
+  std::size_t buffered = 0;  // Σ clients' in.size(): what max_buffered_bytes bounds
   uint64_t next_id = 1;
   Deadline accept_paused_until{};
   Deadline next_fd_warning{};
@@ -125,8 +126,25 @@ struct TcpStoreServer::Impl {
     c.out += frame;
   }
   std::size_t in_cap(const Client& c) const { return 4 + (c.authed ? max_request : kMaxHelloFrame); }
+  // The whole frame `c` is receiving, once its length has arrived (else 0).
+  static std::size_t frame_bytes(const Client& c) {
+    return c.in.size() >= 4 ? 4 + std::size_t{net::decode_u32(c.in.data())} : 0;
+  }
+  // The bytes `c` may receive now: up to one largest request (a handshake before
+  // authentication), and only as much as the budget of all connections allows — a small
+  // request from its reserve, a large one from the rest (it waits; the stall rule drops it if
+  // it waits too long).
+  std::size_t input_room(const Client& c) const {
+    const std::size_t room = in_cap(c) - std::min(in_cap(c), c.in.size());
+    const std::size_t frame = frame_bytes(c);
+    const bool small = frame != 0 ? frame <= kSmallRequestBytes : c.in.size() < kSmallRequestBytes;
+    const std::size_t budget = options.max_buffered_bytes;
+    const std::size_t limit = small ? budget : budget - std::min(budget, kSmallRequestReserve);
+    return std::min(room, limit - std::min(limit, buffered));
+  }
   bool wants_input(const Client& c) const {
-    return !c.closing && !c.close_after_flush && c.out.size() < options.max_reply_queue_bytes && c.in.size() < in_cap(c);
+    return !c.closing && !c.close_after_flush && c.out.size() < options.max_reply_queue_bytes &&
+           (c.skip > 0 || input_room(c) > 0);
   }
   static std::size_t charge(const std::string& key, std::size_t value_bytes) {
     return key.size() + value_bytes + kKeyOverhead;
@@ -298,7 +316,7 @@ void TcpStoreServer::Impl::read_client(Client& c) {
   while (!c.closing && c.fd) {
     // Only as much as the connection may hold: one largest request (a handshake before
     // authentication); the rest waits in the kernel and, beyond that, in the client.
-    const std::size_t room = c.skip > 0 ? sizeof buf : in_cap(c) - std::min(in_cap(c), c.in.size());
+    const std::size_t room = c.skip > 0 ? sizeof buf : input_room(c);
     if (room == 0) return;
     const ssize_t k = ::recv(c.fd.get(), buf, std::min(room, sizeof buf), 0);
     if (k > 0) {
@@ -308,7 +326,9 @@ void TcpStoreServer::Impl::read_client(Client& c) {
         used = std::min(c.skip, n);
         c.skip -= used;
       }
+      if (c.in.empty() && n - used >= 4) c.in.reserve(std::min(in_cap(c), 4 + std::size_t{net::decode_u32(buf + used)}));
       c.in.append(buf + used, n - used);
+      buffered += n - used;
       continue;
     }
     if (k < 0 && errno == EINTR) continue;
@@ -350,7 +370,12 @@ bool TcpStoreServer::Impl::process_frames(uint64_t id, Client& c) {
     pos += 4 + len;
     any = true;
   }
-  if (pos > 0) c.in.erase(0, pos);
+  if (pos > 0) {
+    c.in.erase(0, pos);
+    buffered -= pos;
+    // A large request's buffer goes back once handled, as a large reply's does once sent.
+    if (c.in.capacity() > kSmallRequestBytes) std::string(c.in).swap(c.in);
+  }
   if (any) c.in_progress = Clock::now();
   return any;
 }
@@ -561,6 +586,7 @@ void TcpStoreServer::Impl::flush(Client& c) {
   }
   if (sent > 0) c.out_progress = Clock::now();
   c.out.erase(0, sent);
+  if (c.out.empty() && c.out.capacity() > kSmallRequestBytes) std::string().swap(c.out);
 }
 
 Deadline TcpStoreServer::Impl::sweep() {
@@ -594,6 +620,7 @@ Deadline TcpStoreServer::Impl::sweep() {
       parked.remove_if([id](const Parked& p) { return p.client == id; });
       pending.erase(id);
       if (c.authed) --authed;
+      buffered -= c.in.size();
       it = clients.erase(it);
     } else {
       ++it;
@@ -613,6 +640,7 @@ std::string TcpStoreServer::serve_bytes(std::string_view bytes, const std::strin
   if (c.authed) ++impl.authed;
   else impl.pending.insert(id);
   c.in.assign(bytes);
+  impl.buffered = c.in.size();
   while (!c.closing && !c.close_after_flush && !c.parked && impl.process_frames(id, c)) impl.release_parked();
   return c.out;
 }

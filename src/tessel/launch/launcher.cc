@@ -716,8 +716,17 @@ JobStore open_job_store(const LaunchOptions& o, bool host, std::size_t max_clien
   JobStore js;
   std::string connect_host = o.master_host;
   if (host) {
-    js.server = std::make_unique<TcpStoreServer>(TcpStoreServer::Options{
-        .host = o.master_host, .port = o.master_port, .token = o.token, .max_connections = 4096 + max_clients});
+    TcpStoreServer::Options so{
+        .host = o.master_host, .port = o.master_port, .token = o.token, .max_connections = 4096 + max_clients};
+    // TESSEL_STORE_QUOTA_MB: the job's store data quota in MiB (docs/comm.md, "Store limits").
+    if (const char* q = std::getenv("TESSEL_STORE_QUOTA_MB"); q != nullptr && *q != '\0') {
+      char* end = nullptr;
+      const unsigned long long mb = std::strtoull(q, &end, 10);
+      TESSEL_CHECK_AS(InputError, end != q && *end == '\0' && mb >= 1 && mb <= (1ull << 20),
+                      "TESSEL_STORE_QUOTA_MB must be a whole number of MiB from 1 to 1048576, got '{}'", q);
+      so.quota_bytes = static_cast<std::size_t>(mb) << 20;
+    }
+    js.server = std::make_unique<TcpStoreServer>(so);
     js.port = js.server->port();
     if (connect_host == "0.0.0.0" || connect_host.empty()) connect_host = "127.0.0.1";
     if (connect_host == "::") connect_host = "::1";
