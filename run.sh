@@ -45,10 +45,11 @@ case "$mode" in
     echo "== timeline: open runs/demo/trace.json in https://ui.perfetto.dev (or chrome://tracing)"
     ;;
   test)
-    scripts/install-deps.sh
+    scripts/install-deps.sh --test
     build release
     echo "== tests (release)"
-    ctest --preset release -j "$jobs" "$@"
+    # The test command installs what its tests need, so none may skip for want of it.
+    TESSEL_TEST_REQUIRE_TORCH=1 ctest --preset release -j "$jobs" "$@"
     build asan core_test ops_test autograd_test comm_test comm_launched
     echo "== tests (AddressSanitizer + UndefinedBehaviorSanitizer: core, ops, autograd, the Gloo and thread backends)"
     ctest --preset asan -j "$jobs" -L 'core|ops|autograd' "$@"

@@ -5,10 +5,12 @@
 set -euo pipefail
 
 want_bench=0
+want_test=0
 for arg in "$@"; do
   case "$arg" in
     --bench) want_bench=1 ;;
-    -h|--help) echo "usage: scripts/install-deps.sh [--bench]   (--bench adds PyTorch 1.13 for side-by-side benchmarks)"; exit 0 ;;
+    --test) want_test=1 ;;
+    -h|--help) echo "usage: scripts/install-deps.sh [--test] [--bench]   (both add PyTorch 1.13: --test for the test that loads a Hugging Face export in it, --bench for side-by-side benchmarks)"; exit 0 ;;
     *) echo "error: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -20,6 +22,9 @@ packages=(
   clang libclang-rt-14-dev
   iproute2 procps python3 strace
 )
+if [ "$want_test" = 1 ]; then
+  packages+=(python3-torch python3-numpy)
+fi
 if [ "$want_bench" = 1 ]; then
   packages+=(python3-torch python3-numpy hyperfine)
 fi

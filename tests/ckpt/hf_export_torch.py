@@ -6,7 +6,8 @@ saves, exports with `tessel ckpt export`, reads the exported model.safetensors a
 with nothing but the file format (an 8-byte header length, a JSON header, raw little-endian
 data) into a plain PyTorch model written from Hugging Face's definitions of GPT2LMHeadModel
 and LlamaForCausalLM, and compares its logits for a batch with tessel's (logits_main) to 1e-4.
-Skipped (exit 77) when PyTorch is not installed (scripts/install-deps.sh --bench installs it).
+Skipped (exit 77) when PyTorch is not installed, except under ./run.sh test, which installs it
+(scripts/install-deps.sh --test) and sets TESSEL_TEST_REQUIRE_TORCH: there its absence fails.
   hf_export_torch.py TESSEL_BINARY LOGITS_MAIN SOURCE_DIR
 """
 import json
@@ -22,6 +23,9 @@ try:
     import torch
     import torch.nn.functional as F
 except ImportError:
+    if os.environ.get("TESSEL_TEST_REQUIRE_TORCH"):  # ./run.sh test installed it: its absence is a failure
+        print("PyTorch is not installed, but scripts/install-deps.sh --test should have installed it")
+        sys.exit(1)
     print("PyTorch is not installed: skipped")
     sys.exit(77)
 

@@ -30,6 +30,17 @@ expect_refusal "config data.path names '$tmp', which cannot be read (a folder, n
 expect_refusal "no complete checkpoint (step-NNNNNN folder) under '$tmp'" --resume "$tmp"
 [ ! -e "$tmp/ck" ] || { echo "a refused run created its checkpoint folder"; exit 1; }
 expect_refusal "error: --device: tpu not in {cpu,cuda,guarded}" --device tpu
+# Expert parallel's world in both readings (issue 52, item 7): tessel's (ep beside dp) and
+# Megatron-Core's (ep divides the data-parallel size), with the layout the second means.
+set +e
+out=$("$tessel" train "$2/configs/mixtral-tiny.yaml" --set train.steps=1 --set parallel.dp=2 --set parallel.ep=2 \
+  --nproc 2 2>&1)
+rc=$?
+set -e
+for want in "--nproc 2 but the config's parallel section (dp 2, ep 2, tp 1, pp 1) needs 4 ranks" \
+  "read as Megatron-Core's, where ep divides the data-parallel size, it is 2 ranks: tessel's parallel.dp=1 parallel.ep=2"; do
+  [ "$rc" = 2 ] && grep -qF -- "$want" <<< "$out" || { echo "ep world: rc $rc, wanted '$want' in: $out"; exit 1; }
+done
 
 # --device guarded trains on the guarded test device with the CPU's losses (docs/devices.md).
 for dev in cpu guarded; do

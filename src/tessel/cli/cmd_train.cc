@@ -262,17 +262,18 @@ std::vector<Command> register_train(CLI::App& app) {
              if (a->backend == "gloo") {
                auto world = init_world(WorldOptions{.backend = "gloo"});
                if (world->size() != ranks)
-                 throw BadInput(fmt::format("the config's parallel section needs dp·tp·pp = {} ranks but `tessel "
-                                            "launch` started {}", ranks, world->size()));
+                 throw BadInput(fmt::format("the config's parallel section needs dp·ep·cp·tp·pp = {} ranks but "
+                                            "`tessel launch` started {}{}",
+                                            ranks, world->size(), parallel::expert_world_note(cfg.parallel)));
                r = Engine(cfg).fit(po);
              } else {
                const int nproc = a->nproc > 0 ? a->nproc : static_cast<int>(ranks);
                if (nproc != ranks)
                  throw BadInput(fmt::format(
-                     "--nproc {} but the config's parallel section (dp {}, tp {}, pp {}) needs {} rank{}; give the "
-                     "layout (e.g. --set parallel.dp={}) or let --plan auto choose one for {} ranks",
-                     nproc, cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, ranks, ranks == 1 ? "" : "s", nproc,
-                     nproc));
+                     "--nproc {} but the config's parallel section ({}) needs {} rank{}; give the layout (e.g. --set "
+                     "parallel.dp={}) or let --plan auto choose one for {} ranks{}",
+                     nproc, cfg.parallel.degrees_str(), ranks, ranks == 1 ? "" : "s", nproc, nproc,
+                     parallel::expert_world_note(cfg.parallel)));
                r = train_parallel_threads(cfg, nproc, po);
              }
              if (r.train.stopped_by != 0) return 128 + r.train.stopped_by;  // the shell's convention for a signal

@@ -82,8 +82,8 @@ void ParallelConfig::validate(int64_t num_blocks, int64_t global_batch) const {
                "train.global_batch {} is not a multiple of parallel.micro_batches {}", global_batch, micro_batches);
   const int64_t mb = global_batch / micro_batches;
   TESSEL_CHECK(mb >= dp * ep, "each micro-batch has {} rows (train.global_batch {} / parallel.micro_batches {}) — fewer than "
-               "parallel.dp · parallel.ep = {}, so some data-parallel ranks would get none",
-               mb, global_batch, micro_batches, dp * ep);
+               "parallel.dp · parallel.ep = {}, so some data-parallel ranks would get none{}",
+               mb, global_batch, micro_batches, dp * ep, expert_world_note(*this));
   if (vpp > 1) {
     TESSEL_CHECK(pp > 1, "parallel.vpp = {} needs parallel.pp > 1", vpp);
     TESSEL_CHECK(canonical_schedule_name(schedule) == "VPP",
@@ -220,6 +220,29 @@ Placements Layout::activation_placements() const {
 }
 Placements Layout::ids_placements() const {
   return placements({{"dp", Shard(0)}, {"ep", Shard(0)}, {"cp", config_.cp > 1 ? Placement(Shard(1)) : Placement(Replicate())}});
+}
+
+std::string ParallelConfig::degrees_str() const {
+  std::string out = fmt::format("dp {}", dp);
+  if (ep > 1) out += fmt::format(", ep {}", ep);
+  if (cp > 1) out += fmt::format(", cp {}", cp);
+  return out + fmt::format(", tp {}, pp {}", tp, pp);
+}
+
+std::string expert_world_note(const ParallelConfig& c) {
+  if (c.ep <= 1) return "";
+  const int64_t rest = c.cp * c.tp * c.pp;
+  std::string megatron;
+  if (c.dp % c.ep == 0)
+    megatron = fmt::format("; read as Megatron-Core's, where ep divides the data-parallel size, it is {} ranks: "
+                           "tessel's parallel.dp={} parallel.ep={}",
+                           c.dp * rest, c.dp / c.ep, c.ep);
+  else
+    megatron = fmt::format("; in Megatron-Core's form, where ep divides the data-parallel size, dp {} is not a "
+                           "multiple of ep {}",
+                           c.dp, c.ep);
+  return fmt::format(" (in tessel ep stands beside dp: dp {} · ep {} · cp·tp·pp {} = {} ranks{}; docs/moe.md)", c.dp,
+                     c.ep, rest, c.world_size(), megatron);
 }
 
 }  // namespace tessel::parallel

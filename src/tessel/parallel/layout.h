@@ -23,6 +23,13 @@
 
 namespace tessel::parallel {
 
+// With ep > 1: how tessel's world differs from Megatron-Core's, whose
+// --expert-model-parallel-size divides the data-parallel size instead of standing beside it —
+// the world each form makes of `c`'s degrees, and the tessel layout that Megatron's reading
+// means. "" when ep is 1.
+struct ParallelConfig;
+std::string expert_world_note(const ParallelConfig& c);
+
 struct ParallelConfig {
   int64_t dp = 1, tp = 1, pp = 1;
   // Expert parallel: a mixture of experts' experts split over `ep` ranks, which also split the
@@ -47,6 +54,8 @@ struct ParallelConfig {
   static constexpr std::string_view kMeshDims[] = {"pp", "dp", "ep", "cp", "tp"};
 
   int64_t world_size() const { return dp * ep * cp * tp * pp; }
+  // "dp 2, tp 2, pp 1" and, where above 1, ep and cp: the degrees that multiply into the world.
+  std::string degrees_str() const;
   // The dims the world mesh has: `mesh`, with ep (left out) just inside dp, where the peers put
   // it, and cp (left out) just outside tp — each only when it has more than one rank: a dim of
   // one rank is not in the mesh at all, so layouts without it keep their meshes, placements and
