@@ -52,11 +52,7 @@ INSTANTIATE_TEST_SUITE_P(Models, GuardedTraining, ::testing::Values("gpt2", "lla
 // The layout subset: each layout (thread ranks, each on a guarded device of its own, their
 // collectives staged through host copies) gives the same layout's CPU losses, bit for bit.
 // (The CPU layouts themselves are checked against one rank by tests/parallel.)
-struct LayoutCase {
-  const char* name;
-  const char* arch;
-  std::vector<std::string> sets;
-};
+using testing::LayoutCase;
 
 class GuardedLayouts : public ::testing::TestWithParam<LayoutCase> {};
 
@@ -75,15 +71,8 @@ TEST_P(GuardedLayouts, TrainLikeTheSameLayoutOnTheCpu) {
   EXPECT_EQ(losses(train_parallel_threads(guarded, n, opts).train), want);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, GuardedLayouts,
-    ::testing::Values(LayoutCase{"dp", "gpt2", {"parallel.dp=2"}},
-                      LayoutCase{"tp_sp", "gpt2", {"parallel.tp=2", "parallel.sp=true"}},
-                      LayoutCase{"pp", "gpt2", {"parallel.pp=2"}},
-                      LayoutCase{"zero3", "gpt2", {"parallel.dp=2", "parallel.sharding_stage=3"}},
-                      LayoutCase{"cp_ring", "llama", {"parallel.cp=2"}},
-                      LayoutCase{"ep", "mixtral", {"parallel.ep=2"}}),
-    [](const ::testing::TestParamInfo<LayoutCase>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Layouts, GuardedLayouts, ::testing::ValuesIn(testing::layout_subset()),
+                         [](const ::testing::TestParamInfo<LayoutCase>& info) { return testing::layout_name(info.param); });
 
 TEST(GuardedTraining, ABadDeviceNameIsAConfigError) {
   try {

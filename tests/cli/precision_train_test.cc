@@ -76,11 +76,7 @@ INSTANTIATE_TEST_SUITE_P(Models, Bf16Training, ::testing::Values("gpt2", "llama"
 // then: not bit for bit, but within kLayoutRel (measured at most 3.8e-5, tp+sp, 6 steps).
 constexpr double kLayoutRel = 2e-4;
 
-struct LayoutCase {
-  const char* name;
-  const char* arch;
-  std::vector<std::string> sets;
-};
+using testing::LayoutCase;
 
 class Bf16Layouts : public ::testing::TestWithParam<LayoutCase> {};
 
@@ -100,15 +96,8 @@ TEST_P(Bf16Layouts, TrainLikeOneRankAndRepeatTheirBits) {
   EXPECT_EQ(losses(train_parallel_threads(cfg, n, opts).train), first) << "the same layout ran twice gave other bits";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, Bf16Layouts,
-    ::testing::Values(LayoutCase{"dp", "gpt2", {"parallel.dp=2"}},
-                      LayoutCase{"tp_sp", "gpt2", {"parallel.tp=2", "parallel.sp=true"}},
-                      LayoutCase{"pp", "gpt2", {"parallel.pp=2"}},
-                      LayoutCase{"zero3", "gpt2", {"parallel.dp=2", "parallel.sharding_stage=3"}},
-                      LayoutCase{"cp_ring", "llama", {"parallel.cp=2"}},
-                      LayoutCase{"ep", "mixtral", {"parallel.ep=2"}}),
-    [](const ::testing::TestParamInfo<LayoutCase>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Layouts, Bf16Layouts, ::testing::ValuesIn(testing::layout_subset()),
+                         [](const ::testing::TestParamInfo<LayoutCase>& info) { return testing::layout_name(info.param); });
 
 // train.grad_reduce: bf16 sums the dp buckets in bf16: close to the f32 sums' run, not equal.
 TEST(Bf16GradReduce, DataParallelBucketsSummedInBf16) {

@@ -34,6 +34,24 @@ inline std::string tiny_yaml(const std::string& arch, int steps = 20) {
          "log: {every: 5}\n";
 }
 
+// The layout subset the device and precision tests train (dp, tp+sp, pp, ZeRO-3, cp ring, ep),
+// each on the tiny model of its arch, as gtest parameters named by `name`.
+struct LayoutCase {
+  const char* name;
+  const char* arch;
+  std::vector<std::string> sets;
+};
+inline const std::vector<LayoutCase>& layout_subset() {
+  static const std::vector<LayoutCase> cases{{"dp", "gpt2", {"parallel.dp=2"}},
+                                             {"tp_sp", "gpt2", {"parallel.tp=2", "parallel.sp=true"}},
+                                             {"pp", "gpt2", {"parallel.pp=2"}},
+                                             {"zero3", "gpt2", {"parallel.dp=2", "parallel.sharding_stage=3"}},
+                                             {"cp_ring", "llama", {"parallel.cp=2"}},
+                                             {"ep", "mixtral", {"parallel.ep=2"}}};
+  return cases;
+}
+inline std::string layout_name(const LayoutCase& c) { return c.name; }
+
 inline std::vector<double> losses(const TrainResult& r) {
   std::vector<double> out;
   for (const StepRecord& s : r.steps) out.push_back(s.loss);
