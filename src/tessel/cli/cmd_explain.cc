@@ -34,7 +34,8 @@ DistAttr layout(const std::string& text, const std::string& mesh_text, const cha
   }
 }
 
-// "k=v": true/false, an int, a list "1,2" (or "[]"), a float, else a string.
+// "k=v": true/false, an int, a list "1,2" or "[1]" (brackets make a one-element list; "[]" the
+// empty one), a float, else a string.
 std::pair<std::string, AttrValue> parse_attr(const std::string& text) {
   const size_t eq = text.find('=');
   if (eq == std::string::npos || eq == 0) throw BadInput(fmt::format("--attr '{}' is not key=value", text));
@@ -42,9 +43,10 @@ std::pair<std::string, AttrValue> parse_attr(const std::string& text) {
   if (v == "true" || v == "false") return {k, v == "true"};
   if (v == "[]") return {k, std::vector<int64_t>{}};
   try {
-    if (v.find(',') != std::string::npos) {
+    const bool bracketed = v.size() > 2 && v.front() == '[' && v.back() == ']';
+    if (bracketed || v.find(',') != std::string::npos) {
       std::vector<int64_t> xs;
-      for (int64_t x : parse_shape(v)) xs.push_back(x);
+      for (int64_t x : parse_shape(bracketed ? v.substr(1, v.size() - 2) : v)) xs.push_back(x);
       return {k, xs};
     }
     size_t used = 0;
@@ -67,6 +69,7 @@ Command explain_rule(CLI::App& app) {
   struct Args {
     std::string op, mesh;
     std::vector<std::string> inputs, attrs;
+    std::vector<int> params;
     int top = 5;
   };
   auto a = std::make_shared<Args>();
@@ -77,6 +80,8 @@ Command explain_rule(CLI::App& app) {
   cmd->add_option("--input", a->inputs, "an input as SHAPE:PLACEMENTS[:DTYPE], e.g. 4,6,8:[S(2),S(0)] or 3,5:[R]:i64")
       ->required();
   cmd->add_option("--attr", a->attrs, "an attribute of the op as key=value, e.g. dim=-1, dims=1,2, keepdim=true");
+  cmd->add_option("--param", a->params,
+                  "input N (0-based) is a parameter: at equal cost the rule moves another input rather than it");
   cmd->add_option("--top", a->top, "candidates listed after the chosen one (default 5)");
   return {cmd, [a] {
             const OpDef* op = find_op(a->op);
@@ -113,7 +118,13 @@ Command explain_rule(CLI::App& app) {
             spmd_audit() = &audit;
             SpmdDecision dec;
             try {
-              dec = op->spmd(SpmdCall{op->name, metas, attrs_in, attrs, 0});
+              SpmdCall call{op->name, metas, attrs_in, attrs, 0};
+              for (int i : a->params) {
+                if (i < 0 || i >= static_cast<int>(metas.size()) || i >= 64)
+                  throw BadInput(fmt::format("--param {}: the call has inputs 0..{}", i, metas.size() - 1));
+                call.params |= uint64_t{1} << i;
+              }
+              dec = op->spmd(call);
             } catch (...) {
               spmd_audit() = nullptr;
               throw;

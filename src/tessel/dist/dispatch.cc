@@ -127,6 +127,8 @@ std::vector<Tensor> dist_call(const OpDef& op, std::vector<Tensor>& inputs, cons
   }
   const int64_t rank = current_world_rank();
   SpmdCall call{op.name, metas, in_attrs, attrs, rank};
+  for (size_t i = 0; i < inputs.size() && i < 64; ++i)
+    if (inputs[i].defined() && inputs[i].is_leaf() && inputs[i].requires_grad()) call.params |= uint64_t{1} << i;
   SpmdDecision dec = op.spmd(call);
   if (SpmdAudit* audit = spmd_audit(); audit != nullptr) {
     std::vector<TensorMeta> outs = infer_op(op, metas, attrs);
@@ -144,7 +146,7 @@ std::vector<Tensor> dist_call(const OpDef& op, std::vector<Tensor>& inputs, cons
   TESSEL_ASSERT(dec.inputs.size() == inputs.size(), "{}: the rule placed {} inputs of {}", op.name, dec.inputs.size(),
                 inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i)
-    if (in_attrs[i].placements != dec.inputs[i]) inputs[i] = reshard(inputs[i], mesh, dec.inputs[i]);
+    if (in_attrs[i].placements != dec.inputs[i]) inputs[i] = reshard_for_op(inputs[i], dec.inputs[i]);
 
   std::vector<TensorMeta> out_metas = infer_op(op, metas, attrs);
   const size_t visible = out_metas.size() - static_cast<size_t>(op.num_hidden);

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "tessel/autograd/function.h"
+#include "tessel/core/context.h"
 #include "tessel/core/error.h"
 #include "tessel/core/view.h"
 #include "tessel/dist/dispatch.h"
@@ -157,6 +158,18 @@ Tensor reshard(const Tensor& t, const ProcessMesh& mesh, const Placements& place
     if (dist_attr(g[0]).mesh == src.mesh) return std::vector<Tensor>{g[0]};
     return std::vector<Tensor>{reshard(g[0], src.mesh, dual(src.placements))};
   });
+  return out;
+}
+
+Tensor reshard_for_op(const Tensor& t, const Placements& placements) {
+  const DistSpec& s = spec(t);
+  if (s.attr.placements == placements) return t;
+  const bool remember = grad_enabled() && t.requires_grad() && !t.is_leaf();
+  if (!remember) return reshard(t, s.attr.mesh, placements);
+  for (const auto& [p, moved] : s.reshards)
+    if (p == placements) return moved;
+  Tensor out = reshard(t, s.attr.mesh, placements);
+  s.reshards.emplace_back(placements, out);
   return out;
 }
 

@@ -36,6 +36,11 @@ Tensor make_dtensor(const Shape& global_shape, DType dtype, const ProcessMesh& m
 // The same global tensor laid out by `placements` on `mesh` (any mesh: cross-mesh moves go by
 // send/recv). Communicates as the reshard plan says.
 Tensor reshard(const Tensor& t, const ProcessMesh& mesh, const Placements& placements);
+// reshard() for an op's input on the tensor's own mesh: a tracked activation (a non-leaf that
+// requires a gradient, with grad mode on) remembers each layout it was moved to, and a second
+// consumer asking for the same layout gets the same tensor without communicating (its
+// gradients then meet in one reshard backward). Anything else is resharded as by reshard().
+Tensor reshard_for_op(const Tensor& t, const Placements& placements);
 // The whole tensor as a plain tensor on every rank of the mesh (empty elsewhere).
 Tensor full_tensor(const Tensor& t);
 

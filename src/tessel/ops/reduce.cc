@@ -429,6 +429,7 @@ SpmdDecision max_spmd(const SpmdCall& c) {
     if (!reduced) r.output += L;
     else if (c.attrs.b("keepdim")) r.output += '.';
   }
+  if (c.attrs.b("keepdim")) r.output_shape = spmd::keepdim_shape(s, dims);
   SpmdDecision dec = spmd::label_rule(c, r);
   for (const Placement& p : dec.inputs[0])
     dec.custom = dec.custom || (p.is_shard() && std::find(dims.begin(), dims.end(), p.dim) != dims.end());

@@ -24,6 +24,11 @@ struct SpmdCall {
   std::span<const DistAttr> input_attrs;
   const Attrs& attrs;
   int64_t rank = 0;  // this world rank, for local attrs that depend on its piece
+  // Inputs (bit i, i < 64) that are parameters — leaves that require a gradient. Their
+  // placements are the user's plan: at equal cost a rule moves another input rather than one
+  // of these (an activation gathered once serves every consumer; a gathered weight sends the
+  // consumers' activations around the mesh instead).
+  uint64_t params = 0;
   const ProcessMesh& mesh() const { return input_attrs[0].mesh; }
   int64_t mesh_ndim() const { return mesh().ndim(); }
 };
@@ -48,7 +53,7 @@ struct SpmdCandidate {
   Placements output;
   double input_cost = 0;  // the reshard planner's cost of bringing every covered input there
   double owed_cost = 0;   // the reductions the output's Partial mesh dims still owe
-  int changes = 0;        // input placements changed (the tie-break)
+  int changes = 0;        // input placements changed, a parameter's counted twice (the tie-break)
   double cost() const { return input_cost + owed_cost; }
 };
 struct SpmdAudit {
@@ -80,6 +85,11 @@ SpmdAudit*& spmd_audit();
 struct DistSpec {
   DistAttr attr;
   Tensor local;
+  // The layouts this tensor was resharded to on its own mesh by the ops that consumed it
+  // (dist_call): a tracked activation read by several ops in one layout (q, k and v from one
+  // normed input) is gathered once. Kept only for non-leaf tensors under autograd — values
+  // nothing mutates in place — and freed with the tensor.
+  mutable std::vector<std::pair<Placements, Tensor>> reshards;
 };
 
 }  // namespace tessel

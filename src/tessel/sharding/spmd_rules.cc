@@ -132,7 +132,9 @@ SpmdDecision label_rule(const SpmdCall& c, const LabelRule& rule) {
     key = fmt::format("{}>{}|{}|{}|{}|{}", fmt::join(rule.inputs, ","), rule.output, static_cast<int>(rule.linearity),
                       static_cast<int>(rule.contracted), rule.owed_scale, fmt::join(mesh.shape(), "x"));
     for (size_t i = 0; i < n; ++i)
-      key += fmt::format("|{}{}{}", c.inputs[i].dtype, shape_str(c.inputs[i].shape), placements_str(c.input_attrs[i].placements));
+      key += fmt::format("|{}{}{}{}", c.inputs[i].dtype, shape_str(c.inputs[i].shape), placements_str(c.input_attrs[i].placements),
+                         i < 64 && (c.params >> i & 1u) ? "p" : "");
+    if (!rule.output_shape.empty()) key += "|out" + shape_str(rule.output_shape);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
@@ -273,7 +275,8 @@ SpmdDecision label_rule(const SpmdCall& c, const LabelRule& rule) {
       cand.input_cost += input_costs[i].get(cand.inputs[i], [&] {
         return reshard_cost(c.input_attrs[i], cand.inputs[i], c.inputs[i].shape, c.inputs[i].dtype);
       });
-      for (int64_t m = 0; m < M; ++m) cand.changes += cand.inputs[i][static_cast<size_t>(m)] == current(i, m) ? 0 : 1;
+      const int weight = i < 64 && (c.params >> i & 1u) ? 2 : 1;
+      for (int64_t m = 0; m < M; ++m) cand.changes += cand.inputs[i][static_cast<size_t>(m)] == current(i, m) ? 0 : weight;
     }
     // Costs within a part in a billion are a tie: fewer changed placements win, then the
     // candidate enumerated first.
@@ -349,6 +352,12 @@ SpmdDecision keep_shape_rule(const SpmdCall& c, const std::vector<int64_t>& fixe
   return dec;
 }
 
+Shape keepdim_shape(const Shape& input, const std::vector<int64_t>& dims) {
+  Shape out = input;
+  for (int64_t d : dims) out[static_cast<size_t>(d)] = 1;
+  return out;
+}
+
 SpmdDecision reduction_rule(const SpmdCall& c, const std::vector<int64_t>& dims, bool keepdim, ReduceOp partial) {
   LabelRule r;
   r.linearity = partial == ReduceOp::max || partial == ReduceOp::min ? Linearity::none : Linearity::single;
@@ -363,6 +372,7 @@ SpmdDecision reduction_rule(const SpmdCall& c, const std::vector<int64_t>& dims,
     else if (keepdim) r.output += '.';
   }
   r.inputs.push_back(in);
+  if (keepdim) r.output_shape = keepdim_shape(s, dims);
   SpmdDecision dec = label_rule(c, r);
   // max of Partial(max) pieces is the max: pass it through (label_rule only passes sum/avg).
   if (partial == ReduceOp::max || partial == ReduceOp::min)

@@ -75,6 +75,10 @@ SpmdDecision keep_shape_rule(const SpmdCall& c, const std::vector<int64_t>& fixe
 
 // Reduction of input 0 over `dims` (normalised): a sharded reduced dim makes the output
 // Partial(`partial`); kept dims keep their shards.
+// A reduction's output shape with keepdim: `input` with each reduced dim (normalised) 1. A
+// rule's '.' output dim is otherwise taken as input 0's, which prices a kept reduced dim's
+// Partial output at the whole input's bytes.
+Shape keepdim_shape(const Shape& input, const std::vector<int64_t>& dims);
 SpmdDecision reduction_rule(const SpmdCall& c, const std::vector<int64_t>& dims, bool keepdim, ReduceOp partial);
 
 // Input i replicated everywhere.
