@@ -21,9 +21,10 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   iproute2 procps python3 strace
+  python3-dev python3-numpy pybind11-dev
 )
 if [ "$want_test" = 1 ]; then
-  packages+=(python3-torch python3-numpy)
+  packages+=(python3-torch python3-numpy python3-pytest)
 fi
 if [ "$want_bench" = 1 ]; then
   packages+=(python3-torch python3-numpy hyperfine)

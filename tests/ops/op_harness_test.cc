@@ -8,6 +8,8 @@
 #include "tessel/autograd/engine.h"
 #include "tessel/core/context.h"
 #include "tessel/core/view.h"
+#include "tessel/ops/dispatch.h"
+#include "tessel/ops/ops.h"
 #include "tessel/ops/registry.h"
 
 namespace tessel::testing {
@@ -48,6 +50,31 @@ TEST(OpHarness, EveryDifferentiableOpHasAGradientCase) {
       EXPECT_TRUE(checked.count(std::string(op->name))) << op->name << " has a backward but no gradient-checked case";
     }
   }
+}
+
+// Every attribute any case passes — forward, backward and the ops those call — is declared in
+// its op's OpDef::attrs, and every signature parses: the Python front end builds each op's
+// signature and defaults from them.
+TEST(OpHarness, EveryAttributePassedIsDeclared) {
+  for (const OpDef* op : all_ops()) EXPECT_NO_THROW(op_attr_specs(*op)) << op->name;
+  attr_declaration_check() = true;
+  for (const OpCase& c : cases()) {
+    SCOPED_TRACE(c.name);
+    try {
+      Tensors in = c.make_inputs(DType::f64);
+      Tensors leaves;
+      for (Tensor& t : in)
+        if (t.defined() && is_floating(t.dtype()) && c.grad) leaves.push_back(t.set_requires_grad(true));
+      Tensors out = c.run(in);
+      Tensor loss;
+      for (const Tensor& o : out)
+        if (o.defined() && o.requires_grad()) loss = loss.defined() ? add(loss, sum(o)) : sum(o);
+      if (loss.defined()) backward(loss);
+    } catch (const InternalError& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+  attr_declaration_check() = false;
 }
 
 class OpCaseTest : public ::testing::TestWithParam<size_t> {

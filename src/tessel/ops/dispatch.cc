@@ -1,6 +1,8 @@
 // Op dispatch and the OpNode that records a call on the autograd tape.
 #include "tessel/ops/dispatch.h"
 
+#include <algorithm>
+
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -239,7 +241,20 @@ void autocast_inputs(const OpDef& op, std::vector<Tensor>& inputs) {
 
 }  // namespace
 
+bool& attr_declaration_check() {
+  thread_local bool on = false;
+  return on;
+}
+
 std::vector<Tensor> call_op(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs) {
+  if (attr_declaration_check()) {
+    const std::vector<AttrSpec>& specs = op_attr_specs(op);
+    for (const auto& [key, value] : attrs.items())
+      TESSEL_CHECK_AS(InternalError,
+                      std::any_of(specs.begin(), specs.end(), [&](const AttrSpec& a) { return a.name == key; }),
+                      "op '{}' was called with attribute '{}', which its OpDef::attrs does not declare ('{}')",
+                      op.name, key, op.attrs);
+  }
   // Mixed precision decides the dtypes here, once: what this op's kernel, its distributed
   // dispatch and the ops they call run on is then left as it is.
   std::optional<AutocastScope> autocast_off;

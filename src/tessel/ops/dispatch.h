@@ -12,6 +12,9 @@ namespace tessel {
 
 // Runs `op` and returns its visible outputs.
 std::vector<Tensor> call_op(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs = {});
+// While set on a thread, call_op throws InternalError for an attribute its op's OpDef::attrs
+// does not declare (the op tests run every case so: the signature Python builds is complete).
+bool& attr_declaration_check();
 // Single-output form.
 Tensor call_op1(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs = {});
 

@@ -81,6 +81,11 @@ struct OpDef {
   SaveSpec save;
   bool bf16_via_f32 = true;  // bf16 inputs are computed in f32 and rounded back
   AutocastPolicy autocast = AutocastPolicy::promote;
+  // The attributes callers set, as text: "name: type [= default]" comma-separated, type one of
+  // int, float, bool, ints, str, dtype; no default: required; "name: type?": optional, set by
+  // the dist layer or an internal caller (an SPMD rule's local attrs). The Python front end
+  // builds each op's signature and defaults from it (op_attr_specs in registry.h).
+  std::string_view attrs = "";
 };
 
 }  // namespace tessel

@@ -1,10 +1,13 @@
 // Lookup over every registered op.
 #pragma once
 
+#include <optional>
 #include <span>
+#include <vector>
 #include <string>
 #include <string_view>
 
+#include "tessel/core/attrs.h"
 #include "tessel/ops/op.h"
 
 namespace tessel {
@@ -15,6 +18,17 @@ std::span<const OpDef* const> all_ops();
 const OpDef* find_op(std::string_view name);
 // The op called `name`; throws listing close names when absent.
 const OpDef& op_by_name(std::string_view name);
+
+// One attribute of an op's signature (OpDef::attrs, parsed).
+struct AttrSpec {
+  std::string name;
+  std::string type;                    // int, float, bool, ints, str, dtype
+  std::optional<AttrValue> fallback;   // the default; none: required, or optional when `internal`
+  bool internal = false;               // "name: type?": set by the dist layer or internal callers
+};
+// `op`'s attributes from its OpDef::attrs, parsed once; throws InternalError naming the op on a
+// malformed signature (tests parse every op's).
+const std::vector<AttrSpec>& op_attr_specs(const OpDef& op);
 
 // Kernels by device type — Paddle's kernel registry keyed by backend, ggml-backend's
 // supports_op. An OpDef's `forward` and `backward` are its CPU kernels; a device backend's
