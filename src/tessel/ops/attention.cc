@@ -308,7 +308,8 @@ SpmdDecision sdpa_spmd(const SpmdCall& c) { return with_drop_offsets(c, sdpa_spm
 const OpDef op_sdpa{.name = "sdpa", .num_inputs = -1, .num_hidden = 1, .infer = sdpa_infer, .forward = sdpa_forward,
                     .backward = sdpa_backward, .cost = sdpa_cost, .spmd = sdpa_spmd, .save = {0b1111, 0b11},
                     .autocast = AutocastPolicy::lower,
-                 .attrs = "causal: bool = false, scale: float = 0.0, cp: str?, dropout: float?, seed: int?, stream: int?, row0: int?, b0: int?, h0: int?, heads: int?"};
+                    .attrs = "causal: bool = false, scale: float = 0.0, cp: str?, dropout: float?, "
+                              "seed: int?, stream: int?, row0: int?, b0: int?, h0: int?, heads: int?"};
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                                     bool /*recompute_probs: nothing quadratic is kept to drop*/) {

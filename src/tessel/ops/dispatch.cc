@@ -249,11 +249,13 @@ bool& attr_declaration_check() {
 std::vector<Tensor> call_op(const OpDef& op, std::vector<Tensor> inputs, const Attrs& attrs) {
   if (attr_declaration_check()) {
     const std::vector<AttrSpec>& specs = op_attr_specs(op);
-    for (const auto& [key, value] : attrs.items())
+    for (const auto& item : attrs.items()) {
+      const std::string& key = item.first;  // a named reference: clang 14 cannot capture a structured binding
       TESSEL_CHECK_AS(InternalError,
                       std::any_of(specs.begin(), specs.end(), [&](const AttrSpec& a) { return a.name == key; }),
                       "op '{}' was called with attribute '{}', which its OpDef::attrs does not declare ('{}')",
                       op.name, key, op.attrs);
+    }
   }
   // Mixed precision decides the dtypes here, once: what this op's kernel, its distributed
   // dispatch and the ops they call run on is then left as it is.

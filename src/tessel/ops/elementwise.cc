@@ -347,7 +347,7 @@ const OpDef op_div{.name = "div", .num_inputs = 2, .infer = binary_infer, .forwa
                    .backward = div_backward, .cost = binary_cost, .spmd = first_spmd, .save = {0b11, 0}};
 const OpDef op_scale{.name = "scale", .num_inputs = 1, .infer = unary_infer, .forward = scale_forward,
                      .backward = scale_backward, .cost = unary_cost, .spmd = scale_spmd,
-                 .attrs = "alpha: float, beta: float = 0.0"};
+                     .attrs = "alpha: float, beta: float = 0.0"};
 const OpDef op_neg = unary_def<NegF>("neg", false, single_spmd);
 const OpDef op_exp = unary_def<ExpF>("exp", true, nonlinear_spmd);
 const OpDef op_log = unary_def<LogF>("log", true, nonlinear_spmd);
@@ -358,10 +358,10 @@ const OpDef op_silu = unary_def<SiluF>("silu", true, nonlinear_spmd);
 const OpDef op_relu = unary_def<ReluF>("relu", true, nonlinear_spmd);
 const OpDef op_gelu{.name = "gelu", .num_inputs = 1, .infer = unary_infer, .forward = gelu_forward,
                     .backward = gelu_backward, .cost = gelu_cost, .spmd = nonlinear_spmd, .save = {1, 0},
-                 .attrs = "tanh: bool = false"};
+                    .attrs = "tanh: bool = false"};
 const OpDef op_cast{.name = "cast", .num_inputs = 1, .infer = cast_infer, .forward = cast_forward,
                     .backward = cast_backward, .cost = cast_cost, .spmd = single_spmd, .bf16_via_f32 = false,
-                 .attrs = "dtype: dtype"};
+                    .attrs = "dtype: dtype"};
 
 Tensor add(const Tensor& a, const Tensor& b) { return call_op1(op_add, {a, b}); }
 Tensor sub(const Tensor& a, const Tensor& b) { return call_op1(op_sub, {a, b}); }

@@ -132,7 +132,7 @@ const OpDef op_grouped_matmul{.name = "grouped_matmul", .num_inputs = 2, .infer 
                               .forward = grouped_matmul_forward, .backward = grouped_matmul_backward,
                               .cost = grouped_matmul_cost, .spmd = grouped_matmul_spmd, .save = {0b11, 0},
                               .autocast = AutocastPolicy::lower,
-                 .attrs = "counts: ints, trans_w: bool = false"};
+                              .attrs = "counts: ints, trans_w: bool = false"};
 
 Tensor grouped_matmul(const Tensor& x, const Tensor& w, const std::vector<int64_t>& counts, bool trans_w) {
   return call_op1(op_grouped_matmul, {x, w}, Attrs{{"counts", counts}, {"trans_w", trans_w}});

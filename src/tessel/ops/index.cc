@@ -198,10 +198,10 @@ SpmdDecision one_hot_spmd(const SpmdCall& c) {
 const OpDef op_embedding{.name = "embedding", .num_inputs = 2, .infer = embedding_infer, .forward = embedding_forward,
                          .backward = embedding_backward, .cost = embedding_cost, .spmd = embedding_spmd,
                          .save = {0b10, 0},
-                 .attrs = "vocab_start: int?"};
+                         .attrs = "vocab_start: int?"};
 const OpDef op_one_hot{.name = "one_hot", .num_inputs = 1, .infer = one_hot_infer, .forward = one_hot_forward,
                        .cost = one_hot_cost, .spmd = one_hot_spmd, .bf16_via_f32 = false,
-                 .attrs = "num_classes: int, dtype: dtype = i64"};
+                       .attrs = "num_classes: int, dtype: dtype = i64"};
 
 Tensor embedding(const Tensor& table, const Tensor& ids) { return call_op1(op_embedding, {table, ids}); }
 

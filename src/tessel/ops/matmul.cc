@@ -337,11 +337,11 @@ SpmdDecision linear_spmd(const SpmdCall& c) {
 const OpDef op_matmul{.name = "matmul", .num_inputs = 2, .infer = matmul_infer, .forward = matmul_forward,
                       .backward = matmul_backward, .cost = matmul_cost, .spmd = matmul_spmd, .save = {0b11, 0},
                       .autocast = AutocastPolicy::lower,
-                 .attrs = "trans_a: bool = false, trans_b: bool = false"};
+                      .attrs = "trans_a: bool = false, trans_b: bool = false"};
 const OpDef op_linear{.name = "linear", .num_inputs = -1, .infer = linear_infer, .forward = linear_forward,
                       .backward = linear_backward, .cost = linear_cost, .spmd = linear_spmd, .save = {0b11, 0},
                       .autocast = AutocastPolicy::lower,
-                 .attrs = "weight_in_out: bool = false"};
+                      .attrs = "weight_in_out: bool = false"};
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   return call_op1(op_matmul, {a, b}, Attrs{{"trans_a", trans_a}, {"trans_b", trans_b}});

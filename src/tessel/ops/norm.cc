@@ -326,11 +326,12 @@ SpmdDecision norm_spmd(const SpmdCall& c) {
 const OpDef op_layer_norm{.name = "layer_norm", .num_inputs = -1, .num_hidden = 2, .infer = norm_infer,
                           .forward = norm_forward, .backward = norm_backward, .cost = norm_cost,
                           .spmd = norm_spmd, .save = {kAll, 0b110}, .autocast = AutocastPolicy::f32,
-                 .attrs = "has_weight: bool = false, has_bias: bool = false, eps: float = 1e-5, normalized_ndim: int = 1"};
+                          .attrs = "has_weight: bool = false, has_bias: bool = false, eps: float = 1e-5, "
+                                    "normalized_ndim: int = 1"};
 const OpDef op_rms_norm{.name = "rms_norm", .num_inputs = -1, .num_hidden = 1, .infer = norm_infer,
                         .forward = norm_forward, .backward = norm_backward, .cost = norm_cost, .spmd = norm_spmd,
                         .save = {kAll, 0b10}, .autocast = AutocastPolicy::f32,
-                 .attrs = "has_weight: bool = false, eps: float = 1e-6"};
+                        .attrs = "has_weight: bool = false, eps: float = 1e-6"};
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, int64_t normalized_ndim) {
   std::vector<Tensor> in{x};

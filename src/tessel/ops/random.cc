@@ -134,7 +134,8 @@ SpmdDecision dropout_spmd(const SpmdCall& c) {
 
 const OpDef op_dropout{.name = "dropout", .num_inputs = 1, .infer = dropout_infer, .forward = dropout_forward,
                        .backward = dropout_backward, .cost = dropout_cost, .spmd = dropout_spmd,
-                 .attrs = "p: float, seed: int = 0, stream: int = 0, global_shape: ints = [], offset: ints = [], ring_dim: int?, ring_ranks: int?"};
+                       .attrs = "p: float, seed: int = 0, stream: int = 0, global_shape: ints = [], "
+                                 "offset: ints = [], ring_dim: int?, ring_ranks: int?"};
 
 Tensor dropout(const Tensor& x, double p, uint64_t seed, uint64_t stream, const GlobalBox& box,
                const SequenceOrder& order) {

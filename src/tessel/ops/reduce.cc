@@ -487,27 +487,27 @@ SpmdDecision cumsum_spmd(const SpmdCall& c) {
 const OpDef op_sum{.name = "sum", .num_inputs = 1, .infer = reduce_infer, .forward = sum_forward,
                    .backward = sum_backward, .cost = reduce_cost, .spmd = sum_spmd,
                    .autocast = AutocastPolicy::f32,
-                 .attrs = "dims: ints = [], keepdim: bool = false"};
+                   .attrs = "dims: ints = [], keepdim: bool = false"};
 const OpDef op_mean{.name = "mean", .num_inputs = 1, .infer = reduce_infer, .forward = mean_forward,
                     .backward = mean_backward, .cost = reduce_cost, .spmd = mean_spmd,
                     .autocast = AutocastPolicy::f32,
-                 .attrs = "dims: ints = [], keepdim: bool = false, count: int?"};
+                    .attrs = "dims: ints = [], keepdim: bool = false, count: int?"};
 const OpDef op_max{.name = "max", .num_inputs = 1, .num_hidden = 1, .infer = max_infer, .forward = max_forward,
                    .backward = max_backward, .cost = reduce_cost, .spmd = max_spmd, .save = {0, 0b10},
-                 .attrs = "dims: ints = [], keepdim: bool = false"};
+                   .attrs = "dims: ints = [], keepdim: bool = false"};
 const OpDef op_min{.name = "min", .num_inputs = 1, .num_hidden = 1, .infer = max_infer, .forward = max_forward,
                    .backward = max_backward, .cost = reduce_cost, .spmd = max_spmd, .save = {0, 0b10},
-                 .attrs = "dims: ints = [], keepdim: bool = false"};
+                   .attrs = "dims: ints = [], keepdim: bool = false"};
 const OpDef op_argmax{.name = "argmax", .num_inputs = 1, .infer = argmax_infer, .forward = argmax_forward,
                       .cost = reduce_cost, .spmd = argmax_spmd, .bf16_via_f32 = false,
-                 .attrs = "dim: int, keepdim: bool = false"};
+                      .attrs = "dim: int, keepdim: bool = false"};
 const OpDef op_topk{.name = "topk", .num_inputs = 1, .num_outputs = 2, .infer = topk_infer, .forward = topk_forward,
                     .backward = topk_backward, .cost = reduce_cost, .spmd = topk_spmd, .save = {0, 0b10},
-                 .attrs = "k: int, dim: int = -1, largest: bool = true"};
+                    .attrs = "k: int, dim: int = -1, largest: bool = true"};
 const OpDef op_cumsum{.name = "cumsum", .num_inputs = 1, .infer = cumsum_infer, .forward = cumsum_forward,
                       .backward = cumsum_backward, .cost = reduce_cost, .spmd = cumsum_spmd,
                       .autocast = AutocastPolicy::f32,
-                 .attrs = "dim: int"};
+                      .attrs = "dim: int"};
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return call_op1(op_sum, {x}, Attrs{{"dims", dims}, {"keepdim", keepdim}});

@@ -257,10 +257,10 @@ const OpDef op_where{.name = "where", .num_inputs = 3, .infer = where_infer, .fo
 const OpDef op_masked_fill{.name = "masked_fill", .num_inputs = 2, .infer = masked_fill_infer,
                            .forward = masked_fill_forward, .backward = masked_fill_backward, .cost = select_cost,
                            .spmd = masked_fill_spmd, .save = {0b10, 0},
-                 .attrs = "value: float"};
+                           .attrs = "value: float"};
 const OpDef op_triu{.name = "triu", .num_inputs = 1, .infer = triu_infer, .forward = triu_forward,
                     .backward = triu_backward, .cost = select_cost, .spmd = triu_spmd,
-                 .attrs = "diagonal: int = 0"};
+                    .attrs = "diagonal: int = 0"};
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) { return call_op1(op_where, {cond, a, b}); }
 

@@ -427,26 +427,26 @@ SpmdDecision slice_spmd(const SpmdCall& c) {
 
 const OpDef op_reshape{.name = "reshape", .num_inputs = 1, .infer = reshape_infer, .forward = reshape_forward,
                        .backward = reshape_backward, .cost = view_cost, .spmd = reshape_spmd, .bf16_via_f32 = false,
-                 .attrs = "shape: ints"};
+                       .attrs = "shape: ints"};
 const OpDef op_permute{.name = "permute", .num_inputs = 1, .infer = permute_infer, .forward = permute_forward,
                        .backward = permute_backward, .cost = view_cost, .spmd = permute_spmd, .bf16_via_f32 = false,
-                 .attrs = "dims: ints"};
+                       .attrs = "dims: ints"};
 const OpDef op_expand{.name = "expand", .num_inputs = 1, .infer = expand_infer, .forward = expand_forward,
                       .backward = expand_backward, .cost = view_cost, .spmd = expand_spmd, .bf16_via_f32 = false,
-                 .attrs = "shape: ints"};
+                      .attrs = "shape: ints"};
 const OpDef op_contiguous{.name = "contiguous", .num_inputs = 1, .infer = same_infer, .forward = contiguous_forward,
                           .backward = identity_backward, .cost = copy_cost, .spmd = contiguous_spmd,
                           .bf16_via_f32 = false};
 const OpDef op_cat{.name = "cat", .num_inputs = -1, .infer = cat_infer, .forward = cat_forward,
                    .backward = cat_backward, .cost = copy_cost, .spmd = cat_spmd, .bf16_via_f32 = false,
-                 .attrs = "dim: int = 0"};
+                   .attrs = "dim: int = 0"};
 const OpDef op_split{.name = "split", .num_inputs = 1, .num_outputs = -1, .infer = split_infer,
                      .forward = split_forward, .backward = split_backward, .cost = view_cost, .spmd = split_spmd,
                      .bf16_via_f32 = false,
-                 .attrs = "sizes: ints, dim: int = 0"};
+                     .attrs = "sizes: ints, dim: int = 0"};
 const OpDef op_slice{.name = "slice", .num_inputs = 1, .infer = slice_infer, .forward = slice_forward,
                      .backward = slice_backward, .cost = view_cost, .spmd = slice_spmd, .bf16_via_f32 = false,
-                 .attrs = "dim: int, start: int, end: int, step: int = 1"};
+                     .attrs = "dim: int, start: int, end: int, step: int = 1"};
 
 Tensor reshape(const Tensor& x, const Shape& shape) { return call_op1(op_reshape, {x}, Attrs{{"shape", shape}}); }
 

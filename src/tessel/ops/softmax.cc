@@ -463,19 +463,19 @@ SpmdDecision cross_entropy_spmd(const SpmdCall& c) {
 const OpDef op_softmax{.name = "softmax", .num_inputs = 1, .infer = softmax_infer, .forward = softmax_forward<false>,
                        .backward = softmax_backward<false>, .cost = softmax_cost, .spmd = softmax_spmd,
                        .save = {0, 1}, .autocast = AutocastPolicy::f32,
-                 .attrs = "dim: int = -1"};
+                       .attrs = "dim: int = -1"};
 const OpDef op_log_softmax{.name = "log_softmax", .num_inputs = 1, .infer = softmax_infer,
                            .forward = softmax_forward<true>, .backward = softmax_backward<true>,
                            .cost = softmax_cost, .spmd = softmax_spmd, .save = {0, 1},
                            .autocast = AutocastPolicy::f32,
-                 .attrs = "dim: int = -1"};
+                           .attrs = "dim: int = -1"};
 // Hidden output 1: the per-row logsumexp [R], saved with the logits and targets.
 const OpDef op_cross_entropy{.name = "cross_entropy", .num_inputs = 2, .num_hidden = 1,
                              .infer = cross_entropy_infer, .forward = cross_entropy_forward,
                              .backward = cross_entropy_backward, .cost = cross_entropy_cost,
                              .spmd = cross_entropy_spmd, .save = {0b11, 0b10},
                              .autocast = AutocastPolicy::f32,
-                 .attrs = "ignore_index: int = -100, reduction: str = mean"};
+                             .attrs = "ignore_index: int = -100, reduction: str = mean"};
 
 Tensor softmax(const Tensor& x, int64_t dim) { return call_op1(op_softmax, {x}, Attrs{{"dim", dim}}); }
 Tensor log_softmax(const Tensor& x, int64_t dim) { return call_op1(op_log_softmax, {x}, Attrs{{"dim", dim}}); }
